@@ -1,0 +1,1 @@
+"""KServe Inference Controller: runs batch inferences against KServe models as Jobs."""

@@ -1,0 +1,1 @@
+"""The runner: reads the contract, fetches input, calls the model, stores predictions."""
