@@ -1,0 +1,528 @@
+"""A real, local Kubernetes control plane for tests, benchmarks and the demo.
+
+``LocalCluster`` starts etcd, kube-apiserver and kube-controller-manager
+(built from their Go modules by ``hack/controlplane/build.sh``) on free
+loopback ports, plus the test node agent (``hack.nodeagent``) that plays the
+kubelet. It writes one kubeconfig per user:
+
+========== ============================ ===========================================
+user       identity                     used by
+========== ============================ ===========================================
+admin      ``admin`` (system:masters)   tests' set-up, kubectl, the node agent
+controller ``kserve-inference-controller`` the controller under test (RBAC applies)
+runner     ``kserve-inference-runner``  runner processes started outside pods
+========== ============================ ===========================================
+
+Every request except the control plane's own is recorded in a JSON audit log
+(``audit_log``) so tests and benchmarks can count requests per user.
+
+Every child process gets ``PR_SET_PDEATHSIG`` so that it dies with its
+parent even when the parent is killed outright, and :meth:`LocalCluster.stop`
+terminates them in reverse order. Run ``python -m hack.cluster up`` for a
+cluster in the foreground (see docs/development.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import yaml
+
+from hack.pki import Pki, make_pki
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD_SCRIPT = REPO / "hack" / "controlplane" / "build.sh"
+NODE_NAME = "local-node"
+
+# kube-controller-manager controllers a Job-orchestrating controller relies on.
+KCM_CONTROLLERS = (
+    "job-controller",
+    "cronjob-controller",
+    "garbage-collector-controller",
+    "ttl-after-finished-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "root-ca-certificate-publisher-controller",
+    "pod-garbage-collector-controller",
+)
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    token: str
+    groups: tuple[str, ...] = ()
+
+
+USERS = {
+    "admin": User("admin", "admin-token", ("system:masters",)),
+    "controller": User("kserve-inference-controller", "controller-token"),
+    "runner": User("kserve-inference-runner", "runner-token"),
+    "kcm": User("system:kube-controller-manager", "kcm-token"),
+}
+
+
+def ensure_binaries() -> Path:
+    """Return the directory holding the control-plane binaries, building them if needed."""
+    done = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=True
+    )
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: ask the kernel to SIGKILL the child when its parent dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def spawn(
+    args: Sequence[str],
+    log: Path,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start a child that logs to ``log`` and cannot outlive this process."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    out: IO[bytes] = log.open("ab")
+    try:
+        return subprocess.Popen(
+            list(args),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=cwd,
+            preexec_fn=_die_with_parent,
+            start_new_session=True,  # Ctrl-C in a terminal reaches us only; we stop them in order
+        )
+    finally:
+        out.close()
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+@dataclass
+class LocalCluster:
+    bin_dir: Path
+    workdir: Path
+    node_agent: bool = True
+    # Image glob -> command for containers without a command (see hack/nodeagent.py).
+    # Any runner image runs this checkout's runner.
+    image_commands: dict[str, list[str]] = field(
+        default_factory=lambda: {"*runner*": [sys.executable, "-m", "runner"]}
+    )
+
+    etcd_port: int = 0
+    api_port: int = 0
+    kcm_port: int = 0
+    node_port: int = 0
+    pki: Pki | None = None
+    _procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    @property
+    def ca_path(self) -> Path:
+        assert self.pki is not None
+        return self.pki.ca_cert
+
+    @property
+    def audit_log(self) -> Path:
+        return self.workdir / "audit.log"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.workdir / "logs"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.kubeconfig_for("admin")
+
+    def kubeconfig_for(self, user: str) -> Path:
+        return self.workdir / f"kubeconfig-{user}"
+
+    def token_for(self, user: str) -> str:
+        return USERS[user].token
+
+    def pids(self) -> list[int]:
+        return [p.pid for _, p in self._procs]
+
+    # ---- lifecycle -------------------------------------------------------
+
+    def start(self, timeout: float = 120.0) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(exist_ok=True)
+        self.pki = make_pki(self.workdir / "pki")
+        self.etcd_port, peer_port = free_port(), free_port()
+        self.api_port, self.kcm_port, self.node_port = free_port(), free_port(), free_port()
+        self._write_auth_files()
+        try:
+            self._start_etcd(peer_port)
+            self._start_apiserver()
+            self._wait_ready(timeout)
+            self._start_kcm()
+            if self.node_agent:
+                self._start_node_agent()
+            self._wait_kcm(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for _, proc in reversed(self._procs):
+            stop_process(proc)
+        self._procs.clear()
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- helpers ---------------------------------------------------------
+
+    def kubectl(
+        self,
+        *args: str,
+        user: str = "admin",
+        check: bool = True,
+        input: str | None = None,
+        timeout: float = 120.0,
+    ) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig_for(user)}", *args],
+            capture_output=True,
+            text=True,
+            input=input,
+            timeout=timeout,
+        )
+        if check and done.returncode != 0:
+            raise RuntimeError(
+                f"kubectl {' '.join(args)} failed ({done.returncode}):\n{done.stdout}{done.stderr}"
+            )
+        return done
+
+    def audit_events(self, user: str | None = None) -> list[dict[str, object]]:
+        """Parsed audit events so far, optionally only those of one user (by kubeconfig name)."""
+        name = USERS[user].name if user else None
+        events: list[dict[str, object]] = []
+        if not self.audit_log.exists():
+            return events
+        with self.audit_log.open() as f:
+            for line in f:
+                event = json.loads(line)
+                if name is None or event.get("user", {}).get("username") == name:
+                    events.append(event)
+        return events
+
+    def _write_auth_files(self) -> None:
+        lines = [
+            f'{u.token},{u.name},{i},"{",".join(u.groups)}"' for i, u in enumerate(USERS.values())
+        ]
+        (self.workdir / "tokens.csv").write_text("\n".join(lines) + "\n")
+        (self.workdir / "tokens.csv").chmod(0o600)
+        # Count what clients do; leave the control plane's own chatter out so the log stays small.
+        policy = {
+            "apiVersion": "audit.k8s.io/v1",
+            "kind": "Policy",
+            "omitStages": ["RequestReceived"],
+            "rules": [
+                {"level": "None", "users": ["system:kube-controller-manager", "system:apiserver"]},
+                {"level": "None", "userGroups": ["system:serviceaccounts:kube-system"]},
+                {"level": "None", "nonResourceURLs": ["/healthz*", "/readyz*", "/livez*"]},
+                {"level": "Metadata"},
+            ],
+        }
+        (self.workdir / "audit-policy.yaml").write_text(yaml.safe_dump(policy))
+        for key in USERS:
+            self._write_kubeconfig(key)
+
+    def _write_kubeconfig(self, key: str) -> None:
+        user = USERS[key]
+        assert self.pki is not None
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "local",
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority": str(self.pki.ca_cert),
+                    },
+                }
+            ],
+            "users": [{"name": user.name, "user": {"token": user.token}}],
+            "contexts": [{"name": key, "context": {"cluster": "local", "user": user.name}}],
+            "current-context": key,
+        }
+        path = self.kubeconfig_for(key)
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+
+    def _start_etcd(self, peer_port: int) -> None:
+        client = f"http://127.0.0.1:{self.etcd_port}"
+        peer = f"http://127.0.0.1:{peer_port}"
+        args = [
+            str(self.bin_dir / "etcd"),
+            "--name=local",
+            f"--data-dir={self.workdir / 'etcd'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=local={peer}",
+            "--unsafe-no-fsync=true",  # test data is throw-away; fsync dominates latency otherwise
+            "--quota-backend-bytes=2147483648",
+            "--log-level=warn",
+        ]
+        self._procs.append(("etcd", spawn(args, self.log_dir / "etcd.log")))
+
+    def _start_apiserver(self) -> None:
+        assert self.pki is not None
+        pki = self.pki
+        args = [
+            str(self.bin_dir / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={self.api_port}",
+            f"--cert-dir={self.workdir / 'apiserver-certs'}",
+            f"--tls-cert-file={pki.apiserver_cert}",
+            f"--tls-private-key-file={pki.apiserver_key}",
+            f"--client-ca-file={pki.ca_cert}",
+            f"--token-auth-file={self.workdir / 'tokens.csv'}",
+            "--authorization-mode=RBAC",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki.sa_pub}",
+            f"--service-account-signing-key-file={pki.sa_key}",
+            f"--kubelet-client-certificate={pki.kubelet_client_cert}",
+            f"--kubelet-client-key={pki.kubelet_client_key}",
+            f"--kubelet-certificate-authority={pki.ca_cert}",
+            "--kubelet-preferred-address-types=InternalIP",
+            "--allow-privileged=false",
+            f"--audit-policy-file={self.workdir / 'audit-policy.yaml'}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",  # events are on disk before the response: exact counts
+            # Two cores: no priority-and-fairness bookkeeping, nothing to protect against.
+            "--enable-priority-and-fairness=false",
+            "--profiling=false",
+        ]
+        self._procs.append(("kube-apiserver", spawn(args, self.log_dir / "kube-apiserver.log")))
+
+    def _start_kcm(self) -> None:
+        assert self.pki is not None
+        kubeconfig = self.kubeconfig_for("kcm")
+        args = [
+            str(self.bin_dir / "kube-controller-manager"),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--leader-elect=false",
+            f"--controllers={','.join(KCM_CONTROLLERS)}",
+            "--use-service-account-credentials=true",  # each controller under its own RBAC
+            f"--service-account-private-key-file={self.pki.sa_key}",
+            f"--root-ca-file={self.pki.ca_cert}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={self.kcm_port}",
+            f"--cert-dir={self.workdir / 'kcm-certs'}",
+            "--kube-api-qps=200",
+            "--kube-api-burst=400",
+            # Pods are reported gone quickly by the node agent; keep GC loops short.
+            "--concurrent-job-syncs=5",
+        ]
+        self._procs.append(
+            ("kube-controller-manager", spawn(args, self.log_dir / "kube-controller-manager.log"))
+        )
+
+    def _start_node_agent(self) -> None:
+        assert self.pki is not None
+        args = [
+            sys.executable,
+            "-m",
+            "hack.nodeagent",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--node-name={NODE_NAME}",
+            f"--work-dir={self.workdir / 'pods'}",
+            f"--port={self.node_port}",
+            f"--tls-cert={self.pki.node_cert}",
+            f"--tls-key={self.pki.node_key}",
+            f"--client-ca={self.pki.ca_cert}",
+        ]
+        for image, command in self.image_commands.items():
+            args.append(f"--image-command={image}={json.dumps(command)}")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        self._procs.append(
+            ("node-agent", spawn(args, self.log_dir / "node-agent.log", env=env, cwd=REPO))
+        )
+
+    def _get(self, path: str, port: int | None = None) -> int:
+        assert self.pki is not None
+        ctx = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        if port is not None:
+            # kube-controller-manager serves a self-signed certificate of its own.
+            ctx = ssl._create_unverified_context()  # loopback health probe only
+        req = urllib.request.Request(
+            f"https://127.0.0.1:{port or self.api_port}{path}",
+            headers={"Authorization": f"Bearer {USERS['admin'].token}"},
+        )
+        try:
+            with urllib.request.urlopen(req, context=ctx, timeout=5) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    def _check_alive(self) -> None:
+        for name, proc in self._procs:
+            if proc.poll() is not None:
+                log = self.log_dir / f"{name}.log"
+                tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            with contextlib.suppress(OSError):
+                if self._get("/readyz") == 200:
+                    return
+            time.sleep(0.25)
+        raise TimeoutError(f"kube-apiserver not ready after {timeout}s; logs in {self.log_dir}")
+
+    def _wait_kcm(self, timeout: float) -> None:
+        """The controller manager is useful once it serves and has made the default SA."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            with contextlib.suppress(OSError):
+                if (
+                    self._get("/healthz", port=self.kcm_port) == 200
+                    and self._get("/api/v1/namespaces/default/serviceaccounts/default") == 200
+                    and (not self.node_agent or self._get(f"/api/v1/nodes/{NODE_NAME}") == 200)
+                ):
+                    return
+            time.sleep(0.25)
+        raise TimeoutError(f"control plane not ready after {timeout}s; logs in {self.log_dir}")
+
+
+def leftover_processes(marker_env: str, value: str) -> list[tuple[int, str]]:
+    """Processes (other than this one) whose environment carries ``marker_env=value``.
+
+    The test session sets the marker in its own environment, so every process
+    it starts, and every process those start, inherits it.
+    """
+    needle = f"{marker_env}={value}".encode()
+    found: list[tuple[int, str]] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            if needle not in environ.split(b"\0"):
+                continue
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if not cmdline:  # a zombie already reaped by the time we look
+                continue
+            found.append((int(entry.name), cmdline.strip()))
+        except OSError:
+            continue
+    return found
+
+
+@contextlib.contextmanager
+def running_cluster(workdir: Path | None = None, keep: bool = False) -> Iterator[LocalCluster]:
+    """Build (if needed) and start a cluster; stop it and remove its files on exit."""
+    bin_dir = ensure_binaries()
+    own = workdir is None
+    path = Path(tempfile.mkdtemp(prefix="ksc-cluster-")) if workdir is None else workdir
+    cluster = LocalCluster(bin_dir=bin_dir, workdir=path)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        if own and not keep:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m hack.cluster", description="A local Kubernetes control plane."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start the control plane in the foreground until Ctrl-C")
+    up.add_argument("--workdir", type=Path, help="keep state here (default: a temp dir)")
+    sub.add_parser("build", help="build or locate the control-plane binaries and print their dir")
+    args = parser.parse_args(argv)
+
+    if args.command == "build":
+        print(ensure_binaries())
+        return 0
+
+    stop = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    with running_cluster(args.workdir, keep=args.workdir is not None) as cluster:
+        print(f"control plane ready at {cluster.server}")
+        print(f"  export KUBECONFIG={cluster.kubeconfig}")
+        print(f"  kubectl:  {cluster.bin_dir / 'kubectl'}")
+        print(f"  logs:     {cluster.log_dir}   audit log: {cluster.audit_log}")
+        print("Ctrl-C stops it and removes its files.", flush=True)
+        while not stop:
+            time.sleep(0.5)
+            cluster._check_alive()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Throw-away PKI for the local control plane, made with ``cryptography``.
+
+One CA signs the API server's serving certificate, the node agent's serving
+certificate and the API server's client certificate for talking to "kubelets"
+(the node agent). A separate key pair signs service-account tokens.
+Everything is written as PEM files into one directory; nothing here is secret
+beyond the life of a test run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+_VALIDITY = dt.timedelta(days=7)
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+
+
+def _name(common_name: str, org: str | None = None) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if org:
+        attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
+    return x509.Name(attrs)
+
+
+@dataclass(frozen=True)
+class Pki:
+    """Paths of the PEM files one :func:`make_pki` call wrote."""
+
+    ca_cert: Path
+    ca_key: Path
+    apiserver_cert: Path
+    apiserver_key: Path
+    kubelet_client_cert: Path
+    kubelet_client_key: Path
+    node_cert: Path
+    node_key: Path
+    sa_key: Path
+    sa_pub: Path
+
+
+def make_pki(directory: Path) -> Pki:
+    directory.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)  # tolerate small clock skew
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = _name("kserve-controller-test-ca")
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + _VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    def leaf(
+        stem: str,
+        common_name: str,
+        *,
+        org: str | None = None,
+        server: bool = False,
+        dns: tuple[str, ...] = (),
+        ips: tuple[str, ...] = (),
+    ) -> tuple[Path, Path]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(_name(common_name, org))
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now)
+            .not_valid_after(now + _VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        )
+        if server:
+            sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
+            sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        cert = builder.sign(ca_key, hashes.SHA256())
+        cert_path, key_path = directory / f"{stem}.crt", directory / f"{stem}.key"
+        cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        _write_key(key_path, key)
+        return cert_path, key_path
+
+    ca_cert_path, ca_key_path = directory / "ca.crt", directory / "ca.key"
+    ca_cert_path.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(ca_key_path, ca_key)
+
+    api_cert, api_key = leaf(
+        "apiserver",
+        "kube-apiserver",
+        server=True,
+        dns=(
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ),
+        ips=("127.0.0.1", "10.0.0.1"),
+    )
+    kc_cert, kc_key = leaf("kubelet-client", "kube-apiserver-kubelet-client", org="system:masters")
+    node_cert, node_key = leaf(
+        "node", "local-node", server=True, dns=("localhost",), ips=("127.0.0.1",)
+    )
+
+    # Service-account tokens are signed with RSA: every Kubernetes client verifies RS256.
+    sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    sa_key_path, sa_pub_path = directory / "sa.key", directory / "sa.pub"
+    _write_key(sa_key_path, sa_key)
+    sa_pub_path.write_bytes(
+        sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return Pki(
+        ca_cert=ca_cert_path,
+        ca_key=ca_key_path,
+        apiserver_cert=api_cert,
+        apiserver_key=api_key,
+        kubelet_client_cert=kc_cert,
+        kubelet_client_key=kc_key,
+        node_cert=node_cert,
+        node_key=node_key,
+        sa_key=sa_key_path,
+        sa_pub=sa_pub_path,
+    )

@@ -1,0 +1,132 @@
+"""Test wiring shared by every test.
+
+- Markers come from the directory: ``tests/unit`` -> ``unit`` (pure logic, no
+  binaries), ``tests/integration`` and ``tests/runner`` -> ``integration``
+  (real API server and/or real loopback servers), ``tests/e2e`` -> ``e2e``.
+- One local control plane per test run (``cluster``, started lazily by the
+  first test that needs it); each test gets a fresh namespace.
+- Every process the suite starts inherits ``KSC_TEST_RUN``; when the session
+  ends the suite looks for processes still carrying it, kills them and fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import client, config
+
+from hack.cluster import LocalCluster, ensure_binaries, leftover_processes
+
+MARKER_ENV = "KSC_TEST_RUN"
+
+_DIR_MARKERS = {"unit": "unit", "integration": "integration", "runner": "integration", "e2e": "e2e"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault(MARKER_ENV, uuid.uuid4().hex)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tests_dir = Path(__file__).parent
+    for item in items:
+        parts = item.path.relative_to(tests_dir).parts
+        marker = _DIR_MARKERS.get(parts[0]) if len(parts) > 1 else None
+        if marker and not item.get_closest_marker(marker):
+            item.add_marker(marker)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    leftovers = leftover_processes(MARKER_ENV, os.environ[MARKER_ENV])
+    if not leftovers:
+        return
+    for pid, _ in leftovers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = "\n".join(f"  pid {pid}: {cmd[:200]}" for pid, cmd in leftovers)
+    message = f"processes started by the test suite outlived it (now killed):\n{lines}"
+    if reporter is not None:
+        reporter.write_line(message, red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[LocalCluster]:
+    """The one local control plane of this test run, with the node agent."""
+    bin_dir = ensure_binaries()
+    with tempfile.TemporaryDirectory(prefix="ksc-test-cluster-") as tmp:
+        local = LocalCluster(bin_dir=bin_dir, workdir=Path(tmp))
+        local.start()
+        try:
+            yield local
+        finally:
+            local.stop()
+            for pid in local.pids():
+                # stop() waited for each child: none may remain.
+                assert not Path(f"/proc/{pid}").exists() or _is_zombie(pid), f"pid {pid} survived"
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+async def make_api_client(kubeconfig: Path) -> client.ApiClient:
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
+@pytest.fixture
+async def api_client(cluster: LocalCluster) -> AsyncIterator[client.ApiClient]:
+    api = await make_api_client(cluster.kubeconfig)
+    async with api:
+        yield api
+
+
+async def _namespace(
+    api: client.ApiClient, request: pytest.FixtureRequest, labels: dict[str, str]
+) -> AsyncIterator[str]:
+    # Names are derived from the test so that a leftover in logs says where it came from.
+    base = request.node.name.lower().replace("_", "-")
+    base = "".join(c for c in base if c.isalnum() or c == "-")[:40].strip("-")
+    name = f"{base}-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(api)
+    await core.create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=labels))
+    )
+    try:
+        yield name
+    finally:
+        # Namespace deletion (and the GC behind it) runs in the background: tests don't wait.
+        await core.delete_namespace(name)
+
+
+@pytest.fixture
+async def namespace(
+    api_client: client.ApiClient, request: pytest.FixtureRequest
+) -> AsyncIterator[str]:
+    async for name in _namespace(api_client, request, {"ksc-test": "true"}):
+        yield name
+
+
+@pytest.fixture
+async def restricted_namespace(
+    api_client: client.ApiClient, request: pytest.FixtureRequest
+) -> AsyncIterator[str]:
+    labels = {
+        "ksc-test": "true",
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce-version": "latest",
+    }
+    async for name in _namespace(api_client, request, labels):
+        yield name
