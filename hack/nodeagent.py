@@ -771,7 +771,10 @@ class NodeAgent:
 
 def parse_image_command(spec: str) -> tuple[str, list[str]]:
     image, _, command = spec.partition("=")
-    parsed = json.loads(command)
+    try:
+        parsed = json.loads(command)
+    except json.JSONDecodeError:
+        parsed = None
     if not image or not isinstance(parsed, list) or not all(isinstance(a, str) for a in parsed):
         raise argparse.ArgumentTypeError(f'--image-command wants IMAGE=["cmd", ...], got {spec!r}')
     return image, parsed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -135,7 +136,10 @@ async def test_cronjob_every_minute_produces_a_job(
         "apiVersion": "batch/v1",
         "kind": "CronJob",
         "metadata": {"name": "tick"},
-        "spec": {"schedule": "* * * * *", "jobTemplate": shell_job("x", "exit 0")["spec"]},
+        "spec": {
+            "schedule": "* * * * *",
+            "jobTemplate": {"spec": shell_job("x", "exit 0")["spec"]},
+        },
     }
     created = await client.BatchV1Api(api_client).create_namespaced_cron_job(namespace, cron)
 
@@ -192,7 +196,9 @@ async def test_restricted_namespace_rejects_privileged_pod(
     with pytest.raises(ApiException) as raised:
         await client.CoreV1Api(api_client).create_namespaced_pod(restricted_namespace, pod)
     assert raised.value.status == 403
-    assert 'violates PodSecurity "restricted:latest"' in str(raised.value.body)
+    message = json.loads(raised.value.body)["message"]
+    assert 'violates PodSecurity "restricted:latest"' in message
+    assert "runAsNonRoot != true" in message
 
 
 async def test_users_are_authenticated_and_audited(cluster: LocalCluster, namespace: str) -> None:
