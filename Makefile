@@ -17,11 +17,11 @@ help:
 	@echo "make cluster - a local control plane in the foreground (Ctrl-C stops it)"
 	@echo "make lint    - ruff check, ruff format --check, mypy"
 
+# uv installs the test extra (KServe, scikit-learn) in seconds where pip takes minutes.
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python >= 3.11 is required")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check uv
-	# uv resolves and installs the test extra (KServe, scikit-learn) in seconds instead of minutes.
 	$(VENV)/bin/uv pip install --quiet --python $(PY) -e '.[dev]'
 	touch $(STAMP)
 

@@ -1,4 +1,4 @@
-"""``python -m controller``: start the controller (the real loop arrives with the controller issue)."""
+"""``python -m controller``: start the controller (the loop arrives with the controller issue)."""
 
 from __future__ import annotations
 
