@@ -1,0 +1,671 @@
+"""Models of the two custom resources, ``InferenceConfig`` and ``InferenceRun``.
+
+The CRDs in ``crds/`` are the first line of validation: everything one object
+can say about itself that OpenAPI + CEL can check is rejected by the API server.
+These models parse what the API server returns (unknown fields tolerated, so a
+newer CRD never breaks an older controller) and check the rest:
+
+- the merged model fields (nested ``spec.kserve.*`` wins over the upstream
+  README's flat ``spec.modelName``…) must name a model URL;
+- a schedule must also be one that ``croniter`` can step through (a range that
+  runs backwards, or ``0 0 31 2 *`` which never fires, passes any regex);
+- ``timeZone`` must exist in the time-zone database;
+- storage settings must not carry a credential inline (they reach the
+  contract, a ConfigMap and the run's status, all readable by more people than
+  a Secret).
+
+A failed check is a ``pydantic.ValidationError``; ``describe_invalid`` turns it
+(or an ``InvalidObject``) into the ``(reason, message)`` pair of a condition.
+The status models are what the controller writes; ``to_api()`` gives the JSON
+body with camelCase keys and without unset fields.
+"""
+
+from __future__ import annotations
+
+import re
+import zoneinfo
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal, Self
+
+from croniter import CroniterBadDateError, croniter
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    computed_field,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
+
+from runner.contract import Batching, KServe
+
+GROUP = "ai.krateo.io"
+VERSION = "v1"
+API_VERSION = f"{GROUP}/{VERSION}"
+RUN_KIND = "InferenceRun"
+RUN_PLURAL = "inferenceruns"
+CONFIG_KIND = "InferenceConfig"
+CONFIG_PLURAL = "inferenceconfigs"
+
+AutoDeletePolicy = Literal["None", "DeleteOnSuccess", "DeleteOnCompletion"]
+ImagePullPolicy = Literal["Always", "IfNotPresent", "Never"]
+ConcurrencyPolicy = Literal["Allow", "Forbid", "Replace"]
+Phase = Literal["Pending", "Running", "Succeeded", "Failed", "Scheduled", "Suspended", "Error"]
+ExecutionPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+# Condition types. Ready is upstream's; Complete/Failed mirror the Job's so
+# that `kubectl wait --for=condition=Complete` works on a run.
+CONDITION_READY = "Ready"
+CONDITION_COMPLETE = "Complete"
+CONDITION_FAILED = "Failed"
+CONDITION_SUSPENDED = "Suspended"
+
+# Reason for every validation error that has no more specific one.
+REASON_INVALID_SPEC = "InvalidSpec"
+
+DEFAULT_BACKOFF_LIMIT = 2
+DEFAULT_CONCURRENCY_POLICY: ConcurrencyPolicy = "Forbid"
+MAX_PARALLELISM = 1000
+MAX_SCHEDULE_LENGTH = 128
+# Condition messages stay short enough to read in `kubectl describe`.
+MAX_MESSAGE_LENGTH = 1024
+
+# --------------------------------------------------------------------------------------------
+# Cron syntax. The same pattern is the CRD's CEL rule (a unit test checks the
+# two agree), so it uses nothing RE2 and Python's `re` read differently: no
+# backslashes, scoped `(?i:...)` only for month and weekday names (robfig/cron,
+# which the CronJob controller uses, reads names case-insensitively but
+# descriptors like `@hourly` only in lower case). Fields are separated by
+# spaces; a `CRON_TZ=`/`TZ=` prefix is refused (use `timeZone`).
+
+CRON_DESCRIPTORS = ("yearly", "annually", "monthly", "weekly", "daily", "midnight", "hourly")
+_STEP = "(/[1-9][0-9]*)?"
+_MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+
+
+def _cron_field(value: str, wildcard: str) -> str:
+    atom = f"({wildcard}|{value}(-{value})?){_STEP}"
+    return f"{atom}(,{atom})*"
+
+
+_CRON_FIELDS = (
+    _cron_field("[0-5]?[0-9]", "[*]"),
+    _cron_field("([01]?[0-9]|2[0-3])", "[*]"),
+    _cron_field("(0?[1-9]|[12][0-9]|3[01])", "[*?]"),
+    _cron_field(f"(0?[1-9]|1[0-2]|(?i:{'|'.join(_MONTH_NAMES)}))", "[*]"),
+    _cron_field(f"([0-6]|(?i:{'|'.join(_DAY_NAMES)}))", "[*?]"),
+)
+CRON_PATTERN = f"^(@({'|'.join(CRON_DESCRIPTORS)})| *{' +'.join(_CRON_FIELDS)} *)$"
+_CRON_RE = re.compile(CRON_PATTERN)
+_CRON_FIELD_NAMES = ("minute", "hour", "day-of-month", "month", "day-of-week")
+_CRON_NAMES: tuple[dict[str, int], ...] = (
+    {},
+    {},
+    {},
+    {name: i + 1 for i, name in enumerate(_MONTH_NAMES)},
+    {name: i for i, name in enumerate(_DAY_NAMES)},
+)
+# Any fixed instant works: the question is only whether the schedule ever fires.
+_CRON_PROBE_START = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+def check_schedule(schedule: str) -> None:
+    """Raise ``PydanticCustomError("InvalidSchedule")`` unless the CronJob would run it."""
+    if schedule.startswith(("CRON_TZ=", "TZ=")):
+        raise PydanticCustomError(
+            "InvalidSchedule",
+            "a CRON_TZ= or TZ= prefix is not supported: set spec.timeZone instead",
+        )
+    if not _CRON_RE.fullmatch(schedule):
+        raise PydanticCustomError(
+            "InvalidSchedule",
+            "'{schedule}' is not a cron schedule: use 5 space-separated fields "
+            "(minute hour day-of-month month day-of-week, e.g. '0 * * * *') "
+            "or one of @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly",
+            {"schedule": schedule},
+        )
+    if not schedule.startswith("@"):
+        for field, name, names in zip(
+            schedule.split(), _CRON_FIELD_NAMES, _CRON_NAMES, strict=True
+        ):
+            _check_ranges(field, name, names)
+    try:
+        croniter(schedule, _CRON_PROBE_START).get_next(datetime)
+    except CroniterBadDateError:
+        raise PydanticCustomError(
+            "InvalidSchedule",
+            "'{schedule}' never fires (no date matches it)",
+            {"schedule": schedule},
+        ) from None
+    except (ValueError, KeyError) as exc:  # croniter's parse errors
+        raise PydanticCustomError(
+            "InvalidSchedule",
+            "'{schedule}' is not a cron schedule: {detail}",
+            {"schedule": schedule, "detail": str(exc)},
+        ) from None
+
+
+def _check_ranges(field: str, name: str, names: Mapping[str, int]) -> None:
+    # robfig/cron rejects a range whose start is after its end; croniter wraps
+    # it around instead, so without this the controller would accept a run
+    # whose CronJob the API server then refuses.
+    for item in field.split(","):
+        bounds = item.split("/", 1)[0].split("-")
+        if len(bounds) != 2:
+            continue
+        low, high = (names[b.lower()] if b.lower() in names else int(b) for b in bounds)
+        if low > high:
+            raise PydanticCustomError(
+                "InvalidSchedule",
+                "the {field} range '{item}' runs backwards",
+                {"field": name, "item": item},
+            )
+
+
+def check_time_zone(name: str) -> None:
+    """Raise ``PydanticCustomError("InvalidTimeZone")`` unless ``name`` is an IANA zone."""
+    # "Local" would mean the controller-manager's zone; Kubernetes refuses it.
+    if name.lower() == "local":
+        raise PydanticCustomError(
+            "InvalidTimeZone", "'Local' is not allowed: name an IANA time zone such as 'UTC'"
+        )
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise PydanticCustomError(
+            "InvalidTimeZone",
+            "'{name}' is not a time zone in the IANA database (e.g. 'Europe/Rome', 'UTC')",
+            {"name": name},
+        ) from None
+
+
+# --------------------------------------------------------------------------------------------
+# Inline credentials in storage settings.
+
+_CREDENTIAL_KEYS = frozenset(
+    {
+        "password",
+        "passwd",
+        "token",
+        "accesstoken",
+        "bearertoken",
+        "apitoken",
+        "apikey",
+        "secret",
+        "clientsecret",
+        "secretkey",
+        "secretaccesskey",
+        "sessiontoken",
+        "privatekey",
+        "authorization",
+    }
+)
+_CREDENTIAL_HEADERS = ("authorization:", "proxy-authorization:", "cookie:", "x-api-key:")
+_URL_WITH_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]*:[^/@\s]*@")
+
+
+def find_inline_credentials(value: Any, path: str = "") -> list[str]:
+    """Paths inside ``value`` that look like a credential written in clear.
+
+    Deliberately narrow, so references stay legal: only non-empty *strings* are
+    flagged (``token: {secretKeyRef: ...}`` is fine), under keys that name a
+    secret value, in header lines that carry one, or in URLs with a password.
+    """
+    found: list[str] = []
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            child = f"{path}.{key}" if path else str(key)
+            normalised = str(key).lower().replace("-", "").replace("_", "")
+            if normalised in _CREDENTIAL_KEYS and isinstance(item, str) and item:
+                found.append(child)
+            else:
+                found.extend(find_inline_credentials(item, child))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found.extend(find_inline_credentials(item, f"{path}[{i}]"))
+    elif isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered.startswith(_CREDENTIAL_HEADERS) or _URL_WITH_PASSWORD.match(value.strip()):
+            found.append(path)
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# Models.
+
+
+def _utc(value: datetime) -> datetime:
+    # Truncated to what the API server keeps (metav1.Time: seconds), so a
+    # status built in memory compares equal to the same status read back.
+    value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    return value.replace(microsecond=0)
+
+
+def _rfc3339(value: datetime) -> str:
+    # metav1.Time: second precision, UTC, "Z".
+    return _utc(value).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+KubeTime = Annotated[
+    datetime, AfterValidator(_utc), PlainSerializer(_rfc3339, return_type=str, when_used="json")
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        extra="ignore",
+    )
+
+    def to_api(self) -> dict[str, Any]:
+        """The JSON body for the API server: camelCase keys, unset fields left out."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class ObjectMeta(_Model):
+    name: str
+    namespace: str = ""
+    uid: str = ""
+    generation: int = 0
+    resource_version: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    creation_timestamp: KubeTime | None = None
+    deletion_timestamp: KubeTime | None = None
+
+
+class ConfigRef(_Model):
+    """``InferenceRun.spec.configRef``; the namespace defaults to the run's."""
+
+    name: str = Field(min_length=1)
+    namespace: str | None = None
+
+
+class SecretRef(_Model):
+    """``InferenceConfig.spec.credentialsRef``: an image pull Secret.
+
+    Image pull Secrets are looked up in the pod's (the run's) namespace, so
+    ``namespace`` is accepted for upstream compatibility but cannot point
+    elsewhere; ``run_config_warnings`` says so when it differs.
+    """
+
+    name: str = Field(min_length=1)
+    namespace: str | None = None
+
+
+class Storage(_Model):
+    """Provider key (``krateo``, ``http``, …) -> settings passed to the runner unmodified."""
+
+    input: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    output: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+
+Quantity = str | int | float
+
+
+class ResourceRequirements(_Model):
+    limits: dict[str, Quantity] | None = None
+    requests: dict[str, Quantity] | None = None
+
+
+class InferenceConfigSpec(_Model):
+    image: str = Field(min_length=1)
+    auto_delete_policy: AutoDeletePolicy = "None"
+    kserve: KServe | None = None
+    # The upstream README's flat spelling; spec.kserve.* wins field by field.
+    model_name: str | None = None
+    model_url: str | None = None
+    model_version: str | None = None
+    model_input_name: str | None = None
+    storage: Storage
+    credentials_ref: SecretRef | None = None
+    resources: ResourceRequirements | None = None
+    image_pull_policy: ImagePullPolicy = "IfNotPresent"
+    service_account_name: str | None = None
+    batching: Batching | None = None
+
+    def effective_kserve(self) -> KServe:
+        """The model fields the contract gets: nested when non-empty, else flat."""
+        nested = self.kserve or KServe()
+
+        def pick(inner: str | None, flat: str | None) -> str | None:
+            return inner or flat or None
+
+        return KServe(
+            model_name=pick(nested.model_name, self.model_name),
+            model_url=pick(nested.model_url, self.model_url),
+            model_version=pick(nested.model_version, self.model_version),
+            model_input_name=pick(nested.model_input_name, self.model_input_name),
+        )
+
+    @model_validator(mode="after")
+    def _usable(self) -> Self:
+        if not self.effective_kserve().model_url:
+            raise PydanticCustomError(
+                "MissingModelUrl",
+                "kserve.modelUrl (or the flat modelUrl) is required: "
+                "the runner has no model to call without it",
+            )
+        leaks = find_inline_credentials(self.storage.to_api(), "storage")
+        if leaks:
+            raise PydanticCustomError(
+                "InlineCredentials",
+                "{paths} look like credentials written in clear; storage settings reach the "
+                "contract, a ConfigMap and the run's status, so reference a Secret instead "
+                "(e.g. api.endpointRef)",
+                {"paths": ", ".join(leaks)},
+            )
+        return self
+
+
+_SCHEDULED_ONLY = (
+    "time_zone",
+    "concurrency_policy",
+    "starting_deadline_seconds",
+    "successful_jobs_history_limit",
+    "failed_jobs_history_limit",
+)
+
+
+class InferenceRunSpec(_Model):
+    config_ref: ConfigRef
+    # 0 keeps upstream's meaning: no deadline.
+    timeout_seconds: int | None = Field(default=None, ge=0)
+    schedule: str | None = Field(default=None, max_length=MAX_SCHEDULE_LENGTH)
+    parameters: dict[str, str] | None = None
+    suspend: bool = False
+    concurrency_policy: ConcurrencyPolicy | None = None
+    starting_deadline_seconds: int | None = Field(default=None, ge=0)
+    successful_jobs_history_limit: int | None = Field(default=None, ge=0)
+    failed_jobs_history_limit: int | None = Field(default=None, ge=0)
+    time_zone: str | None = None
+    backoff_limit: int = Field(default=DEFAULT_BACKOFF_LIMIT, ge=0, le=100)
+    parallelism: int = Field(default=1, ge=1, le=MAX_PARALLELISM)
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_schedule(value)
+        return value
+
+    @field_validator("time_zone")
+    @classmethod
+    def _time_zone(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_time_zone(value)
+        return value
+
+    @model_validator(mode="after")
+    def _schedule_fields(self) -> Self:
+        if self.schedule is None:
+            stray = [to_camel(name) for name in _SCHEDULED_ONLY if getattr(self, name) is not None]
+            if stray:
+                raise PydanticCustomError(
+                    "InvalidSpec",
+                    "{fields} only apply to scheduled runs: set spec.schedule or remove them",
+                    {"fields": ", ".join(stray)},
+                )
+        return self
+
+    @property
+    def scheduled(self) -> bool:
+        return self.schedule is not None
+
+    @property
+    def deadline_seconds(self) -> int | None:
+        """``activeDeadlineSeconds`` for the Job, or None for no deadline."""
+        return self.timeout_seconds or None
+
+
+# --------------------------------------------------------------------------------------------
+# Status.
+
+
+class Condition(_Model):
+    """``metav1.Condition``."""
+
+    type: str
+    status: ConditionStatus
+    reason: str
+    message: str = ""
+    last_transition_time: KubeTime
+    observed_generation: int | None = None
+
+
+def set_condition(conditions: Sequence[Condition], new: Condition) -> list[Condition]:
+    """``meta.SetStatusCondition``: replace by type, keep the transition time if unchanged."""
+    out: list[Condition] = []
+    replaced = False
+    for old in conditions:
+        if old.type != new.type:
+            out.append(old)
+            continue
+        replaced = True
+        if old.status == new.status:
+            new = new.model_copy(update={"last_transition_time": old.last_transition_time})
+        out.append(new)
+    if not replaced:
+        out.append(new)
+    return out
+
+
+def find_condition(conditions: Iterable[Condition], type_: str) -> Condition | None:
+    return next((c for c in conditions if c.type == type_), None)
+
+
+class ObjectReference(_Model):
+    """``core/v1 ObjectReference`` of the run's Job or CronJob (upstream's ``jobStatus``)."""
+
+    kind: str | None = None
+    api_version: str | None = None
+    namespace: str | None = None
+    name: str
+    uid: str | None = None
+
+
+class Progress(_Model):
+    rows_done: int = Field(default=0, ge=0)
+    rows_total: int | None = Field(default=None, ge=0)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def summary(self) -> str:
+        """What the Progress printer column shows, e.g. ``120/500 (24%)``."""
+        if not self.rows_total:
+            return str(self.rows_done)
+        percent = min(100, self.rows_done * 100 // self.rows_total)
+        return f"{self.rows_done}/{self.rows_total} ({percent}%)"
+
+
+class RunResult(_Model):
+    rows: int = Field(ge=0)
+    predictions: int = Field(ge=0)
+    duration_seconds: float = Field(ge=0)
+
+
+class Execution(_Model):
+    """The most recent Job a scheduled run's CronJob started."""
+
+    name: str
+    phase: ExecutionPhase
+    reason: str | None = None
+    message: str | None = None
+    start_time: KubeTime | None = None
+    completion_time: KubeTime | None = None
+
+
+class InferenceRunStatus(_Model):
+    phase: Phase | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = None
+    contract: dict[str, Any] | None = None
+    job_status: ObjectReference | None = None
+    start_time: KubeTime | None = None
+    completion_time: KubeTime | None = None
+    last_schedule_time: KubeTime | None = None
+    progress: Progress | None = None
+    result: RunResult | None = None
+    reason: str | None = None
+    message: str | None = None
+    last_execution: Execution | None = None
+
+
+class InferenceConfigStatus(_Model):
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = None
+
+
+def _lenient(value: Any, handler: ValidatorFunctionWrapHandler, empty: BaseModel) -> Any:
+    # A status this version cannot read (written by another version, or by
+    # hand) must not make the object itself invalid: it is rewritten anyway.
+    try:
+        return handler(value)
+    except ValidationError:
+        return empty
+
+
+class InferenceConfig(_Model):
+    api_version: str = API_VERSION
+    kind: str = CONFIG_KIND
+    metadata: ObjectMeta
+    spec: InferenceConfigSpec
+    status: InferenceConfigStatus = Field(default_factory=InferenceConfigStatus)
+
+    @field_validator("status", mode="wrap")
+    @classmethod
+    def _status(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return _lenient(value, handler, InferenceConfigStatus())
+
+
+class InferenceRun(_Model):
+    api_version: str = API_VERSION
+    kind: str = RUN_KIND
+    metadata: ObjectMeta
+    spec: InferenceRunSpec
+    status: InferenceRunStatus = Field(default_factory=InferenceRunStatus)
+
+    @field_validator("status", mode="wrap")
+    @classmethod
+    def _status(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return _lenient(value, handler, InferenceRunStatus())
+
+    @property
+    def config_namespace(self) -> str:
+        return self.spec.config_ref.namespace or self.metadata.namespace
+
+    @property
+    def config_key(self) -> tuple[str, str]:
+        """``(namespace, name)`` of the InferenceConfig this run uses."""
+        return self.config_namespace, self.spec.config_ref.name
+
+
+# --------------------------------------------------------------------------------------------
+# Errors -> conditions.
+
+
+class InvalidObject(ValueError):
+    """A problem found outside pydantic (e.g. between a run and its config)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+_REASON_RE = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+_MAX_ERRORS_SHOWN = 5
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _echo(error: Mapping[str, Any], where: str) -> str:
+    # Echo a short scalar input so the message says what was wrong, except
+    # under storage, whose values are never repeated (they may be secrets).
+    value = error.get("input")
+    kind = error["type"]
+    # Our own errors already quote what matters.
+    if kind == "missing" or kind[:1].isupper() or "storage" in where.split(".")[:2]:
+        return ""
+    if isinstance(value, bool | int | float) or (isinstance(value, str) and len(value) <= 64):
+        return f" (got {value!r})"
+    return ""
+
+
+def describe_invalid(exc: ValidationError | InvalidObject) -> tuple[str, str]:
+    """``(reason, message)`` for a condition saying why an object cannot be used.
+
+    The reason is the first error's own (``InvalidSchedule``, ``MissingModelUrl``,
+    …) or ``InvalidSpec``; the message names each field, e.g.
+    ``spec.timeoutSeconds: Input should be greater than or equal to 0 (got -1)``.
+    """
+    if isinstance(exc, InvalidObject):
+        return exc.reason, exc.message[:MAX_MESSAGE_LENGTH]
+    errors = exc.errors(include_url=False)
+    if not errors:
+        return REASON_INVALID_SPEC, str(exc)[:MAX_MESSAGE_LENGTH]
+    first = errors[0]["type"]
+    reason = first if first[:1].isupper() and _REASON_RE.match(first) else REASON_INVALID_SPEC
+    parts = []
+    for error in errors[:_MAX_ERRORS_SHOWN]:
+        where = _loc(tuple(error["loc"])) or exc.title
+        parts.append(f"{where}: {error['msg']}{_echo(error, where)}")
+    if len(errors) > _MAX_ERRORS_SHOWN:
+        parts.append(f"and {len(errors) - _MAX_ERRORS_SHOWN} more")
+    return reason, "; ".join(parts)[:MAX_MESSAGE_LENGTH]
+
+
+def run_config_warnings(run: InferenceRun, config: InferenceConfig) -> list[tuple[str, str]]:
+    """``(reason, message)`` for each thing a valid pair does differently than written."""
+    warnings: list[tuple[str, str]] = []
+    ref = config.spec.credentials_ref
+    if ref is not None and ref.namespace and ref.namespace != run.metadata.namespace:
+        warnings.append(
+            (
+                "CredentialsNamespaceIgnored",
+                f"credentialsRef names Secret {ref.namespace}/{ref.name}, but image pull "
+                f"Secrets are read from the pod's namespace: {run.metadata.namespace}/{ref.name} "
+                "is used",
+            )
+        )
+    if run.spec.scheduled and config.spec.auto_delete_policy != "None":
+        warnings.append(
+            (
+                "AutoDeleteIgnored",
+                f"autoDeletePolicy {config.spec.auto_delete_policy} does not apply to "
+                "scheduled runs: the run and its CronJob are kept",
+            )
+        )
+    spec = config.spec
+    if spec.kserve is not None:
+        for field in ("model_name", "model_url", "model_version", "model_input_name"):
+            nested, flat = getattr(spec.kserve, field), getattr(spec, field)
+            if nested and flat and nested != flat:
+                warnings.append(
+                    (
+                        "ModelFieldsConflict",
+                        f"spec.kserve.{to_camel(field)} and spec.{to_camel(field)} differ: "
+                        "the nested one is used",
+                    )
+                )
+    return warnings

@@ -1,0 +1,406 @@
+"""The desired children of a run, as plain dicts ready to send to the API server.
+
+Pure functions of (run, config, settings): no clock, no client. What they
+render, and why:
+
+- the **contract** (``render_contract``) byte for byte as upstream's Go
+  controller marshals it, so a runner written against upstream reads the same
+  file: keys ``jobId, jobName, kserve, input, output, parameters`` in that
+  order, then our optional ``batching`` and ``sharding``; empty kserve fields,
+  empty ``input``/``output`` and absent ``parameters`` left out; storage and
+  parameters with every object's keys sorted (upstream round-trips them
+  through Go maps); compact, with Go's escaping (``<>&`` as ``\\u003c``…, other
+  non-ASCII raw). It never holds a credential: storage entries only reference
+  Secrets, and ``controller.api`` refuses configs that inline one;
+- a **ConfigMap** named like the Job holding it as ``contract.json``;
+- a **Job** (or a **CronJob** with the same job template when the run has a
+  schedule) running container ``inference`` with the contract at
+  ``/tmp/contract.json`` (a subPath mount over a writable emptyDir ``/tmp``),
+  ``pod_uid`` from the downward API, a security context that passes Pod
+  Security "restricted", a small ``backoffLimit`` and a ``podFailurePolicy``
+  that fails the Job at once when the runner says the contract is bad (exit 2).
+  There is no ``ttlSecondsAfterFinished``: finished runs are deleted by the
+  controller (autoDeletePolicy), deleting their children through owner
+  references, never by a TTL that makes the run start again.
+
+Every child carries the labels of ``controller.naming.child_labels`` (on the
+Job template and CronJob job template too, so pods and scheduled Jobs are
+selectable), a controller owner reference to the run, and a hash of its
+desired state in ``DESIRED_HASH_ANNOTATION`` for cheap drift detection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from controller.api import (
+    API_VERSION,
+    DEFAULT_CONCURRENCY_POLICY,
+    RUN_KIND,
+    InferenceConfig,
+    InferenceRun,
+)
+from controller.naming import DESIRED_HASH_ANNOTATION, child_labels, job_name
+from runner.contract import Contract, Sharding
+
+CONTRACT_KEY = "contract.json"
+CONTRACT_DIR = "/tmp"
+CONTRACT_PATH = f"{CONTRACT_DIR}/{CONTRACT_KEY}"
+CONTAINER_NAME = "inference"
+# The runner's exit code for a contract it cannot use: retrying cannot help.
+BAD_CONTRACT_EXIT_CODE = 2
+# The distroless "nonroot" user the runner image runs as.
+RUNNER_UID = 65532
+
+# --------------------------------------------------------------------------------------------
+# Go-compatible JSON.
+
+_GO_HTML_ESCAPES = {
+    "<": "\\u003c",
+    ">": "\\u003e",
+    "&": "\\u0026",
+    "\u2028": "\\u2028",
+    "\u2029": "\\u2029",
+}
+_GO_ESCAPE_RE = re.compile("[<>&\u2028\u2029]")
+_LONE_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+
+def _go_string(text: str) -> str:
+    # Python's escaping of quotes, backslashes and control characters
+    # (\b \f \n \r \t, else \u00xx in lower-case hex) is Go's (since Go 1.22);
+    # Go additionally escapes <, >, & and U+2028/9, and turns invalid UTF-8
+    # (a lone surrogate once decoded) into U+FFFD.
+    text = _LONE_SURROGATE_RE.sub("\ufffd", text)
+    encoded = json.dumps(text, ensure_ascii=False)
+    return _GO_ESCAPE_RE.sub(lambda m: _GO_HTML_ESCAPES[m.group()], encoded)
+
+
+def _go_float(value: float) -> str:
+    # strconv.AppendFloat(f, 'f' or 'e', -1, 64) as encoding/json uses it:
+    # shortest round-trip digits (what repr() finds too), fixed notation for
+    # 1e-6 <= |f| < 1e21, else exponent notation with "e-7" not "e-07".
+    if not math.isfinite(value):
+        raise ValueError(f"JSON cannot represent {value}")
+    if value == 0:
+        return "-0" if math.copysign(1.0, value) < 0 else "0"
+    decimal = Decimal(repr(value)).as_tuple()
+    digits = "".join(map(str, decimal.digits))
+    stripped = digits.rstrip("0")
+    exponent = int(decimal.exponent) + len(digits) - len(stripped)
+    point = len(stripped) + exponent  # value = 0.<stripped> * 10**point
+    sign = "-" if decimal.sign else ""
+    magnitude = abs(value)
+    if magnitude < 1e-6 or magnitude >= 1e21:
+        mantissa = stripped[0] + (f".{stripped[1:]}" if len(stripped) > 1 else "")
+        power = point - 1
+        # Go pads a positive exponent to two digits ("e+21") but not a negative one.
+        exponent_text = f"+{power:02d}" if power >= 0 else f"-{-power}"
+        return f"{sign}{mantissa}e{exponent_text}"
+    if point <= 0:
+        return f"{sign}0.{'0' * -point}{stripped}"
+    if point >= len(stripped):
+        return f"{sign}{stripped}{'0' * (point - len(stripped))}"
+    return f"{sign}{stripped[:point]}.{stripped[point:]}"
+
+
+def go_json(value: Any) -> str:
+    """``value`` as Go's ``json.Marshal`` writes it, keys in the given order."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return _go_float(value)
+    if isinstance(value, str):
+        return _go_string(value)
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{_go_string(str(k))}:{go_json(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(go_json(v) for v in value) + "]"
+    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
+
+def _sorted(value: Any) -> Any:
+    # Go sorts map keys by bytes; UTF-8 byte order is code point order, which
+    # is how Python compares str.
+    if isinstance(value, Mapping):
+        return {k: _sorted(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted(v) for v in value]
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# Contract.
+
+
+def child_name(run: InferenceRun) -> str:
+    """The name shared by the run's ConfigMap and Job or CronJob."""
+    return job_name(
+        run.metadata.name, run.metadata.uid, run.spec.scheduled, shards=run.spec.parallelism
+    )
+
+
+def build_contract(run: InferenceRun, config: InferenceConfig) -> Contract:
+    """The contract as the runner's model (validated the way the runner will)."""
+    if not run.metadata.uid:
+        raise ValueError(f"run {run.metadata.name!r} has no uid yet: it must be read from the API")
+    shards = run.spec.parallelism
+    return Contract(
+        job_id=run.metadata.uid,
+        job_name=child_name(run),
+        kserve=config.spec.effective_kserve(),
+        input=config.spec.storage.input,
+        output=config.spec.storage.output,
+        parameters=run.spec.parameters,
+        batching=config.spec.batching,
+        sharding=Sharding(count=shards) if shards > 1 else None,
+    )
+
+
+def contract_document(run: InferenceRun, config: InferenceConfig) -> dict[str, Any]:
+    """The contract as an ordered dict: exactly the keys and order of the file."""
+    contract = build_contract(run, config)
+    kserve = {k: v for k, v in contract.kserve.model_dump(by_alias=True).items() if v}
+    doc: dict[str, Any] = {"jobId": contract.job_id, "jobName": contract.job_name, "kserve": kserve}
+    if contract.input:
+        doc["input"] = _sorted(contract.input)
+    if contract.output:
+        doc["output"] = _sorted(contract.output)
+    if contract.parameters is not None:
+        doc["parameters"] = _sorted(contract.parameters)
+    if contract.batching is not None:
+        doc["batching"] = contract.batching.model_dump(by_alias=True)
+    if contract.sharding is not None:
+        doc["sharding"] = contract.sharding.model_dump(by_alias=True)
+    return doc
+
+
+def render_contract(run: InferenceRun, config: InferenceConfig) -> str:
+    """The contract file's text (UTF-8), as upstream's controller would write it."""
+    return go_json(contract_document(run, config))
+
+
+# --------------------------------------------------------------------------------------------
+# Children.
+
+
+def owner_reference(run: InferenceRun) -> dict[str, Any]:
+    if not run.metadata.uid:
+        raise ValueError(f"run {run.metadata.name!r} has no uid yet: it must be read from the API")
+    return {
+        "apiVersion": API_VERSION,
+        "kind": RUN_KIND,
+        "name": run.metadata.name,
+        "uid": run.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _labels(run: InferenceRun) -> dict[str, str]:
+    return child_labels(run.metadata.name, run.metadata.uid, run.spec.config_ref.name)
+
+
+def desired_hash(payload: Any) -> str:
+    """Short, stable hash of a rendered object part (for the drift annotation)."""
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def _metadata(run: InferenceRun, name: str, payload: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": run.metadata.namespace,
+        "labels": _labels(run),
+        "annotations": {DESIRED_HASH_ANNOTATION: desired_hash(payload)},
+        "ownerReferences": [owner_reference(run)],
+    }
+
+
+def desired_configmap(run: InferenceRun, config: InferenceConfig) -> dict[str, Any]:
+    """The ConfigMap holding the contract, named like the Job/CronJob."""
+    data = {CONTRACT_KEY: render_contract(run, config)}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(run, child_name(run), data),
+        "data": data,
+    }
+
+
+def _container(config: InferenceConfig) -> dict[str, Any]:
+    spec = config.spec
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        # No CONTRACT_PATH: the runner's default is CONTRACT_PATH already, and
+        # leaving it unset lets the test node agent relocate the file.
+        "env": [
+            {"name": "pod_uid", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+        ],
+        "volumeMounts": [
+            # /tmp stays writable (read-only root filesystem); the contract is
+            # one read-only file inside it, as upstream's runners expect.
+            {"name": "tmp", "mountPath": CONTRACT_DIR},
+            {
+                "name": "contract",
+                "mountPath": CONTRACT_PATH,
+                "subPath": CONTRACT_KEY,
+                "readOnly": True,
+            },
+        ],
+        # The runner writes its one-line summary there; if it dies before,
+        # the tail of its log is the next best message for the run's status.
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "runAsUser": RUNNER_UID,
+            "runAsGroup": RUNNER_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    if spec.resources is not None:
+        container["resources"] = spec.resources.to_api()
+    return container
+
+
+def _job_spec(
+    run: InferenceRun, config: InferenceConfig, name: str, service_account: str | None
+) -> dict[str, Any]:
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        # The runner reads its endpoint Secrets through the API server, with
+        # this pod's service account: the one reason to mount a token.
+        "automountServiceAccountToken": True,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUNNER_UID,
+            "runAsGroup": RUNNER_UID,
+            "fsGroup": RUNNER_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [_container(config)],
+        "volumes": [
+            {"name": "tmp", "emptyDir": {}},
+            {
+                "name": "contract",
+                "configMap": {
+                    "name": name,
+                    "items": [{"key": CONTRACT_KEY, "path": CONTRACT_KEY}],
+                    "defaultMode": 0o444,
+                },
+            },
+        ],
+    }
+    account = config.spec.service_account_name or service_account
+    if account:
+        pod["serviceAccountName"] = account
+    if config.spec.credentials_ref is not None:
+        pod["imagePullSecrets"] = [{"name": config.spec.credentials_ref.name}]
+
+    shards = run.spec.parallelism
+    spec: dict[str, Any] = {
+        "backoffLimit": run.spec.backoff_limit,
+        "completions": shards,
+        "parallelism": shards,
+        "podFailurePolicy": {
+            "rules": [
+                {
+                    "action": "FailJob",
+                    "onExitCodes": {
+                        "containerName": CONTAINER_NAME,
+                        "operator": "In",
+                        "values": [BAD_CONTRACT_EXIT_CODE],
+                    },
+                },
+                # An evicted or preempted pod is not the runner's failure.
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+            ]
+        },
+        "template": {"metadata": {"labels": _labels(run)}, "spec": pod},
+    }
+    if shards > 1:
+        # Each pod gets JOB_COMPLETION_INDEX; the contract says how many shards.
+        spec["completionMode"] = "Indexed"
+    if run.spec.deadline_seconds is not None:
+        spec["activeDeadlineSeconds"] = run.spec.deadline_seconds
+    return spec
+
+
+def desired_job(
+    run: InferenceRun, config: InferenceConfig, *, runner_service_account: str | None = None
+) -> dict[str, Any]:
+    """The Job of a one-shot run.
+
+    ``runner_service_account`` is the controller's default for configs that
+    name none (``serviceAccountName`` in the config wins).
+    """
+    if run.spec.scheduled:
+        raise ValueError(f"run {run.metadata.name!r} has a schedule: render its CronJob")
+    name = child_name(run)
+    spec = _job_spec(run, config, name, runner_service_account)
+    spec["suspend"] = run.spec.suspend
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(run, name, spec),
+        "spec": spec,
+    }
+
+
+def desired_cronjob(
+    run: InferenceRun, config: InferenceConfig, *, runner_service_account: str | None = None
+) -> dict[str, Any]:
+    """The CronJob of a scheduled run; its job template is the one-shot Job's spec."""
+    if run.spec.schedule is None:
+        raise ValueError(f"run {run.metadata.name!r} has no schedule: render its Job")
+    name = child_name(run)
+    run_spec = run.spec
+    spec: dict[str, Any] = {
+        "schedule": run_spec.schedule,
+        "concurrencyPolicy": run_spec.concurrency_policy or DEFAULT_CONCURRENCY_POLICY,
+        "suspend": run_spec.suspend,
+        "jobTemplate": {
+            "metadata": {"labels": _labels(run)},
+            "spec": _job_spec(run, config, name, runner_service_account),
+        },
+    }
+    optional = {
+        "timeZone": run_spec.time_zone,
+        "startingDeadlineSeconds": run_spec.starting_deadline_seconds,
+        "successfulJobsHistoryLimit": run_spec.successful_jobs_history_limit,
+        "failedJobsHistoryLimit": run_spec.failed_jobs_history_limit,
+    }
+    spec.update({k: v for k, v in optional.items() if v is not None})
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": _metadata(run, name, spec),
+        "spec": spec,
+    }
+
+
+def desired_workload(
+    run: InferenceRun, config: InferenceConfig, *, runner_service_account: str | None = None
+) -> dict[str, Any]:
+    """``desired_cronjob`` for a scheduled run, else ``desired_job``."""
+    render = desired_cronjob if run.spec.scheduled else desired_job
+    return render(run, config, runner_service_account=runner_service_account)

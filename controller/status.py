@@ -1,0 +1,396 @@
+"""Observed state -> an InferenceRun's status. Pure: no I/O, the clock passed in.
+
+The outcome of a Job is read from its **conditions**, never guessed from its
+pod counters (upstream's mistake, ``upstream-behaviour.md`` §6.5):
+
+=====================================  ===========  ==================================
+Job condition (status True)            run phase    reason
+=====================================  ===========  ==================================
+``Complete`` / ``SuccessCriteriaMet``  Succeeded    ``Completed``
+``Failed`` / ``FailureTarget``         Failed       ``DeadlineExceeded`` from the Job;
+                                                    else the runner's exit (e.g.
+                                                    ``InferenceFailed``); else the
+                                                    Job's (``BackoffLimitExceeded``)
+``Suspended``                          Suspended    ``Suspended``
+none, a runner pod running             Running      ``Running``
+none                                   Pending      ``Pending``
+=====================================  ===========  ==================================
+
+``FailureTarget`` counts as failed: the Job controller has decided, it is only
+waiting for pods to terminate. The runner's own words come from its pod's
+termination message (``runner/termination.py`` writes a one-line reason on
+failure and ``{"rows", "predictions", "durationSeconds"}`` on success).
+
+A scheduled run is ``Scheduled`` (``Running`` while an execution runs,
+``Suspended`` when suspended); its ``lastExecution`` describes the newest Job
+the CronJob started. Conditions: ``Ready`` (upstream's, True once the children
+exist and the config is usable), ``Complete`` and ``Failed`` (one-shot runs
+only, so ``kubectl wait --for=condition=Complete`` works) and ``Warning``
+(something the controller does differently than written).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from controller.api import (
+    CONDITION_COMPLETE,
+    CONDITION_FAILED,
+    CONDITION_READY,
+    Condition,
+    ConditionStatus,
+    Execution,
+    InferenceRun,
+    InferenceRunStatus,
+    ObjectReference,
+    Phase,
+    Progress,
+    RunResult,
+    set_condition,
+)
+from controller.render import CONTAINER_NAME
+
+CONDITION_WARNING = "Warning"
+
+# Exit codes of the runner (runner/exitcodes.py) -> the reason a run shows.
+EXIT_REASONS = {
+    2: "InvalidContract",
+    3: "InputFailed",
+    4: "InferenceFailed",
+    5: "OutputFailed",
+    137: "RunnerKilled",
+    143: "RunnerTerminated",
+}
+MAX_MESSAGE = 1024
+
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything the status depends on, read from the cache by the reconciler."""
+
+    run: InferenceRun
+    now: datetime
+    # (reason, message) when the config is missing or unusable; None when fine.
+    config_problem: tuple[str, str] | None = None
+    warnings: Sequence[tuple[str, str]] = ()
+    contract: Json | None = None
+    job: Json | None = None  # one-shot: the run's Job
+    cronjob: Json | None = None  # scheduled: the run's CronJob
+    executions: Sequence[Json] = ()  # scheduled: Jobs the CronJob started
+    pods: Sequence[Json] = field(default_factory=list)  # pods of the job / newest execution
+    progress: Progress | None = None  # from the running runner's log
+
+
+def _conditions_of(obj: Json | None) -> dict[str, Json]:
+    if not obj:
+        return {}
+    return {
+        c["type"]: c
+        for c in (obj.get("status") or {}).get("conditions") or []
+        if c.get("status") == "True"
+    }
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def _runner_state(pod: Json) -> Json | None:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == CONTAINER_NAME:
+            return status.get("state") or {}
+    return None
+
+
+def _terminated(pod: Json) -> Json | None:
+    state = _runner_state(pod)
+    return (state or {}).get("terminated")
+
+
+def _one_line(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= MAX_MESSAGE else line[: MAX_MESSAGE - 1] + "…"
+
+
+def _newest(pods: Sequence[Json], predicate: Any) -> Json | None:
+    chosen = [p for p in pods if predicate(p)]
+    if not chosen:
+        return None
+    return max(chosen, key=lambda p: (_terminated(p) or {}).get("finishedAt") or "")
+
+
+def runner_failure(pods: Sequence[Json]) -> tuple[str, str] | None:
+    """``(reason, message)`` from the newest runner pod that exited non-zero."""
+    pod = _newest(pods, lambda p: (_terminated(p) or {}).get("exitCode", 0) != 0)
+    if pod is None:
+        return None
+    term = _terminated(pod) or {}
+    code = int(term.get("exitCode", 1))
+    reason = EXIT_REASONS.get(code, "RunnerFailed")
+    text = " ".join((term.get("message") or "").split())
+    return reason, _one_line(f"runner exited with code {code}" + (f": {text}" if text else ""))
+
+
+def runner_result(pods: Sequence[Json]) -> RunResult | None:
+    """The result the runner reported; shards of an Indexed Job are added up."""
+    rows = predictions = 0
+    duration = 0.0
+    found = False
+    for pod in pods:
+        term = _terminated(pod)
+        if not term or term.get("exitCode") != 0:
+            continue
+        try:
+            data = orjson.loads(term.get("message") or "")
+            part = RunResult.model_validate(data)
+        except (orjson.JSONDecodeError, ValidationError):
+            continue
+        found = True
+        rows += part.rows
+        predictions += part.predictions
+        duration = max(duration, part.duration_seconds)
+    if not found:
+        return None
+    return RunResult(rows=rows, predictions=predictions, duration_seconds=duration)
+
+
+def _job_outcome(job: Json, pods: Sequence[Json]) -> tuple[Phase, str, str]:
+    """``(phase, reason, message)`` of one Job, from its conditions and pods."""
+    conditions = _conditions_of(job)
+    for kind in ("Failed", "FailureTarget"):
+        if kind in conditions:
+            cond = conditions[kind]
+            job_reason = cond.get("reason") or "JobFailed"
+            job_message = cond.get("message") or ""
+            failure = runner_failure(pods)
+            if job_reason == "DeadlineExceeded" or failure is None:
+                message = job_message
+                if failure is not None:
+                    message = f"{job_message}; last runner: {failure[1]}".strip("; ")
+                return "Failed", job_reason, _one_line(message)
+            return "Failed", failure[0], failure[1]
+    if "Complete" in conditions or "SuccessCriteriaMet" in conditions:
+        return "Succeeded", "Completed", ""
+    if "Suspended" in conditions or (job.get("spec") or {}).get("suspend"):
+        return "Suspended", "Suspended", "the Job is suspended"
+    running = any("running" in (_runner_state(p) or {}) for p in pods)
+    if running:
+        return "Running", "Running", ""
+    retrying = runner_failure(pods)
+    if retrying is not None:
+        # A pod failed and the Job will try again: say why, stay Pending.
+        return "Pending", "Retrying", retrying[1]
+    return "Pending", "Pending", ""
+
+
+def _reference(obj: Json) -> ObjectReference:
+    meta = obj["metadata"]
+    return ObjectReference(
+        kind=obj.get("kind"),
+        api_version=obj.get("apiVersion"),
+        namespace=meta.get("namespace"),
+        name=meta["name"],
+        uid=meta.get("uid"),
+    )
+
+
+def _cond(
+    conditions: list[Condition],
+    type_: str,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    observed: Observed,
+) -> list[Condition]:
+    new = Condition(
+        type=type_,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=observed.now,
+        observed_generation=observed.run.metadata.generation or None,
+    )
+    return set_condition(conditions, new)
+
+
+def _drop(conditions: list[Condition], type_: str) -> list[Condition]:
+    return [c for c in conditions if c.type != type_]
+
+
+def derive_status(observed: Observed) -> InferenceRunStatus:
+    """The status the run should have, given what the cluster shows."""
+    run = observed.run
+    old = run.status
+    status = InferenceRunStatus(
+        observed_generation=run.metadata.generation or None,
+        conditions=list(old.conditions),
+        contract=observed.contract if observed.contract is not None else old.contract,
+        # Kept when the child is gone (deleted out of band, or finished and collected).
+        job_status=old.job_status,
+        start_time=old.start_time,
+        completion_time=old.completion_time,
+        last_schedule_time=old.last_schedule_time,
+        progress=old.progress,
+        result=old.result,
+        last_execution=old.last_execution,
+    )
+    conditions = status.conditions
+
+    if observed.warnings:
+        reasons = ",".join(dict.fromkeys(r for r, _ in observed.warnings))
+        text = "; ".join(m for _, m in observed.warnings)
+        conditions = _cond(conditions, CONDITION_WARNING, "True", reasons, text, observed)
+    else:
+        conditions = _drop(conditions, CONDITION_WARNING)
+
+    child = observed.cronjob if run.spec.scheduled else observed.job
+    if child is not None:
+        status.job_status = _reference(child)
+
+    if observed.config_problem is not None and child is None:
+        reason, message = observed.config_problem
+        status.phase, status.reason, status.message = "Error", reason, message
+        conditions = _cond(conditions, CONDITION_READY, "False", reason, message, observed)
+        status.conditions = conditions
+        return status
+
+    if run.spec.scheduled:
+        _scheduled(status, observed)
+    else:
+        _one_shot(status, observed)
+
+    if observed.config_problem is not None:
+        reason, message = observed.config_problem
+        conditions = _cond(conditions, CONDITION_READY, "False", reason, message, observed)
+    elif child is None:
+        conditions = _cond(
+            conditions,
+            CONDITION_READY,
+            "False",
+            "Creating",
+            "creating the run's children",
+            observed,
+        )
+    else:
+        conditions = _cond(conditions, CONDITION_READY, "True", "Available", "", observed)
+
+    if not run.spec.scheduled:
+        done = status.phase == "Succeeded"
+        failed = status.phase == "Failed"
+        conditions = _cond(
+            conditions,
+            CONDITION_COMPLETE,
+            "True" if done else "False",
+            "Completed" if done else (status.reason or "NotComplete"),
+            "",
+            observed,
+        )
+        conditions = _cond(
+            conditions,
+            CONDITION_FAILED,
+            "True" if failed else "False",
+            (status.reason or "Failed") if failed else "NotFailed",
+            (status.message or "") if failed else "",
+            observed,
+        )
+    else:
+        conditions = _drop(_drop(conditions, CONDITION_COMPLETE), CONDITION_FAILED)
+    status.conditions = conditions
+    return status
+
+
+def _one_shot(status: InferenceRunStatus, observed: Observed) -> None:
+    job, old = observed.job, observed.run.status
+    if job is None:
+        if old.phase in ("Succeeded", "Failed"):
+            # Finished, and the Job is gone since: the outcome stands.
+            status.phase, status.reason, status.message = old.phase, old.reason, old.message
+        else:
+            status.phase, status.reason, status.message = "Pending", "Creating", None
+        return
+    phase, reason, message = _job_outcome(job, observed.pods)
+    status.phase, status.reason, status.message = phase, reason, message or None
+    job_status = job.get("status") or {}
+    status.start_time = _parse_time(job_status.get("startTime")) or status.start_time
+    if phase == "Succeeded":
+        status.completion_time = _parse_time(job_status.get("completionTime")) or observed.now
+        result = runner_result(observed.pods)
+        if result is not None:
+            status.result = result
+            status.progress = Progress(rows_done=result.rows, rows_total=result.rows)
+    elif phase == "Failed":
+        failed = _conditions_of(job).get("Failed") or _conditions_of(job).get("FailureTarget") or {}
+        status.completion_time = (
+            _parse_time(failed.get("lastTransitionTime")) or status.completion_time or observed.now
+        )
+    elif phase == "Running" and observed.progress is not None:
+        status.progress = observed.progress
+
+
+def _scheduled(status: InferenceRunStatus, observed: Observed) -> None:
+    cron = observed.cronjob
+    run = observed.run
+    if cron is None:
+        status.phase, status.reason, status.message = "Pending", "Creating", None
+        return
+    cron_status = cron.get("status") or {}
+    status.last_schedule_time = (
+        _parse_time(cron_status.get("lastScheduleTime")) or status.last_schedule_time
+    )
+    if observed.executions:
+        newest = max(
+            observed.executions,
+            key=lambda j: (j["metadata"].get("creationTimestamp") or "", j["metadata"]["name"]),
+        )
+        pods = [
+            p
+            for p in observed.pods
+            if (p["metadata"].get("labels") or {}).get("job-name") == newest["metadata"]["name"]
+        ]
+        phase, reason, message = _job_outcome(newest, pods)
+        if phase == "Suspended":
+            phase = "Pending"
+        job_status = newest.get("status") or {}
+        completion = None
+        if phase in ("Succeeded", "Failed"):
+            completion = _parse_time(job_status.get("completionTime"))
+            if completion is None:
+                with contextlib.suppress(StopIteration):
+                    cond = next(
+                        c
+                        for c in (job_status.get("conditions") or [])
+                        if c["type"] in ("Failed", "FailureTarget") and c["status"] == "True"
+                    )
+                    completion = _parse_time(cond.get("lastTransitionTime"))
+        status.last_execution = Execution(
+            name=newest["metadata"]["name"],
+            phase=phase,  # type: ignore[arg-type]
+            reason=reason if phase not in ("Running", "Succeeded") else None,
+            message=message or None,
+            start_time=_parse_time(job_status.get("startTime")),
+            completion_time=completion,
+        )
+        if phase == "Succeeded":
+            result = runner_result(pods)
+            if result is not None:
+                status.result = result
+        if phase == "Running" and observed.progress is not None:
+            status.progress = observed.progress
+    active = bool(cron_status.get("active"))
+    if run.spec.suspend:
+        status.phase, status.reason, status.message = "Suspended", "Suspended", None
+    elif active:
+        status.phase, status.reason, status.message = "Running", "Running", None
+    else:
+        status.phase, status.reason, status.message = "Scheduled", "Scheduled", None

@@ -1,0 +1,611 @@
+"""The API models: parsing, the checks the CRD schema cannot do, status, and CRD/model agreement."""
+
+from __future__ import annotations
+
+import re
+import typing
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from controller import api
+from controller.api import (
+    CRON_PATTERN,
+    Condition,
+    Execution,
+    InferenceConfig,
+    InferenceConfigStatus,
+    InferenceRun,
+    InferenceRunStatus,
+    InvalidObject,
+    ObjectReference,
+    Progress,
+    RunResult,
+    check_schedule,
+    describe_invalid,
+    find_condition,
+    find_inline_credentials,
+    run_config_warnings,
+    set_condition,
+)
+from runner.contract import Batching
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+CRDS = REPO / "crds"
+EXAMPLES = REPO / "examples"
+
+
+def config_raw(**spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "image": "runner:1",
+        "kserve": {"modelUrl": "http://model/v2/models/m/infer"},
+        "storage": {"input": {"krateo": {"api": {"path": "/in"}}}},
+    }
+    base.update(spec)
+    return {"metadata": {"name": "cfg", "namespace": "ns", "uid": "u1"}, "spec": base}
+
+
+def run_raw(**spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {"configRef": {"name": "cfg"}, "timeoutSeconds": 60}
+    base.update(spec)
+    return {"metadata": {"name": "run", "namespace": "ns", "uid": "u2"}, "spec": base}
+
+
+def invalid(
+    model: type[InferenceRun] | type[InferenceConfig], raw: dict[str, Any]
+) -> tuple[str, str]:
+    with pytest.raises(ValidationError) as caught:
+        model.model_validate(raw)
+    return describe_invalid(caught.value)
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing
+
+
+def test_examples_parse_and_are_usable() -> None:
+    configs: dict[str, InferenceConfig] = {}
+    runs: list[InferenceRun] = []
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            doc["metadata"].setdefault("namespace", "ns")
+            doc["metadata"].setdefault("uid", "0000")
+            if doc["kind"] == "InferenceConfig":
+                configs[doc["metadata"]["name"]] = InferenceConfig.model_validate(doc)
+            else:
+                runs.append(InferenceRun.model_validate(doc))
+    assert len(configs) >= 4
+    assert len(runs) >= 5
+    for r in runs:
+        assert r.spec.config_ref.name in configs, r.metadata.name
+    assert any(r.spec.scheduled for r in runs)
+    assert any(not r.spec.scheduled for r in runs)
+
+
+def test_upstream_readme_config_with_flat_model_fields() -> None:
+    raw = {
+        "apiVersion": "ai.krateo.io/v1",
+        "kind": "InferenceConfig",
+        "metadata": {"name": "iris-inference-config", "namespace": "kserve-controller-system"},
+        "spec": {
+            "autoDeletePolicy": "None",
+            "image": "ghcr.io/krateoplatformops/kserve-krateo-runner:0.1.0",
+            "modelName": "sklearn-iris",
+            "modelUrl": "sklearn-iris-predictor.kserve-test.svc.cluster.local"
+            "/v2/models/sklearn-iris/infer",
+            "modelVersion": "v2",
+            "storage": {"input": {"krateo": {"api": {"path": "/compute/kserveinput"}}}},
+        },
+    }
+    kserve = InferenceConfig.model_validate(raw).spec.effective_kserve()
+    assert kserve.model_name == "sklearn-iris"
+    assert kserve.model_url is not None
+    assert kserve.model_url.startswith("sklearn-iris-predictor")
+    assert kserve.model_input_name is None
+
+
+def test_unknown_fields_are_tolerated() -> None:
+    raw = run_raw(futureField={"x": 1})
+    raw["metadata"]["managedFields"] = [{"manager": "kubectl"}]
+    raw["status"] = {"phase": "Running", "somethingNew": True}
+    parsed = InferenceRun.model_validate(raw)
+    assert parsed.status.phase == "Running"
+
+
+def test_defaults_match_upstream_semantics() -> None:
+    r = InferenceRun.model_validate(run_raw())
+    assert r.spec.backoff_limit == 2
+    assert r.spec.parallelism == 1
+    assert r.spec.suspend is False
+    assert r.config_key == ("ns", "cfg")
+    c = InferenceConfig.model_validate(config_raw())
+    assert c.spec.auto_delete_policy == "None"
+    assert c.spec.image_pull_policy == "IfNotPresent"
+
+
+def test_config_ref_namespace() -> None:
+    r = InferenceRun.model_validate(run_raw(configRef={"name": "cfg", "namespace": "shared"}))
+    assert r.config_key == ("shared", "cfg")
+
+
+@pytest.mark.parametrize(("timeout", "deadline"), [(None, None), (0, None), (1, 1), (3600, 3600)])
+def test_timeout_zero_means_no_deadline(timeout: int | None, deadline: int | None) -> None:
+    raw = run_raw()
+    raw["spec"]["timeoutSeconds"] = timeout
+    if timeout is None:
+        del raw["spec"]["timeoutSeconds"]
+    assert InferenceRun.model_validate(raw).spec.deadline_seconds == deadline
+
+
+# --------------------------------------------------------------------------------------------
+# Checks the schema cannot do
+
+
+def test_config_without_model_url_is_not_usable() -> None:
+    raw = config_raw(kserve={"modelName": "iris"})
+    reason, message = invalid(InferenceConfig, raw)
+    assert reason == "MissingModelUrl"
+    assert "modelUrl" in message
+
+
+def test_flat_model_url_is_enough() -> None:
+    raw = config_raw(kserve={"modelUrl": ""}, modelUrl="http://flat")
+    assert InferenceConfig.model_validate(raw).spec.effective_kserve().model_url == "http://flat"
+
+
+@pytest.mark.parametrize(
+    "storage",
+    [
+        {"krateo": {"api": {"password": "hunter2"}}},
+        {"http": {"auth": {"Token": "abc"}}},
+        {"s3": {"secret_access_key": "AKIA..."}},
+        {"http": {"headers": ["Accept: application/json", "Authorization: Bearer abc"]}},
+        {"http": {"headers": ["x-api-key: 123"]}},
+        {"http": {"url": "https://user:pw@example.com/data"}},
+    ],
+)
+def test_inline_credentials_are_refused(storage: dict[str, Any]) -> None:
+    reason, message = invalid(InferenceConfig, config_raw(storage={"input": storage}))
+    assert reason == "InlineCredentials"
+    # The message names where, never what.
+    for secret in ("hunter2", "abc", "AKIA", "123", ":pw@"):
+        assert secret not in message
+
+
+@pytest.mark.parametrize(
+    "storage",
+    [
+        {"krateo": {"api": {"endpointRef": {"name": "endpoint", "namespace": "krateo-system"}}}},
+        {"http": {"token": {"secretKeyRef": {"name": "s", "key": "token"}}}},
+        {"http": {"password": ""}},
+        {"http": {"url": "https://example.com:8443/data", "headers": ["Accept: text/csv"]}},
+        {"s3": {"secretName": "bucket-credentials", "passwordRef": "x"}},
+    ],
+)
+def test_references_are_not_credentials(storage: dict[str, Any]) -> None:
+    assert find_inline_credentials(storage) == []
+    InferenceConfig.model_validate(config_raw(storage={"input": storage}))
+
+
+def test_inline_credential_paths() -> None:
+    found = find_inline_credentials({"a": [{"token": "t"}], "b": {"Authorization": "Basic x"}})
+    assert found == ["a[0].token", "b.Authorization"]
+
+
+VALID_SCHEDULES = [
+    "0 * * * *",
+    "1 * * * *",
+    "* * * * *",
+    "*/5 * * * *",
+    "0 0 1 1 *",
+    "0,15,30,45 8-18 * * 1-5",
+    "*/15 8-18 * * MON-FRI",
+    "0 0 ? JAN-MAR sun",
+    "5/10 * * * *",
+    "0 23 31 12 6",
+    " 0 1  2 3 4 ",
+    "@hourly",
+    "@daily",
+    "@midnight",
+    "@weekly",
+    "@monthly",
+    "@yearly",
+    "@annually",
+]
+
+INVALID_SCHEDULES = [
+    "",
+    "* * * *",
+    "* * * * * *",
+    "60 * * * *",
+    "0 24 * * *",
+    "0 0 0 * *",
+    "0 0 32 * *",
+    "0 0 * 13 *",
+    "0 0 * * 7",
+    "*/0 * * * *",
+    "5-1 * * * *",
+    "0 0 * DEC-JAN *",
+    "0 0 31 2 *",
+    "CRON_TZ=UTC 0 * * * *",
+    "TZ=Europe/Rome 0 * * * *",
+    "@every 5m",
+    "@HOURLY",
+    "0\t* * * *",
+    "0 * * * *\n",
+    "L * * * *",
+    "0 0 * * MON#2",
+]
+
+
+@pytest.mark.parametrize("schedule", VALID_SCHEDULES)
+def test_valid_schedules(schedule: str) -> None:
+    check_schedule(schedule)
+    assert re.fullmatch(CRON_PATTERN, schedule)
+
+
+@pytest.mark.parametrize("schedule", INVALID_SCHEDULES)
+def test_invalid_schedules(schedule: str) -> None:
+    reason, message = invalid(InferenceRun, run_raw(schedule=schedule))
+    assert reason == "InvalidSchedule"
+    assert message.startswith("spec.schedule: ")
+
+
+def test_schedule_messages_say_what_to_do() -> None:
+    _, tz = invalid(InferenceRun, run_raw(schedule="CRON_TZ=UTC 0 * * * *"))
+    assert "spec.timeZone" in tz
+    _, never = invalid(InferenceRun, run_raw(schedule="0 0 30 2 *"))
+    assert "never fires" in never
+    _, backwards = invalid(InferenceRun, run_raw(schedule="0 0 * DEC-JAN *"))
+    assert "month range 'DEC-JAN' runs backwards" in backwards
+
+
+@pytest.mark.parametrize(
+    "tz", ["UTC", "Europe/Rome", "America/Argentina/Buenos_Aires", "Etc/GMT+5"]
+)
+def test_valid_time_zones(tz: str) -> None:
+    InferenceRun.model_validate(run_raw(schedule="@daily", timeZone=tz))
+
+
+@pytest.mark.parametrize("tz", ["Local", "Mars/Olympus", "../etc/passwd", ""])
+def test_invalid_time_zones(tz: str) -> None:
+    reason, message = invalid(InferenceRun, run_raw(schedule="@daily", timeZone=tz))
+    assert reason == "InvalidTimeZone"
+    assert message.startswith("spec.timeZone: ")
+
+
+def test_scheduling_fields_need_a_schedule() -> None:
+    reason, message = invalid(InferenceRun, run_raw(timeZone="UTC", concurrencyPolicy="Allow"))
+    assert reason == "InvalidSpec"
+    assert "timeZone, concurrencyPolicy only apply to scheduled runs" in message
+
+
+# --------------------------------------------------------------------------------------------
+# describe_invalid
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (
+            run_raw(timeoutSeconds=-1),
+            "spec.timeoutSeconds: Input should be greater than or equal to 0 (got -1)",
+        ),
+        (run_raw(configRef={}), "spec.configRef.name: Field required"),
+        (
+            run_raw(parallelism=0),
+            "spec.parallelism: Input should be greater than or equal to 1 (got 0)",
+        ),
+        (
+            run_raw(concurrencyPolicy="Sometimes", schedule="@daily"),
+            "spec.concurrencyPolicy: Input should be 'Allow', 'Forbid' or 'Replace' "
+            "(got 'Sometimes')",
+        ),
+        (run_raw(parameters={"n": 5}), "spec.parameters.n: Input should be a valid string (got 5)"),
+        ({"metadata": {"name": "run"}}, "spec: Field required"),
+    ],
+)
+def test_describe_invalid_run(raw: dict[str, Any], expected: str) -> None:
+    reason, message = invalid(InferenceRun, raw)
+    assert reason == "InvalidSpec"
+    assert message == expected
+
+
+def test_describe_invalid_config_never_echoes_storage() -> None:
+    raw = config_raw(autoDeletePolicy="Sometimes", storage={"input": {"krateo": "s3cr3t"}})
+    reason, message = invalid(InferenceConfig, raw)
+    assert reason == "InvalidSpec"
+    assert (
+        "spec.autoDeletePolicy: Input should be 'None', 'DeleteOnSuccess' or "
+        "'DeleteOnCompletion' (got 'Sometimes')" in message
+    )
+    assert "spec.storage.input.krateo: Input should be a valid dictionary" in message
+    assert "s3cr3t" not in message
+
+
+def test_describe_invalid_bounds_the_message() -> None:
+    raw = run_raw(
+        timeoutSeconds=-1,
+        parallelism=0,
+        backoffLimit=-1,
+        suspend="maybe",
+        startingDeadlineSeconds=-1,
+        schedule="@daily",
+        successfulJobsHistoryLimit=-1,
+        failedJobsHistoryLimit=-1,
+    )
+    _, message = invalid(InferenceRun, raw)
+    assert message.endswith("; and 2 more")
+    assert len(message) <= api.MAX_MESSAGE_LENGTH
+
+
+def test_describe_invalid_object() -> None:
+    assert describe_invalid(InvalidObject("ConfigNotFound", "no config ns/cfg")) == (
+        "ConfigNotFound",
+        "no config ns/cfg",
+    )
+
+
+def test_condition_reasons_are_valid() -> None:
+    reason_re = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    for raw, model in [
+        (run_raw(schedule="bad"), InferenceRun),
+        (run_raw(schedule="@daily", timeZone="X/Y"), InferenceRun),
+        (config_raw(kserve={}), InferenceConfig),
+        (config_raw(storage={"input": {"a": {"token": "t"}}}), InferenceConfig),
+        (config_raw(image=""), InferenceConfig),
+    ]:
+        reason, _ = invalid(model, raw)
+        assert reason_re.match(reason), reason
+
+
+# --------------------------------------------------------------------------------------------
+# Warnings for a valid run + config
+
+
+def test_run_config_warnings() -> None:
+    r = InferenceRun.model_validate(run_raw(schedule="@daily"))
+    c = InferenceConfig.model_validate(
+        config_raw(
+            autoDeletePolicy="DeleteOnSuccess",
+            credentialsRef={"name": "regcred", "namespace": "other"},
+            kserve={"modelUrl": "http://a", "modelName": "nested"},
+            modelName="flat",
+        )
+    )
+    reasons = [reason for reason, _ in run_config_warnings(r, c)]
+    assert reasons == ["CredentialsNamespaceIgnored", "AutoDeleteIgnored", "ModelFieldsConflict"]
+    one_shot = InferenceRun.model_validate(run_raw())
+    same_ns = InferenceConfig.model_validate(
+        config_raw(credentialsRef={"name": "r", "namespace": "ns"})
+    )
+    assert run_config_warnings(one_shot, same_ns) == []
+
+
+# --------------------------------------------------------------------------------------------
+# Status
+
+
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+def condition(type_: str, status: str, reason: str, when: datetime = NOW) -> Condition:
+    return Condition.model_validate(
+        {"type": type_, "status": status, "reason": reason, "lastTransitionTime": when}
+    )
+
+
+def test_run_status_dump_is_camel_case_without_unset_fields() -> None:
+    status = InferenceRunStatus(
+        phase="Running",
+        conditions=[condition("Ready", "True", "Running")],
+        observed_generation=3,
+        contract={"jobId": "u", "kserve": {}},
+        job_status=ObjectReference(
+            kind="Job", api_version="batch/v1", namespace="ns", name="inf-x", uid="j"
+        ),
+        start_time=NOW,
+        progress=Progress(rows_done=120, rows_total=500),
+    )
+    assert status.to_api() == {
+        "phase": "Running",
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "Running",
+                "message": "",
+                "lastTransitionTime": "2026-01-02T03:04:05Z",
+            }
+        ],
+        "observedGeneration": 3,
+        "contract": {"jobId": "u", "kserve": {}},
+        "jobStatus": {
+            "kind": "Job",
+            "apiVersion": "batch/v1",
+            "namespace": "ns",
+            "name": "inf-x",
+            "uid": "j",
+        },
+        "startTime": "2026-01-02T03:04:05Z",
+        "progress": {"rowsDone": 120, "rowsTotal": 500, "summary": "120/500 (24%)"},
+    }
+
+
+def test_run_status_round_trip() -> None:
+    status = InferenceRunStatus(
+        phase="Scheduled",
+        last_schedule_time=NOW,
+        result=RunResult(rows=10, predictions=10, duration_seconds=1.5),
+        reason="BackoffLimitExceeded",
+        message="input: table missing",
+        last_execution=Execution(
+            name="inf-x-29000000", phase="Failed", reason="InputFailed", start_time=NOW
+        ),
+    )
+    again = InferenceRunStatus.model_validate(status.to_api())
+    assert again == status
+    assert again.last_schedule_time == NOW.replace(microsecond=0)
+
+
+def test_times_are_utc_seconds() -> None:
+    rome = timezone(timedelta(hours=1))
+    status = InferenceRunStatus(start_time=datetime(2026, 1, 2, 4, 4, 5, 999, tzinfo=rome))
+    assert status.to_api() == {"conditions": [], "startTime": "2026-01-02T03:04:05Z"}
+    parsed = InferenceRunStatus.model_validate({"startTime": "2026-01-02T03:04:05Z"})
+    assert parsed.start_time == datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("done", "total", "summary"),
+    [(0, None, "0"), (7, 0, "7"), (0, 3, "0/3 (0%)"), (3, 3, "3/3 (100%)"), (5, 3, "5/3 (100%)")],
+)
+def test_progress_summary(done: int, total: int | None, summary: str) -> None:
+    assert Progress(rows_done=done, rows_total=total).summary == summary
+
+
+def test_unreadable_status_does_not_invalidate_the_object() -> None:
+    raw = run_raw()
+    raw["status"] = {"phase": "Exploded", "conditions": "nope"}
+    assert InferenceRun.model_validate(raw).status == InferenceRunStatus()
+    cfg = config_raw()
+    cfg["status"] = {"conditions": [{"type": "Ready"}]}
+    assert InferenceConfig.model_validate(cfg).status == InferenceConfigStatus()
+
+
+def test_set_condition_keeps_transition_time_when_status_is_unchanged() -> None:
+    later = NOW + timedelta(minutes=5)
+    first = [condition("Ready", "True", "Running"), condition("Complete", "False", "Running")]
+    same = set_condition(first, condition("Ready", "True", "StillRunning", later))
+    ready = find_condition(same, "Ready")
+    assert ready is not None
+    assert ready.reason == "StillRunning"
+    assert ready.last_transition_time == NOW
+    flipped = set_condition(same, condition("Complete", "True", "Succeeded", later))
+    complete = find_condition(flipped, "Complete")
+    assert complete is not None
+    assert complete.last_transition_time == later
+    added = set_condition(flipped, condition("Failed", "False", "Succeeded", later))
+    assert [c.type for c in added] == ["Ready", "Complete", "Failed"]
+    assert find_condition(added, "Suspended") is None
+
+
+# --------------------------------------------------------------------------------------------
+# The CRDs agree with the models
+
+
+def crd(name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((CRDS / f"{name}.ai.krateo.io.yaml").read_text())
+    return doc
+
+
+def schema(name: str) -> dict[str, Any]:
+    version = crd(name)["spec"]["versions"][0]
+    result: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+    return result
+
+
+def walk(node: dict[str, Any], path: str = "") -> typing.Iterator[tuple[str, dict[str, Any]]]:
+    yield path, node
+    for key, child in node.get("properties", {}).items():
+        yield from walk(child, f"{path}.{key}")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from walk(node["additionalProperties"], f"{path}.*")
+    if "items" in node:
+        yield from walk(node["items"], f"{path}[]")
+
+
+@pytest.mark.parametrize("name", ["inferenceruns", "inferenceconfigs"])
+def test_every_field_is_described_and_typed(name: str) -> None:
+    for path, node in walk(schema(name)):
+        if path == ".metadata":
+            continue
+        assert node.get("description"), f"{name}{path} has no description"
+        assert "type" in node or node.get("x-kubernetes-int-or-string"), f"{name}{path} has no type"
+
+
+@pytest.mark.parametrize("name", ["inferenceruns", "inferenceconfigs"])
+def test_crd_names(name: str) -> None:
+    spec = crd(name)["spec"]
+    assert spec["group"] == "ai.krateo.io"
+    assert spec["scope"] == "Namespaced"
+    (version,) = spec["versions"]
+    assert version["name"] == "v1"
+    assert version["served"]
+    assert version["storage"]
+    assert version["subresources"] == {"status": {}}
+    assert spec["names"]["categories"] == ["inference"]
+    assert spec["names"]["shortNames"] == [
+        {"inferenceruns": "infrun", "inferenceconfigs": "infcfg"}[name]
+    ]
+
+
+def test_printer_columns() -> None:
+    columns = {
+        name: [
+            c["name"]
+            for c in crd(name)["spec"]["versions"][0]["additionalPrinterColumns"]
+            if not c.get("priority")
+        ]
+        for name in ("inferenceruns", "inferenceconfigs")
+    }
+    assert columns["inferenceruns"] == [
+        "Phase",
+        "Config",
+        "Progress",
+        "Job",
+        "Last Schedule",
+        "Age",
+    ]
+    assert columns["inferenceconfigs"] == ["Ready", "Image", "Age"]
+
+
+def enum_of(name: str, path: str) -> list[str]:
+    nodes = dict(walk(schema(name)))
+    values: list[str] = nodes[path]["enum"]
+    return values
+
+
+def test_enums_match_the_models() -> None:
+    assert enum_of("inferenceconfigs", ".spec.autoDeletePolicy") == list(
+        typing.get_args(api.AutoDeletePolicy)
+    )
+    assert enum_of("inferenceconfigs", ".spec.imagePullPolicy") == list(
+        typing.get_args(api.ImagePullPolicy)
+    )
+    assert enum_of("inferenceruns", ".spec.concurrencyPolicy") == list(
+        typing.get_args(api.ConcurrencyPolicy)
+    )
+    assert enum_of("inferenceruns", ".status.phase") == list(typing.get_args(api.Phase))
+    assert enum_of("inferenceruns", ".status.lastExecution.phase") == list(
+        typing.get_args(api.ExecutionPhase)
+    )
+
+
+def test_defaults_match_the_models() -> None:
+    runs, configs = dict(walk(schema("inferenceruns"))), dict(walk(schema("inferenceconfigs")))
+    spec = InferenceRun.model_validate(run_raw()).spec
+    assert runs[".spec.backoffLimit"]["default"] == spec.backoff_limit
+    assert runs[".spec.parallelism"]["default"] == spec.parallelism
+    assert runs[".spec.parallelism"]["maximum"] == api.MAX_PARALLELISM
+    assert runs[".spec.suspend"]["default"] is spec.suspend
+    assert runs[".spec.schedule"]["maxLength"] == api.MAX_SCHEDULE_LENGTH
+    cfg = InferenceConfig.model_validate(config_raw()).spec
+    assert configs[".spec.autoDeletePolicy"]["default"] == cfg.auto_delete_policy
+    assert configs[".spec.imagePullPolicy"]["default"] == cfg.image_pull_policy
+    batching = Batching()
+    for field, value in batching.model_dump(by_alias=True).items():
+        assert configs[f".spec.batching.{field}"]["default"] == value, field
+
+
+def test_schedule_rule_is_the_models_pattern() -> None:
+    rules = dict(walk(schema("inferenceruns")))[".spec.schedule"]["x-kubernetes-validations"]
+    assert any(f"self.matches('{CRON_PATTERN}')" in rule["rule"] for rule in rules)
+    assert "\\" not in CRON_PATTERN
+    assert "'" not in CRON_PATTERN

@@ -1,0 +1,304 @@
+"""Status derivation: every Job condition, runner termination messages, scheduled runs."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from controller.api import InferenceRun, Progress
+from controller.status import Observed, derive_status, runner_failure, runner_result
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+def make_run(
+    schedule: str | None = None, suspend: bool = False, status: Any = None
+) -> InferenceRun:
+    spec: dict[str, Any] = {"configRef": {"name": "cfg"}, "timeoutSeconds": 60}
+    if schedule:
+        spec["schedule"] = schedule
+    if suspend:
+        spec["suspend"] = True
+    return InferenceRun.model_validate(
+        {
+            "metadata": {"name": "r", "namespace": "ns", "uid": "u-1", "generation": 3},
+            "spec": spec,
+            "status": status or {},
+        }
+    )
+
+
+def job(*conditions: tuple[str, str, str], suspend: bool = False, **status: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "inf-r-u1000000", "namespace": "ns", "uid": "job-uid"},
+        "spec": {"suspend": suspend},
+        "status": {
+            "conditions": [
+                {
+                    "type": t,
+                    "status": s,
+                    "reason": reason,
+                    "message": f"{reason} message",
+                    "lastTransitionTime": "2026-11-22T11:59:00Z",
+                }
+                for t, s, reason in conditions
+            ],
+            **status,
+        },
+    }
+
+
+def pod(state: dict[str, Any], job_name: str = "inf-r-u1000000") -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p", "labels": {"job-name": job_name}},
+        "status": {"containerStatuses": [{"name": "inference", "state": state}]},
+    }
+
+
+def terminated(
+    code: int, message: str = "", finished: str = "2026-11-22T11:58:00Z"
+) -> dict[str, Any]:
+    return {"terminated": {"exitCode": code, "message": message, "finishedAt": finished}}
+
+
+def cond(status: Any, type_: str) -> Any:
+    return next(c for c in status.conditions if c.type == type_)
+
+
+def derive(**kwargs: Any) -> Any:
+    run = kwargs.pop("run", None) or make_run()
+    return derive_status(Observed(run=run, now=NOW, **kwargs))
+
+
+@pytest.mark.parametrize(
+    ("conditions", "phase", "reason"),
+    [
+        ((), "Pending", "Pending"),
+        ((("Complete", "True", "CompletionsReached"),), "Succeeded", "Completed"),
+        ((("SuccessCriteriaMet", "True", "CompletionsReached"),), "Succeeded", "Completed"),
+        (
+            (
+                ("SuccessCriteriaMet", "True", "CompletionsReached"),
+                ("Complete", "True", "CompletionsReached"),
+            ),
+            "Succeeded",
+            "Completed",
+        ),
+        ((("Failed", "True", "BackoffLimitExceeded"),), "Failed", "BackoffLimitExceeded"),
+        ((("FailureTarget", "True", "BackoffLimitExceeded"),), "Failed", "BackoffLimitExceeded"),
+        ((("Failed", "True", "DeadlineExceeded"),), "Failed", "DeadlineExceeded"),
+        ((("Failed", "True", "PodFailurePolicy"),), "Failed", "PodFailurePolicy"),
+        ((("Suspended", "True", "JobSuspended"),), "Suspended", "Suspended"),
+        # Conditions that are False say nothing.
+        ((("Failed", "False", "X"), ("Complete", "False", "Y")), "Pending", "Pending"),
+        ((("Suspended", "False", "JobResumed"),), "Pending", "Pending"),
+    ],
+)
+def test_one_shot_phase_from_job_conditions(
+    conditions: tuple[tuple[str, str, str], ...], phase: str, reason: str
+) -> None:
+    status = derive(job=job(*conditions))
+    assert status.phase == phase
+    assert status.reason == reason
+    assert cond(status, "Complete").status == ("True" if phase == "Succeeded" else "False")
+    assert cond(status, "Failed").status == ("True" if phase == "Failed" else "False")
+    assert cond(status, "Ready").status == "True"
+    assert status.job_status.name == "inf-r-u1000000"
+    assert status.job_status.kind == "Job"
+    assert status.observed_generation == 3
+
+
+def test_running_pod_makes_the_run_running_and_shows_progress() -> None:
+    status = derive(
+        job=job(startTime="2026-11-22T11:50:00Z", active=1),
+        pods=[pod({"running": {"startedAt": "x"}})],
+        progress=Progress(rows_done=5, rows_total=10),
+    )
+    assert status.phase == "Running"
+    assert status.progress.summary == "5/10 (50%)"
+    assert status.start_time == datetime(2026, 11, 22, 11, 50, tzinfo=UTC)
+
+
+def test_failed_job_reports_the_runner_exit_reason_and_message() -> None:
+    status = derive(
+        job=job(("Failed", "True", "BackoffLimitExceeded")),
+        pods=[
+            pod(terminated(4, "model answered 400: bad shape", "2026-11-22T11:57:00Z")),
+            pod(terminated(3, "input: storage down", "2026-11-22T11:58:00Z")),
+        ],
+    )
+    assert status.phase == "Failed"
+    assert status.reason == "InputFailed"  # the newest pod
+    assert status.message == "runner exited with code 3: input: storage down"
+    assert cond(status, "Failed").reason == "InputFailed"
+    assert cond(status, "Complete").status == "False"
+    assert status.completion_time == datetime(2026, 11, 22, 11, 59, tzinfo=UTC)
+
+
+def test_deadline_exceeded_wins_over_the_runner_reason() -> None:
+    status = derive(
+        job=job(("Failed", "True", "DeadlineExceeded")),
+        pods=[pod(terminated(143, "terminated by SIGTERM"))],
+    )
+    assert status.reason == "DeadlineExceeded"
+    assert "DeadlineExceeded message" in status.message
+    assert "runner exited with code 143" in status.message
+
+
+def test_pod_failure_policy_on_bad_contract_names_the_contract() -> None:
+    status = derive(
+        job=job(("Failed", "True", "PodFailurePolicy")),
+        pods=[pod(terminated(2, "contract: jobId missing"))],
+    )
+    assert status.reason == "InvalidContract"
+    assert status.message == "runner exited with code 2: contract: jobId missing"
+
+
+def test_failed_pod_before_retry_keeps_the_run_pending_with_the_reason() -> None:
+    status = derive(job=job(failed=1), pods=[pod(terminated(5, "output: 200 with error"))])
+    assert status.phase == "Pending"
+    assert status.reason == "Retrying"
+    assert "output: 200 with error" in status.message
+
+
+def test_success_reads_the_runner_result() -> None:
+    message = '{"rows":150,"predictions":150,"durationSeconds":1.5}'
+    status = derive(
+        job=job(("Complete", "True", "X"), completionTime="2026-11-22T11:59:30Z"),
+        pods=[pod(terminated(0, message))],
+    )
+    assert status.result.rows == 150
+    assert status.result.predictions == 150
+    assert status.progress.summary == "150/150 (100%)"
+    assert status.completion_time == datetime(2026, 11, 22, 11, 59, 30, tzinfo=UTC)
+
+
+def test_runner_result_adds_up_shards_and_ignores_garbage() -> None:
+    pods = [
+        pod(terminated(0, '{"rows":10,"predictions":10,"durationSeconds":2}')),
+        pod(terminated(0, '{"rows":5,"predictions":5,"durationSeconds":3}')),
+        pod(terminated(0, "not json")),
+        pod(terminated(1, '{"rows":99,"predictions":99,"durationSeconds":9}')),
+    ]
+    result = runner_result(pods)
+    assert result is not None
+    assert (result.rows, result.predictions, result.duration_seconds) == (15, 15, 3.0)
+    assert runner_result([pod(terminated(0, ""))]) is None
+
+
+def test_runner_failure_message_is_one_line_and_bounded() -> None:
+    failure = runner_failure([pod(terminated(4, "line1\nline2\n" + "x" * 5000))])
+    assert failure is not None
+    reason, message = failure
+    assert reason == "InferenceFailed"
+    assert "\n" not in message
+    assert len(message) <= 1024
+    assert runner_failure([pod(terminated(0, "ok"))]) is None
+    assert runner_failure([pod({"running": {}})]) is None
+    assert runner_failure([pod(terminated(77, ""))]) == (
+        "RunnerFailed",
+        "runner exited with code 77",
+    )
+
+
+def test_missing_config_before_any_job_is_an_error_with_reason() -> None:
+    status = derive(config_problem=("ConfigNotFound", "InferenceConfig ns/cfg not found"))
+    assert status.phase == "Error"
+    assert status.reason == "ConfigNotFound"
+    ready = cond(status, "Ready")
+    assert (ready.status, ready.reason) == ("False", "ConfigNotFound")
+
+
+def test_missing_config_with_a_job_keeps_tracking_the_job() -> None:
+    status = derive(config_problem=("ConfigNotFound", "gone"), job=job(("Complete", "True", "X")))
+    assert status.phase == "Succeeded"
+    assert cond(status, "Ready").reason == "ConfigNotFound"
+
+
+def test_finished_run_keeps_its_outcome_when_the_job_is_gone() -> None:
+    run = make_run(status={"phase": "Succeeded", "reason": "Completed"})
+    status = derive(run=run)
+    assert status.phase == "Succeeded"
+    fresh = derive(run=make_run(status={"phase": "Running"}))
+    assert (fresh.phase, fresh.reason) == ("Pending", "Creating")
+    assert cond(fresh, "Ready").reason == "Creating"
+
+
+def test_condition_transition_time_is_kept_while_status_is_unchanged() -> None:
+    first = derive(job=job())
+    run = make_run(status=first.to_api())
+    later = derive_status(
+        Observed(run=run, now=datetime(2026, 11, 22, 13, 0, tzinfo=UTC), job=job())
+    )
+    assert later.to_api() == first.to_api()  # nothing to write
+
+
+def test_warnings_become_a_condition_and_disappear_when_fixed() -> None:
+    status = derive(job=job(), warnings=[("AutoDeleteIgnored", "does not apply")])
+    warning = cond(status, "Warning")
+    assert (warning.status, warning.reason) == ("True", "AutoDeleteIgnored")
+    cleared = derive(run=make_run(status=status.to_api()), job=job())
+    assert all(c.type != "Warning" for c in cleared.conditions)
+
+
+def cronjob(active: bool = False, last: str | None = "2026-11-22T11:59:00Z") -> dict[str, Any]:
+    status: dict[str, Any] = {}
+    if last:
+        status["lastScheduleTime"] = last
+    if active:
+        status["active"] = [{"name": "inf-r-u1000000-29000"}]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": "inf-r-u1000000", "namespace": "ns", "uid": "cj"},
+        "status": status,
+    }
+
+
+def execution(name: str, created: str, *conditions: tuple[str, str, str]) -> dict[str, Any]:
+    j = job(*conditions, startTime=created, completionTime="2026-11-22T11:59:40Z")
+    j["metadata"] = {"name": name, "creationTimestamp": created}
+    return j
+
+
+def test_scheduled_run_reports_schedule_and_last_execution() -> None:
+    run = make_run(schedule="* * * * *")
+    status = derive(
+        run=run,
+        cronjob=cronjob(),
+        executions=[
+            execution("a", "2026-11-22T11:58:00Z", ("Failed", "True", "BackoffLimitExceeded")),
+            execution("b", "2026-11-22T11:59:00Z", ("Complete", "True", "X")),
+        ],
+        pods=[pod(terminated(0, '{"rows":3,"predictions":3,"durationSeconds":0.1}'), "b")],
+    )
+    assert status.phase == "Scheduled"
+    assert status.last_schedule_time == datetime(2026, 11, 22, 11, 59, tzinfo=UTC)
+    assert status.last_execution.name == "b"
+    assert status.last_execution.phase == "Succeeded"
+    assert status.result.rows == 3
+    assert status.job_status.kind == "CronJob"
+    assert {c.type for c in status.conditions} == {"Ready"}
+
+
+def test_scheduled_run_last_execution_failure_and_states() -> None:
+    run = make_run(schedule="@hourly")
+    failed = derive(
+        run=run,
+        cronjob=cronjob(),
+        executions=[
+            execution("a", "2026-11-22T11:58:00Z", ("Failed", "True", "BackoffLimitExceeded"))
+        ],
+        pods=[pod(terminated(4, "model down"), "a")],
+    )
+    assert failed.last_execution.phase == "Failed"
+    assert failed.last_execution.reason == "InferenceFailed"
+    assert failed.phase == "Scheduled"
+    assert derive(run=run, cronjob=cronjob(active=True)).phase == "Running"
+    suspended = derive(run=make_run(schedule="@hourly", suspend=True), cronjob=cronjob())
+    assert suspended.phase == "Suspended"
+    assert derive(run=run).phase == "Pending"
