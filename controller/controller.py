@@ -1,0 +1,223 @@
+"""The controller: informers -> handlers -> work queue -> workers -> reconcile.
+
+sample-controller's shape in asyncio. :class:`Controller` builds the caches
+for runs, configs and the children it owns (label-selected, so the cache holds
+only what this controller made), wires their events into one work queue of
+run keys, and runs the workers, behind leader election when enabled:
+
+- a run's own events enqueue the run;
+- a child's events (ConfigMap, Job, CronJob, pod) enqueue the run named by its
+  ``ai.krateo.io/run-uid`` label's owner, found through the runs cache;
+- a config's events enqueue every run that uses it (an index, not a scan);
+- every key comes back every ``POLLING_INTERVAL`` at low priority (resync).
+
+Informers run on a standby replica too, so it is ready (and ``/readyz`` says
+so) the moment it takes the lease over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, get_args
+
+import structlog
+
+from controller.api import Phase
+from controller.kube.client import CONFIGMAPS, CRONJOBS, JOBS, PODS, KubeClient, Obj
+from controller.kube.events import EventRecorder
+from controller.kube.informer import Informer, object_key
+from controller.kube.leaderelection import LeaderElector, make_identity
+from controller.kube.workers import Workers
+from controller.kube.workqueue import WorkQueue, default_rate_limiter
+from controller.metrics import Metrics
+from controller.naming import managed_selector
+from controller.reconcile import (
+    BY_CONFIG,
+    BY_RUN_UID,
+    CONFIGS,
+    RUNS,
+    Caches,
+    Reconciler,
+    config_index,
+    run_uid_index,
+)
+from controller.server import Servers, start_servers
+from controller.settings import Settings
+
+log = structlog.stdlib.get_logger(__name__)
+
+BY_UID = "uid"
+PHASES = get_args(Phase)
+
+
+def _uid_index(obj: Obj) -> list[str]:
+    uid = obj["metadata"].get("uid")
+    return [uid] if uid else []
+
+
+class Controller:
+    def __init__(self, settings: Settings, client: KubeClient, metrics: Metrics) -> None:
+        self.settings = settings
+        self.client = client
+        self.metrics = metrics
+        namespaces = settings.watch_namespaces
+        selector = managed_selector()
+
+        def informer(resource: Any, **kwargs: Any) -> Informer:
+            return Informer(client, resource, namespaces=namespaces, metrics=metrics, **kwargs)
+
+        children = {BY_RUN_UID: run_uid_index}
+        self.caches = Caches(
+            runs=informer(RUNS, indexers={BY_CONFIG: config_index, BY_UID: _uid_index}),
+            configs=informer(CONFIGS),
+            jobs=informer(JOBS, label_selector=selector, indexers=children),
+            cronjobs=informer(CRONJOBS, label_selector=selector, indexers=children),
+            configmaps=informer(CONFIGMAPS, label_selector=selector, indexers=children),
+            pods=informer(PODS, label_selector=selector, indexers=children),
+        )
+        self.informers = [
+            self.caches.runs,
+            self.caches.configs,
+            self.caches.jobs,
+            self.caches.cronjobs,
+            self.caches.configmaps,
+            self.caches.pods,
+        ]
+        self.queue: WorkQueue[str] = WorkQueue(
+            "inferenceruns",
+            metrics=metrics,
+            rate_limiter=default_rate_limiter(
+                settings.effective_queue_qps, settings.effective_queue_burst
+            ),
+        )
+        self.identity = make_identity(settings.pod_name)
+        self.events = EventRecorder(client, instance=self.identity, metrics=metrics)
+        self.reconciler = Reconciler(
+            client=client,
+            caches=self.caches,
+            events=self.events,
+            read_log=self._read_log,
+            runner_service_account=settings.runner_service_account,
+        )
+        self.workers = Workers(
+            self.queue,
+            self.reconciler.reconcile,
+            workers=settings.workers,
+            metrics=metrics,
+            resync_period=settings.polling_interval,
+            should_resync=lambda key: self.caches.runs.get_by_key(key) is not None,
+        )
+        for phase in PHASES:
+            metrics.inference_runs.labels(phase=phase).set_function(
+                functools.partial(self._count_phase, phase)
+            )
+        self.elector: LeaderElector | None = None
+        self.servers: Servers | None = None
+        self._wire()
+
+    def _count_phase(self, phase: str) -> int:
+        # Computed at scrape time from the cache: never stale, costs no request.
+        return sum(
+            1 for run in self.caches.runs.list() if (run.get("status") or {}).get("phase") == phase
+        )
+
+    # ----------------------------------------------------------------- events
+
+    def _wire(self) -> None:
+        runs = self.caches.runs
+
+        def enqueue(obj: Obj) -> None:
+            self.queue.add(object_key(obj))
+
+        def forget(obj: Obj) -> None:
+            key = object_key(obj)
+            self.queue.cancel_resync(key)
+            self.queue.add(key)  # one last pass drops its per-run state
+
+        runs.add_event_handler(
+            on_add=enqueue, on_update=lambda _old, new: enqueue(new), on_delete=forget
+        )
+
+        def enqueue_owner(obj: Obj) -> None:
+            for uid in run_uid_index(obj):
+                for run in runs.by_index(BY_UID, uid):
+                    self.queue.add(object_key(run))
+
+        for child in (
+            self.caches.jobs,
+            self.caches.cronjobs,
+            self.caches.configmaps,
+            self.caches.pods,
+        ):
+            child.add_event_handler(
+                on_add=enqueue_owner,
+                on_update=lambda _old, new: enqueue_owner(new),
+                on_delete=enqueue_owner,
+            )
+
+        def enqueue_runs_of(config: Obj) -> None:
+            for run in runs.by_index(BY_CONFIG, object_key(config)):
+                self.queue.add(object_key(run))
+
+        self.caches.configs.add_event_handler(
+            on_add=enqueue_runs_of,
+            on_update=lambda _old, new: enqueue_runs_of(new),
+            on_delete=enqueue_runs_of,
+        )
+
+    async def _read_log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str:
+        return await self.client.read_pod_log(
+            namespace, pod, container=container, tail_lines=tail_lines
+        )
+
+    # -------------------------------------------------------------------- run
+
+    def synced(self) -> bool:
+        return all(i.has_synced() for i in self.informers)
+
+    async def run(self, on_ready: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Run until cancelled (graceful shutdown) or until leadership is lost (raises)."""
+        settings = self.settings
+        self.servers = await start_servers(
+            registry=self.metrics.registry,
+            bind_address=settings.bind_address,
+            metrics_port=settings.metrics_port,
+            health_port=settings.health_port,
+            readiness={"informers-synced": self.synced},
+        )
+        log.info(
+            "serving",
+            metrics_port=self.servers.metrics_port,
+            health_port=self.servers.health_port,
+            identity=self.identity,
+        )
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                for informer in self.informers:
+                    tasks.create_task(informer.run(), name=f"informer {informer.name}")
+                tasks.create_task(self.events.run(), name="events")
+                for informer in self.informers:  # the has-synced gate
+                    await informer.wait_for_sync()
+                log.info("caches synced", runs=len(self.caches.runs.list()))
+                if on_ready is not None:
+                    await on_ready()
+                if settings.leader_election:
+                    assert settings.lease_namespace is not None  # checked by Settings
+                    self.elector = LeaderElector(
+                        self.client,
+                        name=settings.lease_name,
+                        namespace=settings.lease_namespace,
+                        identity=self.identity,
+                        lease_duration=settings.lease_duration,
+                        renew_deadline=settings.renew_deadline,
+                        retry_period=settings.retry_period,
+                        metrics=self.metrics,
+                    )
+                    tasks.create_task(self.elector.run(self.workers.run), name="leader")
+                else:
+                    tasks.create_task(self.workers.run(), name="workers")
+        finally:
+            self.queue.shut_down()
+            await self.servers.stop()

@@ -1,0 +1,640 @@
+"""An informer: a local cache of one resource kept true by list-then-watch.
+
+client-go's reflector and indexer, in asyncio, on raw watch streams:
+
+- **List, then watch.** List every page (``limit`` 500), replace the cache for
+  the scope, remember the list's ``resourceVersion``, then watch from it with
+  ``allowWatchBookmarks`` and a random ``timeoutSeconds`` between 5 and 10
+  minutes, so that many watches do not all end together. Every event and
+  bookmark advances the ``resourceVersion``; a watch the server ends normally
+  is reopened at once from there, with no list.
+- **410 Gone** (as the watch's HTTP status or as an ``ERROR`` event with code
+  410): the ``resourceVersion`` is too old, so list again. The relist turns
+  into add/update/delete callbacks for whatever changed meanwhile (an object
+  that vanished is delivered to ``on_delete`` with its last known state).
+- **Errors** (connection, 5xx, 403 while RBAC settles, any other ``ERROR``
+  event, a watch that ends within a second without an event): wait with a
+  jittered exponential backoff, 0.8 s doubling to 30 s, reset by the first
+  good event, then watch again from the last ``resourceVersion`` (or list
+  again if the list itself failed).
+- **Scope.** All namespaces (one cluster-wide list+watch), or a set of
+  namespaces (one list+watch each, sharing one cache), narrowed by a label
+  and/or field selector.
+- **Slim objects.** ``metadata.managedFields`` and the
+  ``kubectl.kubernetes.io/last-applied-configuration`` annotation are dropped
+  before caching; they are most of an object's size and nobody here reads them.
+- **Indexes.** Named index functions map an object to keys ("runs by config",
+  "children by owner uid"), answered without a scan by :meth:`Informer.by_index`.
+- **Handlers** are plain synchronous callbacks (they enqueue keys); an
+  exception in one is logged and does not stop the informer.
+- :meth:`Informer.has_synced` is true once every scope has finished its first
+  list and delivered it to the handlers.
+
+The API access goes through a :class:`ListWatch` (``KubeClient`` is one), so
+the unit tests drive the same code with a scripted fake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import structlog
+
+from controller.kube.client import ApiError, Obj, Resource
+
+if TYPE_CHECKING:
+    from controller.metrics import Metrics
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+PAGE_SIZE = 500
+MIN_WATCH_TIMEOUT = 300
+MAX_WATCH_TIMEOUT = 600
+# A watch closed sooner than this without a single event counts as a failure,
+# so a server that hangs up at once cannot make the informer spin.
+MIN_HEALTHY_WATCH = 1.0
+
+# Aliases, because Store.list and Informer.list shadow the builtin in their classes.
+ObjList = list[Obj]
+KeyList = list[str]
+IndexFunc = Callable[[Obj], Iterable[str]]
+OnAdd = Callable[[Obj], None]
+OnUpdate = Callable[[Obj, Obj], None]
+OnDelete = Callable[[Obj], None]
+
+log = structlog.stdlib.get_logger(__name__)
+
+
+# ------------------------------------------------------------------------- pure parts
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    """``namespace/name``, or ``name`` for a cluster-scoped object (client-go's key)."""
+    metadata = obj.get("metadata") or {}
+    name = metadata.get("name")
+    if not name:
+        raise ValueError("object has no metadata.name")
+    namespace = metadata.get("namespace")
+    return f"{namespace}/{name}" if namespace else str(name)
+
+
+def split_key(key: str) -> tuple[str | None, str]:
+    """``("namespace", "name")`` from ``namespace/name``; ``(None, name)`` when cluster-scoped."""
+    namespace, sep, name = key.partition("/")
+    if not sep:
+        return None, key
+    if not namespace or not name or "/" in name:
+        raise ValueError(f"malformed object key {key!r}")
+    return namespace, name
+
+
+def resource_version(obj: Mapping[str, Any]) -> str | None:
+    metadata = obj.get("metadata") or {}
+    value = metadata.get("resourceVersion")
+    return str(value) if value else None
+
+
+def slim(obj: Obj) -> Obj:
+    """``obj`` without managedFields and the last-applied annotation (a shallow copy)."""
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, dict):
+        return obj
+    annotations = metadata.get("annotations")
+    has_last_applied = isinstance(annotations, dict) and LAST_APPLIED in annotations
+    if "managedFields" not in metadata and not has_last_applied:
+        return obj
+    metadata = {k: v for k, v in metadata.items() if k != "managedFields"}
+    if has_last_applied:
+        assert isinstance(annotations, dict)
+        rest = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+        if rest:
+            metadata["annotations"] = rest
+        else:
+            metadata.pop("annotations", None)
+    return {**obj, "metadata": metadata}
+
+
+def owner_uids(obj: Mapping[str, Any]) -> list[str]:
+    """Index function: the uids of the object's owners ("children by owner uid")."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return [str(ref["uid"]) for ref in refs if isinstance(ref, dict) and ref.get("uid")]
+
+
+def controller_owner(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The owner reference with ``controller: true``, if any."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    for ref in refs:
+        if isinstance(ref, dict) and ref.get("controller"):
+            return ref
+    return None
+
+
+def owner_key(obj: Mapping[str, Any], *, kind: str, api_group: str) -> str | None:
+    """The key of the object's controlling owner when it is a ``kind`` of ``api_group``.
+
+    sample-controller's handleObject: a child's event becomes work for its
+    owner. Owners live in the child's namespace (owner references cannot
+    cross namespaces).
+    """
+    ref = controller_owner(obj)
+    if ref is None or ref.get("kind") != kind or not ref.get("name"):
+        return None
+    group = str(ref.get("apiVersion") or "").rpartition("/")[0]
+    if group != api_group:
+        return None
+    namespace = (obj.get("metadata") or {}).get("namespace")
+    return f"{namespace}/{ref['name']}" if namespace else str(ref["name"])
+
+
+def by_namespace(obj: Mapping[str, Any]) -> list[str]:
+    """Index function: the object's namespace."""
+    namespace = (obj.get("metadata") or {}).get("namespace")
+    return [str(namespace)] if namespace else []
+
+
+class Store:
+    """The cache: objects by key, plus named indexes kept in step on every change."""
+
+    def __init__(self, indexers: Mapping[str, IndexFunc] | None = None) -> None:
+        self._items: dict[str, Obj] = {}
+        self._indexers: dict[str, IndexFunc] = {}
+        # index name -> index value -> object keys
+        self._indices: dict[str, dict[str, set[str]]] = {}
+        for name, func in (indexers or {}).items():
+            self.add_indexer(name, func)
+
+    def add_indexer(self, name: str, func: IndexFunc) -> None:
+        if name in self._indexers:
+            raise ValueError(f"index {name!r} exists already")
+        self._indexers[name] = func
+        index: dict[str, set[str]] = {}
+        for key, obj in self._items.items():
+            for value in func(obj):
+                index.setdefault(value, set()).add(key)
+        self._indices[name] = index
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def get(self, key: str) -> Obj | None:
+        return self._items.get(key)
+
+    def list_keys(self) -> KeyList:
+        return list(self._items)
+
+    def list(self, namespace: str | None = None) -> list[Obj]:
+        if namespace is None:
+            return list(self._items.values())
+        prefix = f"{namespace}/"
+        return [obj for key, obj in self._items.items() if key.startswith(prefix)]
+
+    def index_keys(self, index: str, value: str) -> KeyList:
+        """Keys of the objects whose ``index`` function yields ``value``, sorted."""
+        try:
+            found = self._indices[index].get(value, ())
+        except KeyError:
+            raise KeyError(f"no index named {index!r}") from None
+        return sorted(found)
+
+    def by_index(self, index: str, value: str) -> ObjList:
+        return [self._items[key] for key in self.index_keys(index, value)]
+
+    def upsert(self, obj: Obj) -> Obj | None:
+        """Store ``obj``; the object it replaced, if any."""
+        key = object_key(obj)
+        old = self._items.get(key)
+        if old is not None:
+            self._unindex(key, old)
+        self._items[key] = obj
+        self._index(key, obj)
+        return old
+
+    def remove(self, key: str) -> Obj | None:
+        old = self._items.pop(key, None)
+        if old is not None:
+            self._unindex(key, old)
+        return old
+
+    def _index(self, key: str, obj: Obj) -> None:
+        for name, func in self._indexers.items():
+            index = self._indices[name]
+            for value in func(obj):
+                index.setdefault(value, set()).add(key)
+
+    def _unindex(self, key: str, obj: Obj) -> None:
+        for name, func in self._indexers.items():
+            index = self._indices[name]
+            for value in func(obj):
+                keys = index.get(value)
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del index[value]
+
+
+@dataclass(frozen=True)
+class EventHandler:
+    on_add: OnAdd | None = None
+    on_update: OnUpdate | None = None
+    on_delete: OnDelete | None = None
+
+
+class Backoff:
+    """Jittered exponential backoff: ``initial * factor**n`` capped, times [1, 1 + jitter)."""
+
+    def __init__(
+        self,
+        initial: float = 0.8,
+        cap: float = 30.0,
+        factor: float = 2.0,
+        jitter: float = 1.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        if initial <= 0 or cap < initial or factor < 1 or jitter < 0:
+            raise ValueError("need 0 < initial <= cap, factor >= 1 and jitter >= 0")
+        self.initial = initial
+        self.cap = cap
+        self.factor = factor
+        self.jitter = jitter
+        self._rng = rng if rng is not None else random.Random()
+        self._steps = 0
+
+    @property
+    def steps(self) -> int:
+        return self._steps
+
+    def next(self) -> float:
+        base = min(self.cap, self.initial * self.factor ** min(self._steps, 64))
+        self._steps += 1
+        return min(self.cap, base * (1.0 + self.jitter * self._rng.random()))
+
+    def reset(self) -> None:
+        self._steps = 0
+
+
+class ListWatch(Protocol):
+    """The API access an informer needs (implemented by KubeClient)."""
+
+    async def list(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
+        resource_version: str | None = None,
+    ) -> Obj: ...
+
+    def watch(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        resource_version: str | None = None,
+        timeout_seconds: int | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        allow_bookmarks: bool = True,
+    ) -> AsyncIterator[Obj]: ...
+
+
+class WatchExpired(Exception):
+    """The watch's resourceVersion is too old (410 Gone): list again."""
+
+
+class WatchFailed(Exception):
+    """An ``ERROR`` event other than 410."""
+
+
+# ---------------------------------------------------------------------------- informer
+
+
+class Informer:
+    """A cache of ``resource`` in ``namespaces`` (empty: all), kept by list-then-watch."""
+
+    def __init__(
+        self,
+        source: ListWatch,
+        resource: Resource,
+        *,
+        namespaces: Sequence[str] = (),
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        indexers: Mapping[str, IndexFunc] | None = None,
+        metrics: Metrics | None = None,
+        name: str | None = None,
+        rng: random.Random | None = None,
+        page_size: int = PAGE_SIZE,
+        watch_timeout: tuple[int, int] = (MIN_WATCH_TIMEOUT, MAX_WATCH_TIMEOUT),
+    ) -> None:
+        if not resource.namespaced and namespaces:
+            raise ValueError(f"{resource.kind} is cluster-scoped: no namespaces to choose")
+        self.source = source
+        self.resource = resource
+        self.name = name or str(resource)
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self.store = Store(indexers)
+        self.page_size = page_size
+        self.watch_timeout = watch_timeout
+        # None = one cluster-wide scope.
+        self._scopes: tuple[str | None, ...] = tuple(dict.fromkeys(namespaces)) or (None,)
+        self._handlers: list[EventHandler] = []
+        self._metrics = metrics
+        self._rng = rng if rng is not None else random.Random()
+        self._synced_scopes: set[str | None] = set()
+        self._synced = asyncio.Event()
+        self._resource_versions: dict[str | None, str | None] = {}
+        self._log = log.bind(informer=self.name)
+
+    # ---------------------------------------------------------------- wiring
+
+    def add_event_handler(
+        self,
+        on_add: OnAdd | None = None,
+        on_update: OnUpdate | None = None,
+        on_delete: OnDelete | None = None,
+    ) -> None:
+        """Callbacks for every change; objects already cached are replayed to ``on_add``."""
+        handler = EventHandler(on_add, on_update, on_delete)
+        self._handlers.append(handler)
+        if on_add is not None:
+            for obj in self.store.list():
+                self._call(on_add, obj)
+
+    def add_indexer(self, name: str, func: IndexFunc) -> None:
+        self.store.add_indexer(name, func)
+
+    # ----------------------------------------------------------------- reads
+
+    def has_synced(self) -> bool:
+        return self._synced.is_set()
+
+    async def wait_for_sync(self) -> None:
+        await self._synced.wait()
+
+    def get(self, namespace: str | None, name: str) -> Obj | None:
+        return self.store.get(f"{namespace}/{name}" if namespace else name)
+
+    def get_by_key(self, key: str) -> Obj | None:
+        return self.store.get(key)
+
+    def list(self, namespace: str | None = None) -> list[Obj]:
+        return self.store.list(namespace)
+
+    def by_index(self, index: str, value: str) -> ObjList:
+        return self.store.by_index(index, value)
+
+    # ---------------------------------------------------------- own writes
+
+    def assume(self, obj: Obj) -> None:
+        """Cache an object this controller just wrote, before its watch event arrives.
+
+        The next reconcile then reads its own write instead of a stale copy
+        (and does not create the same child twice). No handler is called, and
+        the watch event carrying the same resourceVersion will not call one
+        either. An older version never replaces a newer one already cached.
+        """
+        new = slim(obj)
+        old = self.store.get(object_key(new))
+        if old is not None and _is_older(resource_version(new), resource_version(old)):
+            return
+        self.store.upsert(new)
+
+    def assume_deleted(self, key: str) -> None:
+        """Drop an object this controller just deleted (its DELETED event still calls on_delete)."""
+        self.store.remove(key)
+
+    def last_resource_version(self, namespace: str | None = None) -> str | None:
+        """The resourceVersion the scope's watch resumes from (for tests and debugging)."""
+        return self._resource_versions.get(namespace)
+
+    # ------------------------------------------------------------------- run
+
+    async def run(self) -> None:
+        """List and watch every scope until cancelled."""
+        async with asyncio.TaskGroup() as group:
+            for scope in self._scopes:
+                group.create_task(self._reflect(scope), name=f"informer {self.name} {scope or '*'}")
+
+    async def _reflect(self, namespace: str | None) -> None:
+        backoff = Backoff(rng=self._rng)
+        rv: str | None = None
+        first_410 = True
+        scope_log = self._log.bind(namespace=namespace or "*")
+        while True:
+            if rv is None:
+                try:
+                    rv = await self._list(namespace)
+                except (ApiError, ValueError) as exc:
+                    reason = _reason(exc) if isinstance(exc, ApiError) else type(exc).__name__
+                    self._count_error("list_" + reason)
+                    delay = backoff.next()
+                    scope_log.warning("list failed", error=str(exc), retry_in=delay)
+                    await asyncio.sleep(delay)
+                    continue
+                self._resource_versions[namespace] = rv
+            try:
+                rv = await self._watch(namespace, rv, backoff)
+                first_410 = True
+            except WatchExpired:
+                self._count_error("gone")
+                scope_log.info("watch expired, listing again", resource_version=rv)
+                rv = None
+                # Relisting is the remedy, so the first 410 costs no wait; a
+                # string of them (list immediately stale) backs off like errors.
+                if not first_410:
+                    await asyncio.sleep(backoff.next())
+                first_410 = False
+            except (ApiError, WatchFailed, ValueError) as exc:
+                # Resume after the last event the broken watch delivered.
+                rv = self._resource_versions.get(namespace) or rv
+                reason = _reason(exc) if isinstance(exc, ApiError) else type(exc).__name__
+                self._count_error(reason)
+                delay = backoff.next()
+                scope_log.warning("watch failed", error=str(exc), retry_in=delay)
+                await asyncio.sleep(delay)
+            self._resource_versions[namespace] = rv
+
+    async def _list(self, namespace: str | None) -> str:
+        items: list[Obj] = []
+        continue_token: str | None = None
+        while True:
+            page = await self.source.list(
+                self.resource,
+                namespace,
+                label_selector=self.label_selector,
+                field_selector=self.field_selector,
+                limit=self.page_size,
+                continue_token=continue_token,
+            )
+            items.extend(page.get("items") or [])
+            metadata = page.get("metadata") or {}
+            continue_token = metadata.get("continue") or None
+            if not continue_token:
+                break
+        if self._metrics is not None:
+            self._metrics.informer_lists_total.labels(resource=self.name).inc()
+        rv = str(metadata.get("resourceVersion") or "")
+        if not rv:
+            raise ApiError(0, "NoResourceVersion", "list answer has no resourceVersion")
+        # Items of a built-in kind's list carry no apiVersion/kind; watch
+        # events do. Cached objects look the same whichever way they came.
+        type_meta = {"apiVersion": self.resource.api_version, "kind": self.resource.kind}
+        self.replace(namespace, [{**type_meta, **item} for item in items])
+        return rv
+
+    async def _watch(self, namespace: str | None, rv: str, backoff: Backoff) -> str:
+        """Watch from ``rv`` until the server ends it; the resourceVersion to resume from."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        got_event = False
+        timeout = self._rng.randint(*self.watch_timeout)
+        stream = self.source.watch(
+            self.resource,
+            namespace,
+            resource_version=rv,
+            timeout_seconds=timeout,
+            label_selector=self.label_selector,
+            field_selector=self.field_selector,
+            allow_bookmarks=True,
+        )
+        try:
+            async for event in stream:
+                rv = self.handle_event(event) or rv
+                self._resource_versions[namespace] = rv
+                if not got_event:
+                    got_event = True
+                    backoff.reset()
+        except ApiError as exc:
+            if exc.is_gone:
+                raise WatchExpired from exc
+            raise
+        finally:
+            # Close the HTTP stream now, not whenever the generator is collected.
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        if not got_event and loop.time() - started < MIN_HEALTHY_WATCH:
+            raise WatchFailed("the watch ended at once without an event")
+        return rv
+
+    # ----------------------------------------------------------- pure events
+
+    def handle_event(self, event: Mapping[str, Any]) -> str | None:
+        """Apply one raw watch event to the cache and the handlers.
+
+        Returns the event's resourceVersion (to resume from); raises
+        :class:`WatchExpired` for a 410 ``ERROR`` event and
+        :class:`WatchFailed` for any other.
+        """
+        kind = event.get("type")
+        obj = event.get("object")
+        if not isinstance(obj, dict):
+            raise WatchFailed(f"watch event {kind!r} without an object")
+        if self._metrics is not None:
+            self._metrics.informer_watch_events_total.labels(
+                resource=self.name, type=str(kind)
+            ).inc()
+        if kind == "ERROR":
+            code = obj.get("code")
+            if code == 410:
+                raise WatchExpired(obj.get("message", "resourceVersion too old"))
+            raise WatchFailed(f"watch error {code}: {obj.get('reason')}: {obj.get('message')}")
+        rv = resource_version(obj)
+        if kind == "BOOKMARK":
+            return rv
+        if kind in ("ADDED", "MODIFIED"):
+            new = slim(obj)
+            old = self.store.upsert(new)
+            if old is None:
+                self._dispatch_add(new)
+            elif resource_version(old) != rv:
+                self._dispatch_update(old, new)
+            # else: the event of a write already assumed into the cache.
+        elif kind == "DELETED":
+            gone = slim(obj)
+            self.store.remove(object_key(gone))
+            self._dispatch_delete(gone)
+        else:
+            self._log.warning("unknown watch event type", type=kind)
+        return rv
+
+    def replace(self, namespace: str | None, items: Iterable[Obj]) -> None:
+        """Make the scope's cache equal to a fresh list, calling the handlers for differences."""
+        fresh = {object_key(obj): slim(obj) for obj in items}
+        if namespace is None:
+            stale = [key for key in self.store.list_keys() if key not in fresh]
+        else:
+            prefix = f"{namespace}/"
+            stale = [
+                key for key in self.store.list_keys() if key.startswith(prefix) and key not in fresh
+            ]
+        for new in fresh.values():
+            old = self.store.upsert(new)
+            if old is None:
+                self._dispatch_add(new)
+            elif resource_version(old) != resource_version(new):
+                self._dispatch_update(old, new)
+        for key in stale:
+            old = self.store.remove(key)
+            if old is not None:
+                self._dispatch_delete(old)
+        self._synced_scopes.add(namespace)
+        if len(self._synced_scopes) == len(self._scopes):
+            self._synced.set()
+
+    # -------------------------------------------------------------- dispatch
+
+    def _dispatch_add(self, obj: Obj) -> None:
+        for handler in self._handlers:
+            if handler.on_add is not None:
+                self._call(handler.on_add, obj)
+
+    def _dispatch_update(self, old: Obj, new: Obj) -> None:
+        for handler in self._handlers:
+            if handler.on_update is not None:
+                self._call(handler.on_update, old, new)
+
+    def _dispatch_delete(self, obj: Obj) -> None:
+        for handler in self._handlers:
+            if handler.on_delete is not None:
+                self._call(handler.on_delete, obj)
+
+    def _call(self, callback: Callable[..., None], *args: Obj) -> None:
+        try:
+            callback(*args)
+        except Exception:
+            self._log.exception("event handler failed", key=object_key(args[-1]))
+
+    def _count_error(self, reason: str) -> None:
+        if self._metrics is not None:
+            self._metrics.informer_watch_errors_total.labels(
+                resource=self.name, reason=reason
+            ).inc()
+
+
+def _is_older(candidate: str | None, cached: str | None) -> bool:
+    """Whether ``candidate`` is an older resourceVersion than ``cached``.
+
+    resourceVersions are opaque, but every API server backed by etcd issues
+    increasing integers; anything else is never judged older.
+    """
+    if candidate is None or cached is None:
+        return False
+    try:
+        return int(candidate) < int(cached)
+    except ValueError:
+        return False
+
+
+def _reason(exc: ApiError) -> str:
+    return str(exc.status) if exc.status else "transport"

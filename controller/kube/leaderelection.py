@@ -1,0 +1,394 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, so two replicas never both act.
+
+client-go's algorithm (``tools/leaderelection``), in asyncio:
+
+- Every candidate reads the Lease every ``retry_period`` (2 s, jittered up to
+  x2.2 while waiting). The lease is free when it has no holder, or when its
+  record has not changed for ``leaseDurationSeconds`` (15 s) **as measured on
+  this candidate's own monotonic clock** since it last saw the record change;
+  remote timestamps are never compared with the local wall clock, so clock
+  skew between nodes cannot hand out the lease twice.
+- Taking or renewing the lease is a PUT carrying the ``resourceVersion`` that
+  was read: of two candidates racing for a free lease, the API server accepts
+  one and answers 409 Conflict to the other. Creating a missing Lease races the
+  same way (409 AlreadyExists).
+- The leader renews every ``retry_period``; the renewal first reuses the last
+  Lease it wrote (one request), and on a conflict falls back to read-then-write.
+  If no renewal succeeds within ``renew_deadline`` (10 s) of the last good one,
+  leadership is lost: the leading work is cancelled and :meth:`run` raises
+  :class:`LeadershipLost` (the process should exit and start over, as
+  client-go's users do). The lease outlives the deadline (15 s > 10 s), so a
+  former leader has stopped before anyone else can take over.
+- On a graceful stop (the task running :meth:`run` is cancelled, e.g. on
+  SIGTERM) the leader releases the lease (empty holder, 1 s duration), so the
+  standby takes over in about ``retry_period`` rather than ``lease_duration``.
+
+kubernetes_asyncio ships a ``leaderelection`` package, but it does not hold up:
+it never releases the lease, measures expiry and renew deadlines with
+``time.time()`` and writes naive local times marked as UTC, keeps renewing
+after the leading coroutine died, and logs a stack trace for every lost race.
+Hence this small module.
+
+The decisions are pure functions (:func:`decide`, :func:`lease_spec`), tested
+without a cluster; :class:`LeaderElector` does the I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import random
+import socket
+import uuid
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from controller.kube.client import LEASES, ApiError, Obj
+
+if TYPE_CHECKING:
+    from controller.kube.client import KubeClient
+    from controller.metrics import Metrics
+
+DEFAULT_LEASE_DURATION = 15.0
+DEFAULT_RENEW_DEADLINE = 10.0
+DEFAULT_RETRY_PERIOD = 2.0
+JITTER_FACTOR = 1.2
+
+log = structlog.stdlib.get_logger(__name__)
+
+
+class LeadershipLost(Exception):
+    """This candidate was the leader and could not renew within the renew deadline."""
+
+
+def make_identity(pod_name: str | None = None) -> str:
+    """``<pod name>_<random suffix>``: unique even if a pod restarts under the same name."""
+    return f"{pod_name or socket.gethostname()}_{uuid.uuid4().hex[:10]}"
+
+
+# --------------------------------------------------------------------- pure decisions
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """What a Lease's spec says; two reads compare equal when nothing was written between."""
+
+    holder: str
+    lease_duration: float
+    acquire_time: str | None
+    renew_time: str | None
+    transitions: int
+
+    @classmethod
+    def from_lease(cls, lease: Mapping[str, Any], default_duration: float) -> LeaseRecord:
+        spec = lease.get("spec") or {}
+        return cls(
+            holder=str(spec.get("holderIdentity") or ""),
+            lease_duration=float(spec.get("leaseDurationSeconds") or default_duration),
+            acquire_time=spec.get("acquireTime"),
+            renew_time=spec.get("renewTime"),
+            transitions=int(spec.get("leaseTransitions") or 0),
+        )
+
+
+@dataclass(frozen=True)
+class Observation:
+    """The last record seen and when, on the local monotonic clock, it last changed."""
+
+    record: LeaseRecord
+    changed_at: float
+
+
+class Action(enum.Enum):
+    CREATE = "create"  # no Lease yet: create it, holding it
+    ACQUIRE = "acquire"  # free (no holder, or expired): take it over
+    RENEW = "renew"  # ours: renew it
+    WAIT = "wait"  # held by someone else and still valid
+
+
+def observe(previous: Observation | None, record: LeaseRecord, now: float) -> Observation:
+    """The new observation: the clock restarts only when the record changed."""
+    if previous is not None and previous.record == record:
+        return previous
+    return Observation(record, now)
+
+
+def decide(identity: str, observation: Observation | None, now: float) -> Action:
+    """What this candidate should do, given what it observed (None: the Lease does not exist)."""
+    if observation is None:
+        return Action.CREATE
+    record = observation.record
+    if record.holder == identity:
+        return Action.RENEW
+    if record.holder and observation.changed_at + record.lease_duration > now:
+        return Action.WAIT
+    return Action.ACQUIRE
+
+
+def micro_time(moment: datetime) -> str:
+    """A Kubernetes MicroTime: RFC 3339 in UTC with microseconds."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def lease_spec(
+    action: Action,
+    identity: str,
+    record: LeaseRecord | None,
+    wall_now: datetime,
+    lease_duration: float,
+) -> dict[str, Any]:
+    """The spec to write for ``action`` (CREATE, ACQUIRE or RENEW)."""
+    now = micro_time(wall_now)
+    spec: dict[str, Any] = {
+        "holderIdentity": identity,
+        "leaseDurationSeconds": max(1, round(lease_duration)),
+        "renewTime": now,
+    }
+    if action is Action.CREATE or record is None:
+        spec.update(acquireTime=now, leaseTransitions=0)
+    elif action is Action.RENEW:
+        spec.update(acquireTime=record.acquire_time or now, leaseTransitions=record.transitions)
+    elif action is Action.ACQUIRE:
+        spec.update(acquireTime=now, leaseTransitions=record.transitions + 1)
+    else:
+        raise ValueError(f"nothing to write for {action}")
+    return spec
+
+
+def released_spec(record: LeaseRecord, wall_now: datetime) -> dict[str, Any]:
+    """client-go's release: no holder, a 1 s lease, the transition count kept."""
+    now = micro_time(wall_now)
+    return {
+        "holderIdentity": "",
+        "leaseDurationSeconds": 1,
+        "acquireTime": now,
+        "renewTime": now,
+        "leaseTransitions": record.transitions,
+    }
+
+
+# ------------------------------------------------------------------------------ I/O
+
+
+class LeaderElector:
+    """One candidate for the Lease ``namespace/name``."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        name: str,
+        namespace: str,
+        identity: str,
+        lease_duration: float = DEFAULT_LEASE_DURATION,
+        renew_deadline: float = DEFAULT_RENEW_DEADLINE,
+        retry_period: float = DEFAULT_RETRY_PERIOD,
+        metrics: Metrics | None = None,
+        rng: random.Random | None = None,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        if lease_duration <= renew_deadline:
+            raise ValueError("lease_duration must be greater than renew_deadline")
+        if renew_deadline <= JITTER_FACTOR * retry_period:
+            raise ValueError("renew_deadline must be greater than 1.2 x retry_period")
+        if retry_period <= 0:
+            raise ValueError("retry_period must be positive")
+        self.client = client
+        self.name = name
+        self.namespace = namespace
+        self.identity = identity
+        self.lease_duration = lease_duration
+        self.renew_deadline = renew_deadline
+        self.retry_period = retry_period
+        self._metrics = metrics
+        self._rng = rng if rng is not None else random.Random()
+        self._wall_clock = wall_clock
+        self._observation: Observation | None = None
+        self._lease: Obj | None = None  # the last Lease read or written
+        self._is_leader = False
+        self._log = log.bind(lease=f"{namespace}/{name}", identity=identity)
+        self._set_gauge(False)
+
+    @property
+    def is_leader(self) -> bool:
+        return self._is_leader
+
+    @property
+    def holder(self) -> str | None:
+        """The holder last observed (None before the first read)."""
+        return self._observation.record.holder if self._observation else None
+
+    # --------------------------------------------------------------- main loop
+
+    async def run(self, lead: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Wait to be elected, then run ``lead()`` while renewing the lease.
+
+        Returns when ``lead()`` returns (the lease is released); raises what
+        ``lead()`` raises (after releasing), or :class:`LeadershipLost` if
+        the lease could not be renewed (``lead()`` is cancelled first).
+        Cancelling ``run`` cancels ``lead()`` and releases the lease.
+        """
+        await self.acquire()
+        leading = asyncio.create_task(lead(), name="leading")
+        renewing = asyncio.create_task(self._renew_until_lost(), name="lease renewal")
+        try:
+            await asyncio.wait({leading, renewing}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            renewing.cancel()
+            leading.cancel()
+            await asyncio.gather(renewing, leading, return_exceptions=True)
+            if self._is_leader:
+                await asyncio.shield(self.release())
+        if leading.done() and not leading.cancelled():
+            leading.result()  # re-raise what lead() raised
+            return
+        raise LeadershipLost(f"{self.identity} lost the lease {self.namespace}/{self.name}")
+
+    async def acquire(self) -> None:
+        """Return once this candidate holds the lease."""
+        self._log.info("waiting for the lease")
+        while not await self.try_acquire_or_renew():
+            delay = self.retry_period * (1.0 + JITTER_FACTOR * self._rng.random())
+            await asyncio.sleep(delay)
+        self._log.info("became leader")
+
+    async def _renew_until_lost(self) -> None:
+        loop = asyncio.get_running_loop()
+        last_renewed = loop.time()
+        while True:
+            await asyncio.sleep(self.retry_period)
+            deadline = last_renewed + self.renew_deadline
+            renewed = False
+            while not renewed and loop.time() < deadline:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        renewed = await self.try_acquire_or_renew()
+                except TimeoutError:
+                    break
+                if not renewed:
+                    await asyncio.sleep(min(self.retry_period, max(0.0, deadline - loop.time())))
+            if not renewed:
+                self._became_follower()
+                self._log.error("lost the lease: could not renew it within the renew deadline")
+                return
+            last_renewed = loop.time()
+
+    # ------------------------------------------------------------------ steps
+
+    async def try_acquire_or_renew(self) -> bool:
+        """One round of client-go's tryAcquireOrRenew; True when we hold the lease after it."""
+        now = asyncio.get_running_loop().time()
+        if self._is_leader and self._lease is not None and self._observation is not None:
+            # Fast path: renew from the Lease we wrote last (one request).
+            spec = lease_spec(
+                Action.RENEW,
+                self.identity,
+                self._observation.record,
+                self._wall_clock(),
+                self.lease_duration,
+            )
+            try:
+                written = await self.client.replace(
+                    LEASES, self.namespace, self.name, {**self._lease, "spec": spec}
+                )
+            except ApiError as exc:
+                self._log.debug("fast renew failed, reading the lease", error=str(exc))
+            else:
+                self._remember(written, now)
+                return True
+
+        try:
+            lease: Obj | None = await self.client.get(LEASES, self.namespace, self.name)
+        except ApiError as exc:
+            if not exc.is_not_found:
+                self._log.warning("cannot read the lease", error=str(exc))
+                return False
+            lease = None
+
+        if lease is None:
+            self._observation = None
+            action = Action.CREATE
+        else:
+            record = LeaseRecord.from_lease(lease, self.lease_duration)
+            self._observation = observe(self._observation, record, now)
+            action = decide(self.identity, self._observation, now)
+
+        if action is Action.WAIT:
+            self._became_follower()
+            return False
+        record_for_spec = self._observation.record if self._observation else None
+        spec = lease_spec(
+            action, self.identity, record_for_spec, self._wall_clock(), self.lease_duration
+        )
+        try:
+            if action is Action.CREATE:
+                body = {
+                    "apiVersion": LEASES.api_version,
+                    "kind": LEASES.kind,
+                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "spec": spec,
+                }
+                written = await self.client.create(LEASES, self.namespace, body)
+            else:
+                assert lease is not None
+                # The resourceVersion read above is the precondition.
+                written = await self.client.replace(
+                    LEASES, self.namespace, self.name, {**lease, "spec": spec}
+                )
+        except ApiError as exc:
+            if exc.is_conflict:
+                self._log.debug("lost a race for the lease", action=action.value)
+            else:
+                self._log.warning("cannot write the lease", action=action.value, error=str(exc))
+            self._became_follower()
+            return False
+        if action is Action.ACQUIRE and lease is not None:
+            self._log.info("took over the lease", previous_holder=self.holder or "<none>")
+        self._remember(written, now)
+        return True
+
+    async def release(self) -> bool:
+        """Give the lease up (only if we still hold it); True when released."""
+        if self._lease is None or self._observation is None:
+            return False
+        if self._observation.record.holder != self.identity:
+            return False
+        spec = released_spec(self._observation.record, self._wall_clock())
+        try:
+            # Bounded: a shutdown must not hang on an unreachable API server;
+            # the lease then simply expires.
+            async with asyncio.timeout(self.renew_deadline):
+                written = await self.client.replace(
+                    LEASES, self.namespace, self.name, {**self._lease, "spec": spec}
+                )
+        except (ApiError, TimeoutError) as exc:
+            self._log.warning("cannot release the lease", error=str(exc) or type(exc).__name__)
+            return False
+        finally:
+            self._became_follower()
+        self._remember(written, asyncio.get_running_loop().time(), leader=False)
+        self._log.info("released the lease")
+        return True
+
+    # ---------------------------------------------------------------- private
+
+    def _remember(self, lease: Obj, now: float, *, leader: bool = True) -> None:
+        self._lease = lease
+        self._observation = Observation(LeaseRecord.from_lease(lease, self.lease_duration), now)
+        if leader:
+            self._is_leader = True
+            self._set_gauge(True)
+
+    def _became_follower(self) -> None:
+        self._is_leader = False
+        self._set_gauge(False)
+
+    def _set_gauge(self, leader: bool) -> None:
+        if self._metrics is not None:
+            self._metrics.leader_election_master_status.labels(name=self.name).set(
+                1 if leader else 0
+            )

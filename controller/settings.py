@@ -1,0 +1,411 @@
+"""The controller's settings, from environment variables and command-line flags.
+
+Precedence: flag > environment variable > default. Every setting has an
+environment variable named like the field in capitals (``POLLING_INTERVAL``)
+and a flag in kebab case (``--polling-interval``); upstream's flag and variable
+spellings are accepted as aliases (``--pollinginterval``,
+``--maxreconcilerate``, ``--watchnamespace``, ``--leader-elect``,
+``SA_RUNNER``).
+
+A bad value never turns into a silent default (upstream turned a bad
+``POLLING_INTERVAL`` into 0, i.e. no polling): :func:`load_settings` raises
+:class:`SettingsError` with one line per bad setting, naming the variable, and
+``python -m controller`` prints it and exits non-zero.
+
+``MAX_RECONCILE_RATE`` = n is the number of concurrent workers (upstream's
+``MaxConcurrentReconciles``). The work queue's global token bucket for retries
+scales with it: ``10 * n`` tokens per second, burst ``100 * n`` (client-go's
+default at n = 1), unless ``QUEUE_QPS`` / ``QUEUE_BURST`` say otherwise.
+Upstream used n for a bucket of n/s too, so a rate of 1 admitted one retry a
+second; the work queue's per-key backoff already keeps a failing run slow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal, NoReturn
+
+import durationpy
+from pydantic import (
+    AliasChoices,
+    BeforeValidator,
+    Field,
+    ValidationError,
+    computed_field,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+from pydantic_settings import SettingsError as _SourceError
+
+# Below one second a "poll" is a hot loop against the API server.
+MIN_POLLING_INTERVAL = 1.0
+IN_CLUSTER_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_LEASE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+class SettingsError(ValueError):
+    """One or more settings are invalid; the message names each of them."""
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from ``300`` (plain integer = seconds), ``30s``, ``1m``, ``1h30m``, ``1.5h``.
+
+    Go duration syntax (durationpy). Zero, negative and unparsable values are
+    errors, as is anything under one second.
+    """
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, bool):
+        raise ValueError("expected a duration such as 300, 30s, 1m or 1h30m")
+    elif isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        if re.fullmatch(r"[+-]?\d+", text):
+            seconds = float(int(text))
+        else:
+            try:
+                seconds = durationpy.from_str(text).total_seconds()
+            except Exception as exc:
+                raise ValueError(
+                    f"{value!r} is not a duration: use seconds (300) or a Go duration "
+                    "such as 30s, 1m, 1h30m"
+                ) from exc
+    else:
+        raise ValueError("expected a duration such as 300, 30s, 1m or 1h30m")
+    if seconds <= 0:
+        raise ValueError(f"{value!r} must be a positive duration")
+    if seconds < MIN_POLLING_INTERVAL:
+        raise ValueError(f"{value!r} is shorter than {MIN_POLLING_INTERVAL:g}s")
+    return seconds
+
+
+def parse_namespaces(value: Any) -> tuple[str, ...]:
+    """``""`` -> all namespaces (empty tuple); ``"a"`` or ``"a,b"`` -> those, deduplicated."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        parts = [part.strip() for part in value.split(",")]
+    elif isinstance(value, list | tuple):
+        parts = [str(part).strip() for part in value]
+    else:
+        raise ValueError("expected a namespace or a comma-separated list of namespaces")
+    names = [part for part in parts if part]
+    for name in names:
+        if len(name) > 63 or not _DNS1123_LABEL.match(name):
+            raise ValueError(f"{name!r} is not a valid namespace name")
+    return tuple(dict.fromkeys(names))
+
+
+def _parse_bool(value: Any) -> Any:
+    if isinstance(value, str) and value.strip() == "":
+        return None
+    return value
+
+
+def _empty_is_none(value: Any) -> Any:
+    if isinstance(value, str) and value.strip() == "":
+        return None
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+# NoDecode: a comma-separated string, not the JSON pydantic-settings expects for tuples.
+Namespaces = Annotated[tuple[str, ...], NoDecode, BeforeValidator(parse_namespaces)]
+OptionalBool = Annotated[bool | None, BeforeValidator(_parse_bool)]
+OptionalStr = Annotated[str | None, BeforeValidator(_empty_is_none)]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+
+
+class Settings(BaseSettings):
+    """The controller's settings. Build them with :func:`load_settings`."""
+
+    model_config = SettingsConfigDict(
+        frozen=True,
+        extra="ignore",
+        populate_by_name=True,
+        case_sensitive=False,
+    )
+
+    polling_interval: Duration = Field(
+        300.0,
+        description="How often every run is reconciled again without any change "
+        "(seconds, or a Go duration: 30s, 1m, 1h30m).",
+    )
+    max_reconcile_rate: int = Field(
+        1, ge=1, le=1000, description="Number of concurrent reconcile workers."
+    )
+    watch_namespace: Namespaces = Field(
+        (),
+        description="Namespace(s) to watch: empty for all, one, or a comma-separated list.",
+    )
+    runner_service_account: OptionalStr = Field(
+        None,
+        validation_alias=AliasChoices("runner_service_account", "sa_runner"),
+        description="Service account of runner pods when the config names none "
+        "(unset: the namespace's default service account).",
+    )
+    log_level: LogLevel = Field("INFO", description="Log level.")
+    log_format: Literal["json", "console"] = Field("json", description="Log format.")
+    bind_address: str = Field(
+        "0.0.0.0", min_length=1, description="Address of the metrics and health servers."
+    )
+    metrics_port: int = Field(8080, ge=0, le=65535, description="Port serving /metrics.")
+    health_port: int = Field(8081, ge=0, le=65535, description="Port serving /healthz and /readyz.")
+    leader_elect: OptionalBool = Field(
+        None,
+        description="Lease-based leader election (default: on in-cluster, off locally).",
+    )
+    lease_name: str = Field(
+        "kserve-inference-controller", min_length=1, max_length=253, description="Lease name."
+    )
+    lease_namespace: OptionalStr = Field(
+        None,
+        description="Namespace of the Lease (default: the pod's namespace, "
+        "else the only watched namespace).",
+    )
+    lease_duration: Duration = Field(15.0, description="Leader election lease duration.")
+    renew_deadline: Duration = Field(10.0, description="Leader election renew deadline.")
+    retry_period: Duration = Field(2.0, description="Leader election retry period.")
+    pod_name: OptionalStr = Field(
+        None, description="This pod's name (downward API); the leader identity's prefix."
+    )
+    pod_namespace: OptionalStr = Field(None, description="This pod's namespace (downward API).")
+    kube_api_qps: float = Field(20.0, gt=0, description="Client-side API requests per second.")
+    kube_api_burst: int = Field(30, ge=1, description="Client-side API request burst.")
+    queue_qps: float | None = Field(
+        None, gt=0, description="Work queue retry token bucket rate (default 10 x workers)."
+    )
+    queue_burst: int | None = Field(
+        None, ge=1, description="Work queue retry token bucket burst (default 100 x workers)."
+    )
+    kubeconfig: OptionalStr = Field(
+        None, description="Path of a kubeconfig file (unset: in-cluster, else ~/.kube/config)."
+    )
+    in_cluster: bool = Field(
+        False,
+        description="Set by load_settings: running in a pod with no explicit kubeconfig.",
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # load_settings passes the environment and flags in explicitly, so a
+        # test's settings never depend on the process environment.
+        return (init_settings,)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: Any) -> Any:
+        return value.strip().upper() if isinstance(value, str) else value
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _lower_format(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("lease_name")
+    @classmethod
+    def _lease_name(cls, value: str) -> str:
+        if not _LEASE_NAME.match(value):
+            raise ValueError(f"{value!r} is not a valid object name")
+        return value
+
+    @field_validator("lease_namespace", "pod_namespace")
+    @classmethod
+    def _namespace(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) > 63 or not _DNS1123_LABEL.match(value)):
+            raise ValueError(f"{value!r} is not a valid namespace name")
+        return value
+
+    @model_validator(mode="after")
+    def _leader_timings(self) -> Settings:
+        # client-go's own checks: the renew deadline must leave room for
+        # retries, and the lease must outlive the deadline.
+        if self.lease_duration <= self.renew_deadline:
+            raise ValueError("LEASE_DURATION must be greater than RENEW_DEADLINE")
+        if self.renew_deadline <= 1.2 * self.retry_period:
+            raise ValueError("RENEW_DEADLINE must be greater than 1.2 x RETRY_PERIOD")
+        if self.leader_election and self.lease_namespace is None:
+            raise ValueError(
+                "leader election needs the Lease's namespace: set LEASE_NAMESPACE "
+                "(or POD_NAMESPACE), or watch exactly one namespace"
+            )
+        return self
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def leader_election(self) -> bool:
+        """Whether to elect a leader: LEADER_ELECT, else on in-cluster and off locally."""
+        return self.in_cluster if self.leader_elect is None else self.leader_elect
+
+    @property
+    def watch_namespaces(self) -> tuple[str, ...]:
+        """The namespaces to watch; empty means all namespaces."""
+        return self.watch_namespace
+
+    @property
+    def workers(self) -> int:
+        return self.max_reconcile_rate
+
+    @property
+    def effective_queue_qps(self) -> float:
+        return self.queue_qps if self.queue_qps is not None else 10.0 * self.max_reconcile_rate
+
+    @property
+    def effective_queue_burst(self) -> int:
+        return self.queue_burst if self.queue_burst is not None else 100 * self.max_reconcile_rate
+
+
+# Upstream's flag spellings, kept so the same Deployment args keep working.
+_FLAG_ALIASES: dict[str, tuple[str, ...]] = {
+    "polling_interval": ("--pollinginterval",),
+    "max_reconcile_rate": ("--maxreconcilerate",),
+    "watch_namespace": ("--watchnamespace",),
+    "runner_service_account": ("--sa-runner",),
+}
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise SettingsError(f"invalid command line: {message}")
+
+
+def _env_name(field: str) -> str:
+    return field.upper()
+
+
+def _flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: one flag per setting, all optional, values parsed by Settings."""
+    parser = _ArgumentParser(
+        prog="python -m controller",
+        description="KServe Inference Controller: runs InferenceRuns as Kubernetes Jobs. "
+        "Every flag can also be given as the environment variable in brackets.",
+        argument_default=argparse.SUPPRESS,
+    )
+    for name, field in Settings.model_fields.items():
+        if name == "in_cluster":
+            continue
+        flags = [_flag_name(name), *_FLAG_ALIASES.get(name, ())]
+        env_names = [_env_name(name)] + (["SA_RUNNER"] if name == "runner_service_account" else [])
+        help_text = f"{field.description} [{', '.join(env_names)}]"
+        if field.default is not None and field.default != ():
+            help_text += f" (default: {field.default})"
+        if name == "leader_elect":
+            parser.add_argument(
+                *flags,
+                dest=name,
+                action=argparse.BooleanOptionalAction,
+                help=help_text,
+            )
+            continue
+        parser.add_argument(*flags, dest=name, metavar=_env_name(name), help=help_text)
+    return parser
+
+
+class _MappingEnvSource(EnvSettingsSource):
+    """pydantic-settings' environment source reading a given mapping, not os.environ."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
+        self._given_env = env
+        super().__init__(settings_cls, case_sensitive=False)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return {key.lower(): value for key, value in self._given_env.items()}
+
+
+def _in_cluster(env: Mapping[str, str], kubeconfig: str | None) -> bool:
+    return kubeconfig is None and bool(env.get("KUBERNETES_SERVICE_HOST"))
+
+
+def load_settings(
+    argv: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    namespace_file: Path = IN_CLUSTER_NAMESPACE_FILE,
+) -> Settings:
+    """Settings from ``argv`` (no program name) and ``env`` (default: the process's).
+
+    Raises :class:`SettingsError` naming every bad setting; ``--help`` exits 0
+    through argparse as usual.
+    """
+    argv = list(argv) if argv is not None else []
+    env = dict(env) if env is not None else dict(os.environ)
+
+    flags = vars(build_parser().parse_args(argv))
+    try:
+        values: dict[str, Any] = dict(_MappingEnvSource(Settings, env)())
+    except _SourceError as exc:
+        raise SettingsError(f"invalid environment: {exc}") from None
+    values.update(flags)
+
+    kubeconfig = flags.get("kubeconfig") or env.get("KUBECONFIG") or None
+    in_cluster = _in_cluster(env, kubeconfig)
+    values["in_cluster"] = in_cluster
+    # The Lease lives next to the controller: its own namespace in-cluster,
+    # else the only namespace it watches.
+    if not values.get("lease_namespace"):
+        pod_namespace = values.get("pod_namespace") or (
+            _read_namespace_file(namespace_file) if in_cluster else None
+        )
+        if pod_namespace:
+            values["lease_namespace"] = pod_namespace
+        else:
+            try:
+                watched = parse_namespaces(values.get("watch_namespace", ""))
+            except ValueError:
+                watched = ()
+            if len(watched) == 1:
+                values["lease_namespace"] = watched[0]
+    if not values.get("pod_name") and env.get("HOSTNAME"):
+        values["pod_name"] = env["HOSTNAME"]
+
+    try:
+        return Settings(**values)
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc, values)) from None
+
+
+def _read_namespace_file(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _describe(exc: ValidationError, values: Mapping[str, Any]) -> str:
+    lines = []
+    for error in exc.errors():
+        loc = [str(part) for part in error["loc"] if isinstance(part, str)]
+        message = error["msg"].removeprefix("Value error, ")
+        if loc:
+            field = loc[0]
+            shown = values.get(field)
+            lines.append(f"invalid setting {_env_name(field)}={shown!r}: {message}")
+        else:
+            lines.append(f"invalid settings: {message}")
+    return "\n".join(lines)

@@ -1,0 +1,182 @@
+"""KubeClient against the real API server: verbs, typed errors, watch parsing, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from controller.kube.client import (
+    CONFIGMAPS,
+    NAMESPACES,
+    AlreadyExists,
+    Conflict,
+    Forbidden,
+    Invalid,
+    KubeClient,
+    NotFound,
+    TransportError,
+)
+from controller.metrics import Metrics
+from hack.cluster import LocalCluster
+
+
+def configmap(name: str, **data: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data}
+
+
+@pytest.fixture
+async def metrics() -> Metrics:
+    return Metrics()
+
+
+@pytest.fixture
+async def kube(cluster: LocalCluster, metrics: Metrics) -> AsyncIterator[KubeClient]:
+    client = await KubeClient.connect(kubeconfig=str(cluster.kubeconfig), metrics=metrics)
+    async with client:
+        yield client
+
+
+async def test_create_get_list_replace_patch_delete(kube: KubeClient, namespace: str) -> None:
+    created = await kube.create(CONFIGMAPS, namespace, configmap("one", a="1"))
+    assert created["metadata"]["uid"]
+    got = await kube.get(CONFIGMAPS, namespace, "one")
+    assert got["data"] == {"a": "1"}
+    await kube.create(
+        CONFIGMAPS,
+        namespace,
+        {**configmap("two"), "metadata": {"name": "two", "labels": {"pick": "me"}}},
+    )
+    listed = await kube.list(CONFIGMAPS, namespace, label_selector="pick=me")
+    assert [item["metadata"]["name"] for item in listed["items"]] == ["two"]
+    assert listed["metadata"]["resourceVersion"]
+
+    replaced = await kube.replace(CONFIGMAPS, namespace, "one", {**got, "data": {"a": "2"}})
+    assert replaced["data"] == {"a": "2"}
+    merged = await kube.patch(CONFIGMAPS, namespace, "one", {"data": {"b": "3"}})
+    assert merged["data"] == {"a": "2", "b": "3"}
+    json_patched = await kube.patch(
+        CONFIGMAPS, namespace, "one", [{"op": "remove", "path": "/data/a"}], patch_type="json"
+    )
+    assert json_patched["data"] == {"b": "3"}
+    applied = await kube.patch(
+        CONFIGMAPS, namespace, "three", configmap("three", c="4"), patch_type="apply", force=True
+    )
+    assert applied["data"] == {"c": "4"}
+    assert any(
+        entry["manager"] == "kserve-inference-controller"
+        for entry in applied["metadata"]["managedFields"]
+    )
+
+    await kube.delete(CONFIGMAPS, namespace, "one")
+    with pytest.raises(NotFound) as missing:
+        await kube.get(CONFIGMAPS, namespace, "one")
+    assert missing.value.is_not_found
+    assert missing.value.status == 404
+    assert missing.value.reason == "NotFound"
+
+
+async def test_races_come_back_as_typed_errors(kube: KubeClient, namespace: str) -> None:
+    first = await kube.create(CONFIGMAPS, namespace, configmap("race", v="1"))
+    with pytest.raises(AlreadyExists) as exists:
+        await kube.create(CONFIGMAPS, namespace, configmap("race"))
+    assert exists.value.is_conflict
+    assert exists.value.is_already_exists
+
+    await kube.replace(CONFIGMAPS, namespace, "race", {**first, "data": {"v": "2"}})
+    with pytest.raises(Conflict) as stale:  # first's resourceVersion is stale now
+        await kube.replace(CONFIGMAPS, namespace, "race", {**first, "data": {"v": "3"}})
+    assert stale.value.is_conflict
+    assert not stale.value.is_already_exists
+    assert (await kube.get(CONFIGMAPS, namespace, "race"))["data"] == {"v": "2"}
+
+    with pytest.raises(Conflict):  # a precondition on the uid of a replaced object
+        await kube.delete(CONFIGMAPS, namespace, "race", uid="not-the-uid")
+    with pytest.raises(Invalid) as invalid:
+        await kube.create(CONFIGMAPS, namespace, configmap("Not_Valid"))
+    assert invalid.value.status == 422
+    assert "Not_Valid" in invalid.value.message
+    with pytest.raises(NotFound):
+        await kube.delete(CONFIGMAPS, namespace, "never-was")
+
+
+async def test_status_subresource_update_uses_the_resource_version(
+    kube: KubeClient, namespace: str
+) -> None:
+    ns = await kube.get(NAMESPACES, None, namespace)
+    updated = await kube.update_status(NAMESPACES, None, namespace, ns)
+    assert updated["status"]["phase"] == "Active"
+    await kube.patch(NAMESPACES, None, namespace, {"metadata": {"labels": {"touched": "yes"}}})
+    with pytest.raises(Conflict):
+        await kube.update_status(NAMESPACES, None, namespace, updated)
+
+
+async def test_requests_are_counted_by_verb_method_and_code(
+    kube: KubeClient, namespace: str, metrics: Metrics
+) -> None:
+    await kube.create(CONFIGMAPS, namespace, configmap("counted"))
+    for _ in range(2):
+        await kube.get(CONFIGMAPS, namespace, "counted")
+    with pytest.raises(NotFound):
+        await kube.get(CONFIGMAPS, namespace, "absent")
+
+    def count(**labels: str) -> float:
+        return metrics.registry.get_sample_value("rest_client_requests_total", labels) or 0.0
+
+    assert count(verb="create", method="POST", code="201") == 1
+    assert count(verb="get", method="GET", code="200") == 2
+    assert count(verb="get", method="GET", code="404") == 1
+
+
+async def test_the_user_rbac_allows_is_enforced(cluster: LocalCluster, namespace: str) -> None:
+    # The runner user has no permission on ConfigMaps in a fresh namespace.
+    async with await KubeClient.connect(kubeconfig=str(cluster.kubeconfig_for("runner"))) as kube:
+        with pytest.raises(Forbidden) as forbidden:
+            await kube.list(CONFIGMAPS, namespace)
+    assert forbidden.value.is_forbidden
+
+
+async def test_client_side_rate_limit(cluster: LocalCluster, namespace: str) -> None:
+    async with await KubeClient.connect(kubeconfig=str(cluster.kubeconfig), qps=5, burst=1) as kube:
+        await kube.list(CONFIGMAPS, namespace)  # spend the burst
+        started = time.monotonic()
+        for _ in range(5):
+            await kube.list(CONFIGMAPS, namespace)
+        # 5 more tokens at 5/s cannot arrive in under a second (a lower bound only).
+        assert time.monotonic() - started >= 0.8
+
+
+async def test_no_server_is_a_transport_error(cluster: LocalCluster) -> None:
+    kube = await KubeClient.connect(kubeconfig=str(cluster.kubeconfig))
+    kube.host = "https://127.0.0.1:1"
+    async with kube:
+        with pytest.raises(TransportError) as error:
+            await kube.list(CONFIGMAPS, "default")
+    assert error.value.status == 0
+    assert error.value.is_transient
+
+
+async def test_watch_streams_big_objects(kube: KubeClient, namespace: str) -> None:
+    listed = await kube.list(CONFIGMAPS, namespace)
+    big = "x" * 800_000  # one watch line far beyond aiohttp's 64 KiB line limit
+    events: list[dict[str, Any]] = []
+
+    async def watch() -> None:
+        async for event in kube.watch(
+            CONFIGMAPS,
+            namespace,
+            resource_version=listed["metadata"]["resourceVersion"],
+            timeout_seconds=30,
+        ):
+            events.append(event)
+            if event["type"] == "ADDED" and event["object"]["metadata"]["name"] == "big":
+                return
+
+    task = asyncio.create_task(watch())
+    await asyncio.sleep(0.5)
+    await kube.create(CONFIGMAPS, namespace, configmap("big", blob=big))
+    await asyncio.wait_for(task, timeout=30)
+    assert events[-1]["object"]["data"]["blob"] == big

@@ -1,0 +1,259 @@
+"""Leader election on a real Lease: one leader, fast hand-over on release, safe take-over.
+
+Timings are shortened (lease 4 s, renew deadline 3 s, retry 1 s) so the
+take-over cases take seconds; the algorithm is the same as with 15/10/2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+
+from controller.kube.client import LEASES, KubeClient, NotFound, load_configuration
+from controller.kube.leaderelection import LeaderElector, LeadershipLost
+from controller.metrics import Metrics
+from hack.cluster import LocalCluster
+from tests.integration.tcpproxy import TcpProxy
+from tests.kubehelpers import eventually
+
+FAST = {"lease_duration": 4.0, "renew_deadline": 3.0, "retry_period": 1.0}
+
+
+@pytest.fixture
+async def kube(cluster: LocalCluster) -> AsyncIterator[KubeClient]:
+    async with await KubeClient.connect(kubeconfig=str(cluster.kubeconfig)) as client:
+        yield client
+
+
+class Candidate:
+    """An elector plus a record of when its leading work ran."""
+
+    def __init__(self, client: KubeClient, namespace: str, identity: str, **timing: float) -> None:
+        self.metrics = Metrics()
+        self.elector = LeaderElector(
+            client,
+            name="controller-lock",
+            namespace=namespace,
+            identity=identity,
+            metrics=self.metrics,
+            **(timing or FAST),
+        )
+        self.started: float | None = None
+        self.stopped: float | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    async def _lead(self) -> None:
+        self.started = time.monotonic()
+        try:
+            await asyncio.Future()
+        finally:
+            self.stopped = time.monotonic()
+
+    def start(self) -> Candidate:
+        self.task = asyncio.create_task(self.elector.run(self._lead))
+        return self
+
+    @property
+    def leading(self) -> bool:
+        return self.started is not None and self.stopped is None
+
+    def master_status(self) -> float | None:
+        return self.metrics.registry.get_sample_value(
+            "leader_election_master_status", {"name": "controller-lock"}
+        )
+
+    async def stop(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+
+
+async def holder(kube: KubeClient, namespace: str) -> str:
+    lease = await kube.get(LEASES, namespace, "controller-lock")
+    return str(lease["spec"].get("holderIdentity") or "")
+
+
+async def test_exactly_one_of_two_candidates_leads(kube: KubeClient, namespace: str) -> None:
+    a = Candidate(kube, namespace, "a").start()
+    b = Candidate(kube, namespace, "b").start()
+    try:
+        await eventually(
+            lambda: asyncio.sleep(0, a.leading or b.leading), within=30, what="a leader"
+        )
+        await asyncio.sleep(6)  # several renewals: still exactly one
+        leader, standby = (a, b) if a.leading else (b, a)
+        assert leader.leading
+        assert not standby.leading
+        assert standby.started is None
+        assert await holder(kube, namespace) == leader.elector.identity
+        assert leader.master_status() == 1
+        assert standby.master_status() == 0
+        lease = await kube.get(LEASES, namespace, "controller-lock")
+        assert lease["spec"]["leaseDurationSeconds"] == 4
+        assert lease["spec"]["renewTime"].endswith("Z")
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_a_leader_that_stops_releases_and_the_standby_takes_over_quickly(
+    kube: KubeClient, namespace: str
+) -> None:
+    slow = {"lease_duration": 60.0, "renew_deadline": 40.0, "retry_period": 1.0}
+    first = Candidate(kube, namespace, "first", **slow).start()
+    await eventually(lambda: asyncio.sleep(0, first.leading), within=30, what="first leads")
+    second = Candidate(kube, namespace, "second", **slow).start()
+    try:
+        await asyncio.sleep(2)
+        assert not second.leading
+        await first.stop()  # graceful: SIGTERM in the real process
+        assert first.stopped is not None
+        assert await holder(kube, namespace) == ""
+        # Released, so a 60 s lease does not make the standby wait 60 s.
+        await eventually(lambda: asyncio.sleep(0, second.leading), within=10, what="take-over")
+        lease = await kube.get(LEASES, namespace, "controller-lock")
+        assert lease["spec"]["holderIdentity"] == "second"
+        assert lease["spec"]["leaseTransitions"] >= 1
+    finally:
+        await first.stop()
+        await second.stop()
+
+
+async def test_a_partitioned_leader_steps_down_before_the_standby_takes_over(
+    cluster: LocalCluster, kube: KubeClient, namespace: str
+) -> None:
+    api = urlparse(cluster.server)
+    proxy = TcpProxy(api.hostname or "127.0.0.1", api.port or 443)
+    await proxy.start()
+    configuration = await load_configuration(kubeconfig=str(cluster.kubeconfig))
+    configuration.host = f"https://127.0.0.1:{proxy.port}"
+    cut_off = KubeClient(configuration, request_timeout=2)
+    leader = Candidate(cut_off, namespace, "partitioned").start()
+    standby: Candidate | None = None
+    try:
+        await eventually(lambda: asyncio.sleep(0, leader.leading), within=30, what="a leader")
+        standby = Candidate(kube, namespace, "standby").start()
+        await asyncio.sleep(2)
+        assert not standby.leading
+
+        proxy.cut()
+        assert leader.task is not None
+        with pytest.raises(LeadershipLost):
+            await asyncio.wait_for(leader.task, timeout=30)
+        assert leader.master_status() == 0
+        await eventually(lambda: asyncio.sleep(0, standby.leading), within=30, what="take-over")
+        # Never two leaders: the old one stopped before the new one started.
+        assert leader.stopped is not None
+        assert standby.started is not None
+        assert leader.stopped < standby.started
+        assert await holder(kube, namespace) == "standby"
+    finally:
+        await leader.stop()
+        if standby is not None:
+            await standby.stop()
+        await cut_off.close()
+        await proxy.stop()
+
+
+ELECTOR_PROCESS = textwrap.dedent(
+    """
+    import asyncio, sys
+    from controller.kube.client import KubeClient
+    from controller.kube.leaderelection import LeaderElector
+
+    async def main() -> None:
+        kubeconfig, namespace = sys.argv[1], sys.argv[2]
+        async with await KubeClient.connect(kubeconfig=kubeconfig) as client:
+            elector = LeaderElector(client, name="controller-lock", namespace=namespace,
+                                    identity="process", lease_duration=4, renew_deadline=3,
+                                    retry_period=1)
+            async def lead() -> None:
+                print("leading", flush=True)
+                await asyncio.Future()
+            await elector.run(lead)
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_a_killed_leader_is_replaced_after_the_lease_expires(
+    cluster: LocalCluster, kube: KubeClient, namespace: str
+) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        ELECTOR_PROCESS,
+        str(cluster.kubeconfig),
+        namespace,
+        stdout=asyncio.subprocess.PIPE,
+        cwd=os.getcwd(),
+    )
+    standby: Candidate | None = None
+    try:
+        assert process.stdout is not None
+        stdout = process.stdout
+
+        async def wait_for_leading() -> None:
+            # The elector's own log lines come first.
+            while line := await stdout.readline():
+                if line.strip() == b"leading":
+                    return
+            raise AssertionError("the elector process ended without leading")
+
+        await asyncio.wait_for(wait_for_leading(), timeout=60)
+        standby = Candidate(kube, namespace, "standby").start()
+        await asyncio.sleep(2)
+        assert not standby.leading
+        assert await holder(kube, namespace) == "process"
+
+        process.send_signal(signal.SIGKILL)  # no release: the lease must expire
+        await asyncio.wait_for(process.wait(), timeout=10)
+        killed_at = time.monotonic()
+        await eventually(lambda: asyncio.sleep(0, standby.leading), within=30, what="take-over")
+        assert standby.started is not None
+        assert standby.started - killed_at >= 2  # waited for the lease, not a free-for-all
+        assert await holder(kube, namespace) == "standby"
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        if standby is not None:
+            await standby.stop()
+
+
+async def test_leading_work_that_fails_releases_the_lease(kube: KubeClient, namespace: str) -> None:
+    elector = LeaderElector(
+        kube, name="controller-lock", namespace=namespace, identity="crashy", **FAST
+    )
+
+    async def lead() -> None:
+        raise RuntimeError("reconcile loop crashed")
+
+    with pytest.raises(RuntimeError, match="crashed"):
+        await asyncio.wait_for(elector.run(lead), timeout=30)
+    assert await holder(kube, namespace) == ""
+    assert not elector.is_leader
+
+
+async def test_an_existing_lease_is_not_recreated(kube: KubeClient, namespace: str) -> None:
+    with pytest.raises(NotFound):
+        await kube.get(LEASES, namespace, "controller-lock")
+    elector = LeaderElector(kube, name="controller-lock", namespace=namespace, identity="x", **FAST)
+    assert await elector.try_acquire_or_renew()  # creates
+    first: dict[str, Any] = await kube.get(LEASES, namespace, "controller-lock")
+    assert await elector.try_acquire_or_renew()  # renews the same object
+    second = await kube.get(LEASES, namespace, "controller-lock")
+    assert second["metadata"]["uid"] == first["metadata"]["uid"]
+    assert second["spec"]["acquireTime"] == first["spec"]["acquireTime"]
+    assert second["spec"]["renewTime"] >= first["spec"]["renewTime"]
+    assert await elector.release()

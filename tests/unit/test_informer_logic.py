@@ -1,0 +1,646 @@
+"""The informer's pure parts and its list/watch loop, driven by a scripted fake source.
+
+The fake stands in for the API server only here, in unit tests; the same
+loop runs against the real API server in tests/integration/test_informer.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from controller.kube.client import ApiError, Gone, Resource, TransportError
+from controller.kube.informer import (
+    LAST_APPLIED,
+    Backoff,
+    Informer,
+    Store,
+    WatchExpired,
+    WatchFailed,
+    by_namespace,
+    controller_owner,
+    object_key,
+    owner_uids,
+    slim,
+    split_key,
+)
+from controller.metrics import Metrics
+
+pytestmark = pytest.mark.unit
+
+RUNS = Resource("ai.krateo.io", "v1", "inferenceruns", "InferenceRun")
+
+
+def obj(name: str, rv: str, namespace: str = "ns", **extra: Any) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "resourceVersion": rv}
+    metadata.update(extra.pop("metadata", {}))
+    return {"apiVersion": "ai.krateo.io/v1", "kind": "InferenceRun", "metadata": metadata, **extra}
+
+
+def page(items: list[dict[str, Any]], rv: str, cont: str | None = None) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"resourceVersion": rv}
+    if cont:
+        metadata["continue"] = cont
+    return {"kind": "InferenceRunList", "metadata": metadata, "items": items}
+
+
+def ev(kind: str, o: dict[str, Any]) -> dict[str, Any]:
+    return {"type": kind, "object": o}
+
+
+def bookmark(rv: str) -> dict[str, Any]:
+    return ev("BOOKMARK", {"kind": "InferenceRun", "metadata": {"resourceVersion": rv}})
+
+
+def error_event(code: int) -> dict[str, Any]:
+    return ev("ERROR", {"kind": "Status", "code": code, "reason": "Expired", "message": "too old"})
+
+
+# A watch script; an alias because FakeSource.list shadows the builtin in the class.
+Steps = list[Any]
+HANG = "hang"  # a watch step: stay open until cancelled
+END = "end"  # the server closes the watch (after MIN_HEALTHY_WATCH of loop time)
+
+
+class FakeSource:
+    """Scripted list pages and watch streams, per namespace; exhausted scripts hang."""
+
+    def __init__(self) -> None:
+        self.lists: dict[str | None, deque[Any]] = {}
+        self.watches: dict[str | None, deque[list[Any]]] = {}
+        self.list_calls: list[dict[str, Any]] = []
+        self.watch_calls: list[dict[str, Any]] = []
+        self.closed_streams = 0
+
+    def script_list(self, namespace: str | None, *responses: Any) -> None:
+        self.lists.setdefault(namespace, deque()).extend(responses)
+
+    def script_watch(self, namespace: str | None, *streams: list[Any]) -> None:
+        self.watches.setdefault(namespace, deque()).extend(streams)
+
+    async def list(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
+        resource_version: str | None = None,
+    ) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        self.list_calls.append(
+            {
+                "namespace": namespace,
+                "label_selector": label_selector,
+                "limit": limit,
+                "continue": continue_token,
+                "at": loop.time(),
+            }
+        )
+        script = self.lists.get(namespace)
+        if not script:
+            await asyncio.Future()  # hang
+        response = script.popleft()  # type: ignore[union-attr]
+        if isinstance(response, Exception):
+            raise response
+        return response  # type: ignore[no-any-return]
+
+    def watch(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        resource_version: str | None = None,
+        timeout_seconds: int | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        allow_bookmarks: bool = True,
+    ) -> AsyncIterator[dict[str, Any]]:
+        self.watch_calls.append(
+            {
+                "namespace": namespace,
+                "resource_version": resource_version,
+                "timeout_seconds": timeout_seconds,
+                "label_selector": label_selector,
+                "allow_bookmarks": allow_bookmarks,
+                "at": asyncio.get_running_loop().time(),
+            }
+        )
+        script = self.watches.get(namespace)
+        steps = script.popleft() if script else [HANG]
+        return self._stream(steps)
+
+    async def _stream(self, steps: Steps) -> AsyncIterator[dict[str, Any]]:
+        try:
+            for step in steps:
+                if isinstance(step, Exception):
+                    raise step
+                if step == HANG:
+                    await asyncio.Future()
+                elif step == END:
+                    await asyncio.sleep(5)
+                    return
+                else:
+                    yield step
+        finally:
+            self.closed_streams += 1
+
+
+class Recorder:
+    def __init__(self, informer: Informer) -> None:
+        self.calls: list[tuple[str, ...]] = []
+        informer.add_event_handler(
+            on_add=lambda o: self.calls.append(("add", object_key(o), _rv(o))),
+            on_update=lambda old, new: self.calls.append(
+                ("update", object_key(new), _rv(old), _rv(new))
+            ),
+            on_delete=lambda o: self.calls.append(("delete", object_key(o), _rv(o))),
+        )
+
+
+def _rv(o: dict[str, Any]) -> str:
+    return str(o["metadata"].get("resourceVersion"))
+
+
+@pytest.fixture
+def source() -> FakeSource:
+    return FakeSource()
+
+
+@pytest.fixture
+def running() -> Iterator[list[asyncio.Task[None]]]:
+    tasks: list[asyncio.Task[None]] = []
+    yield tasks
+    for task in tasks:
+        task.cancel()
+
+
+def start(informer: Informer, running: list[asyncio.Task[None]]) -> None:
+    running.append(asyncio.create_task(informer.run()))
+
+
+# ------------------------------------------------------------------ pure helpers
+
+
+def test_slim_drops_managed_fields_and_last_applied_without_touching_the_original() -> None:
+    original = obj(
+        "a",
+        "1",
+        metadata={
+            "managedFields": [{"manager": "kubectl"}],
+            "annotations": {LAST_APPLIED: "{...}", "keep": "me"},
+            "labels": {"x": "y"},
+        },
+        spec={"p": 1},
+    )
+    slimmed = slim(original)
+    assert "managedFields" not in slimmed["metadata"]
+    assert slimmed["metadata"]["annotations"] == {"keep": "me"}
+    assert slimmed["metadata"]["labels"] == {"x": "y"}
+    assert slimmed["spec"] == {"p": 1}
+    assert "managedFields" in original["metadata"]
+    assert LAST_APPLIED in original["metadata"]["annotations"]
+
+
+def test_slim_removes_annotations_left_empty_and_keeps_lean_objects_as_they_are() -> None:
+    only_last_applied = obj("a", "1", metadata={"annotations": {LAST_APPLIED: "{}"}})
+    assert "annotations" not in slim(only_last_applied)["metadata"]
+    lean = obj("b", "1")
+    assert slim(lean) is lean
+
+
+def test_object_keys() -> None:
+    assert object_key(obj("a", "1", namespace="ns")) == "ns/a"
+    assert object_key({"metadata": {"name": "node-1"}}) == "node-1"
+    assert split_key("ns/a") == ("ns", "a")
+    assert split_key("node-1") == (None, "node-1")
+    with pytest.raises(ValueError, match="malformed"):
+        split_key("ns/a/b")
+    with pytest.raises(ValueError, match=r"no metadata\.name"):
+        object_key({"metadata": {}})
+
+
+def test_owner_helpers() -> None:
+    child = obj(
+        "job",
+        "1",
+        metadata={
+            "ownerReferences": [
+                {"uid": "u1", "kind": "Other"},
+                {"uid": "u2", "kind": "InferenceRun", "controller": True},
+            ]
+        },
+    )
+    assert owner_uids(child) == ["u1", "u2"]
+    assert controller_owner(child) == {"uid": "u2", "kind": "InferenceRun", "controller": True}
+    assert owner_uids(obj("lonely", "1")) == []
+    assert controller_owner(obj("lonely", "1")) is None
+    assert by_namespace(child) == ["ns"]
+
+
+def test_store_indexes_follow_adds_updates_and_removals() -> None:
+    def by_config(o: dict[str, Any]) -> list[str]:
+        ref = o.get("spec", {}).get("configRef")
+        return [f"{o['metadata']['namespace']}/{ref}"] if ref else []
+
+    store = Store({"by-config": by_config})
+    store.upsert(obj("r1", "1", spec={"configRef": "iris"}))
+    store.upsert(obj("r2", "1", spec={"configRef": "iris"}))
+    store.upsert(obj("r3", "1", spec={"configRef": "ttm"}))
+    assert store.index_keys("by-config", "ns/iris") == ["ns/r1", "ns/r2"]
+    store.upsert(obj("r2", "2", spec={"configRef": "ttm"}))
+    assert store.index_keys("by-config", "ns/iris") == ["ns/r1"]
+    assert [o["metadata"]["name"] for o in store.by_index("by-config", "ns/ttm")] == ["r2", "r3"]
+    store.remove("ns/r1")
+    assert store.index_keys("by-config", "ns/iris") == []
+    assert store.index_keys("by-config", "nowhere") == []
+    store.add_indexer("by-namespace", by_namespace)  # built over what is there already
+    assert store.index_keys("by-namespace", "ns") == ["ns/r2", "ns/r3"]
+    with pytest.raises(KeyError, match="no index named"):
+        store.index_keys("missing", "x")
+    with pytest.raises(ValueError, match="exists already"):
+        store.add_indexer("by-config", by_config)
+
+
+def test_store_lists_by_namespace() -> None:
+    store = Store()
+    store.upsert(obj("a", "1", namespace="one"))
+    store.upsert(obj("b", "1", namespace="two"))
+    assert [o["metadata"]["name"] for o in store.list("one")] == ["a"]
+    assert len(store.list()) == 2
+    assert "two/b" in store
+    assert len(store) == 2
+
+
+def test_backoff_doubles_from_0_8s_jittered_and_capped_at_30s() -> None:
+    backoff = Backoff(rng=random.Random(1))
+    delays = [backoff.next() for _ in range(10)]
+    bases = [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30, 30, 30, 30]
+    for delay, base in zip(delays, bases, strict=True):
+        assert min(base, 30) <= delay <= min(2 * base, 30)
+    assert len(set(delays[:5])) == 5  # jittered, not fixed steps
+    backoff.reset()
+    assert 0.8 <= backoff.next() < 1.6
+    with pytest.raises(ValueError, match="initial"):
+        Backoff(initial=0)
+
+
+# ------------------------------------------------------------ events and relists
+
+
+def test_watch_events_update_the_cache_and_call_the_handlers(source: FakeSource) -> None:
+    informer = Informer(source, RUNS)
+    seen = Recorder(informer)
+    assert informer.handle_event(ev("ADDED", obj("a", "5"))) == "5"
+    assert informer.handle_event(ev("MODIFIED", obj("a", "6", spec={"x": 1}))) == "6"
+    assert informer.get("ns", "a")["spec"] == {"x": 1}  # type: ignore[index]
+    assert informer.handle_event(bookmark("9")) == "9"
+    assert informer.handle_event(ev("DELETED", obj("a", "10"))) == "10"
+    assert informer.get_by_key("ns/a") is None
+    assert seen.calls == [
+        ("add", "ns/a", "5"),
+        ("update", "ns/a", "5", "6"),
+        ("delete", "ns/a", "10"),
+    ]
+
+
+def test_watch_events_are_slimmed_before_caching(source: FakeSource) -> None:
+    informer = Informer(source, RUNS)
+    informer.handle_event(ev("ADDED", obj("a", "1", metadata={"managedFields": [{}]})))
+    assert "managedFields" not in informer.get("ns", "a")["metadata"]  # type: ignore[index]
+
+
+def test_own_writes_are_assumed_into_the_cache_without_a_second_notification(
+    source: FakeSource,
+) -> None:
+    informer = Informer(source, RUNS)
+    seen = Recorder(informer)
+    created = obj("job", "5", metadata={"managedFields": [{}]})
+    informer.assume(created)
+    assert informer.get("ns", "job") == slim(created)
+    assert seen.calls == []
+    informer.handle_event(ev("ADDED", created))  # the watch catches up: nothing new
+    assert seen.calls == []
+    informer.handle_event(ev("MODIFIED", obj("job", "6")))  # someone else's change
+    assert seen.calls == [("update", "ns/job", "5", "6")]
+    informer.assume(obj("job", "5"))  # a late answer never rolls the cache back
+    assert informer.get("ns", "job")["metadata"]["resourceVersion"] == "6"  # type: ignore[index]
+    informer.assume_deleted("ns/job")
+    assert informer.get("ns", "job") is None
+    informer.handle_event(ev("DELETED", obj("job", "7")))
+    assert seen.calls[-1] == ("delete", "ns/job", "7")
+
+
+def test_error_events_expire_or_fail_the_watch(source: FakeSource) -> None:
+    informer = Informer(source, RUNS)
+    with pytest.raises(WatchExpired):
+        informer.handle_event(error_event(410))
+    with pytest.raises(WatchFailed, match="500"):
+        informer.handle_event(error_event(500))
+    with pytest.raises(WatchFailed, match="without an object"):
+        informer.handle_event({"type": "ADDED"})
+
+
+def test_a_failing_handler_neither_stops_the_others_nor_the_informer(source: FakeSource) -> None:
+    informer = Informer(source, RUNS)
+
+    def boom(o: dict[str, Any]) -> None:
+        raise RuntimeError("handler bug")
+
+    informer.add_event_handler(on_add=boom)
+    seen = Recorder(informer)
+    informer.handle_event(ev("ADDED", obj("a", "1")))
+    assert seen.calls == [("add", "ns/a", "1")]
+    assert informer.get("ns", "a") is not None
+
+
+def test_replace_turns_a_relist_into_adds_updates_and_deletes(source: FakeSource) -> None:
+    informer = Informer(source, RUNS)
+    informer.replace(None, [obj("same", "1"), obj("changed", "1"), obj("vanished", "1")])
+    seen = Recorder(informer)
+    seen.calls.clear()  # the replay of cached objects to on_add
+    informer.replace(None, [obj("same", "1"), obj("changed", "2"), obj("new", "3")])
+    assert sorted(seen.calls) == [
+        ("add", "ns/new", "3"),
+        ("delete", "ns/vanished", "1"),
+        ("update", "ns/changed", "1", "2"),
+    ]
+
+
+def test_replace_of_one_namespace_leaves_the_others_alone(source: FakeSource) -> None:
+    informer = Informer(source, RUNS, namespaces=["a", "b"])
+    informer.replace("a", [obj("x", "1", namespace="a")])
+    assert not informer.has_synced()
+    informer.replace("b", [obj("y", "1", namespace="b")])
+    assert informer.has_synced()
+    informer.replace("a", [])
+    assert informer.get("a", "x") is None
+    assert informer.get("b", "y") is not None
+
+
+def test_add_event_handler_replays_the_cache(source: FakeSource) -> None:
+    informer = Informer(source, RUNS)
+    informer.replace(None, [obj("a", "1"), obj("b", "2")])
+    seen = Recorder(informer)
+    assert sorted(seen.calls) == [("add", "ns/a", "1"), ("add", "ns/b", "2")]
+
+
+def test_cluster_scoped_resources_take_no_namespaces(source: FakeSource) -> None:
+    nodes = Resource("", "v1", "nodes", "Node", namespaced=False)
+    with pytest.raises(ValueError, match="cluster-scoped"):
+        Informer(source, nodes, namespaces=["a"])
+
+
+# ---------------------------------------------------------------- the loop itself
+
+
+@pytest.mark.looptime
+async def test_lists_every_page_then_watches_from_the_list_version(
+    source: FakeSource, running: list[asyncio.Task[None]]
+) -> None:
+    source.script_list(
+        None,
+        page([obj("a", "3")], "10", cont="next"),
+        page([obj("b", "4")], "10"),
+    )
+    informer = Informer(source, RUNS, label_selector="app=x", rng=random.Random(5), page_size=1)
+    seen = Recorder(informer)
+    start(informer, running)
+    await informer.wait_for_sync()
+    await asyncio.sleep(1)
+    assert informer.has_synced()
+    assert [c["continue"] for c in source.list_calls] == [None, "next"]
+    assert all(c["label_selector"] == "app=x" and c["limit"] == 1 for c in source.list_calls)
+    assert sorted(seen.calls) == [("add", "ns/a", "3"), ("add", "ns/b", "4")]
+    (watch,) = source.watch_calls
+    assert watch["resource_version"] == "10"
+    assert watch["allow_bookmarks"] is True
+    assert watch["label_selector"] == "app=x"
+    assert 300 <= watch["timeout_seconds"] <= 600
+
+
+@pytest.mark.looptime
+async def test_listed_items_get_the_type_that_lists_leave_out(
+    source: FakeSource, running: list[asyncio.Task[None]]
+) -> None:
+    bare = {"metadata": {"name": "a", "namespace": "ns", "resourceVersion": "3"}}
+    source.script_list(None, page([bare], "10"))
+    informer = Informer(source, RUNS)
+    start(informer, running)
+    await informer.wait_for_sync()
+    cached = informer.get("ns", "a")
+    assert cached is not None
+    assert (cached["apiVersion"], cached["kind"]) == ("ai.krateo.io/v1", "InferenceRun")
+
+
+@pytest.mark.looptime
+async def test_watch_timeouts_are_randomised_between_5_and_10_minutes(
+    source: FakeSource, running: list[asyncio.Task[None]]
+) -> None:
+    source.script_list(None, page([], "10"))
+    source.script_watch(None, *([END] for _ in range(20)))
+    informer = Informer(source, RUNS, rng=random.Random(11))
+    start(informer, running)
+    await asyncio.sleep(200)
+    timeouts = [c["timeout_seconds"] for c in source.watch_calls]
+    assert len(timeouts) == 21
+    assert all(300 <= t <= 600 for t in timeouts)
+    assert len(set(timeouts)) > 10
+
+
+@pytest.mark.looptime
+async def test_a_watch_the_server_ends_is_reopened_from_the_last_version_without_a_list(
+    source: FakeSource, running: list[asyncio.Task[None]]
+) -> None:
+    source.script_list(None, page([], "10"))
+    source.script_watch(
+        None,
+        [ev("ADDED", obj("a", "11")), bookmark("15"), END],
+        [ev("MODIFIED", obj("a", "16")), END],
+    )
+    informer = Informer(source, RUNS)
+    start(informer, running)
+    await asyncio.sleep(30)
+    assert [c["resource_version"] for c in source.watch_calls] == ["10", "15", "16"]
+    assert len(source.list_calls) == 1
+    # reopened at once, not after a backoff
+    assert source.watch_calls[1]["at"] == source.watch_calls[0]["at"] + 5
+    assert source.closed_streams == 2
+    assert informer.last_resource_version() == "16"
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize(
+    "expiry",
+    [pytest.param([error_event(410)], id="error-event"), pytest.param([Gone(410)], id="http-410")],
+)
+async def test_410_gone_relists_and_reports_what_changed_meanwhile(
+    source: FakeSource, running: list[asyncio.Task[None]], expiry: list[Any]
+) -> None:
+    metrics = Metrics()
+    source.script_list(
+        None,
+        page([obj("stays", "1"), obj("goes", "2"), obj("changes", "3")], "10"),
+        page([obj("stays", "1"), obj("changes", "20"), obj("arrives", "21")], "30"),
+    )
+    source.script_watch(None, [ev("ADDED", obj("early", "11")), *expiry])
+    informer = Informer(source, RUNS, metrics=metrics)
+    seen = Recorder(informer)
+    start(informer, running)
+    await asyncio.sleep(1)
+    assert len(source.list_calls) == 2
+    assert [c["resource_version"] for c in source.watch_calls] == ["10", "30"]
+    assert seen.calls[3:] == [
+        ("add", "ns/early", "11"),
+        # the relist, diffed against the cache
+        ("update", "ns/changes", "3", "20"),
+        ("add", "ns/arrives", "21"),
+        ("delete", "ns/goes", "2"),
+        ("delete", "ns/early", "11"),
+    ]
+    assert sorted(o["metadata"]["name"] for o in informer.list()) == ["arrives", "changes", "stays"]
+    assert (
+        metrics.registry.get_sample_value(
+            "informer_watch_errors_total",
+            {"resource": "inferenceruns.ai.krateo.io", "reason": "gone"},
+        )
+        == 1
+    )
+    assert (
+        metrics.registry.get_sample_value(
+            "informer_lists_total", {"resource": "inferenceruns.ai.krateo.io"}
+        )
+        == 2
+    )
+
+
+@pytest.mark.looptime
+async def test_repeated_410s_back_off_instead_of_relisting_in_a_loop(
+    source: FakeSource, running: list[asyncio.Task[None]]
+) -> None:
+    source.script_list(None, *(page([], str(10 * i)) for i in range(1, 6)))
+    source.script_watch(None, *([Gone(410)] for _ in range(4)))
+    informer = Informer(source, RUNS, rng=random.Random(2))
+    start(informer, running)
+    await asyncio.sleep(120)
+    times = [c["at"] for c in source.list_calls]
+    assert len(times) == 5
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert gaps[0] == 0  # the first relist is immediate
+    assert 0.8 <= gaps[1] < 1.6
+    assert 1.6 <= gaps[2] < 3.2
+
+
+@pytest.mark.looptime
+async def test_errors_back_off_jittered_and_resume_from_the_same_version(
+    source: FakeSource, running: list[asyncio.Task[None]]
+) -> None:
+    source.script_list(None, page([], "10"))
+    source.script_watch(
+        None,
+        [TransportError(0, "ClientConnectionError")],
+        [ApiError(500, "InternalError")],
+        [error_event(500)],
+        [ev("ADDED", obj("a", "12")), TransportError(0, "reset")],
+        [TransportError(0, "refused")],
+    )
+    informer = Informer(source, RUNS, rng=random.Random(3))
+    start(informer, running)
+    await asyncio.sleep(200)
+    calls = source.watch_calls
+    assert [c["resource_version"] for c in calls] == ["10", "10", "10", "10", "12", "12"]
+    gaps = [b["at"] - a["at"] for a, b in itertools.pairwise(calls)]
+    assert 0.8 <= gaps[0] < 1.6
+    assert 1.6 <= gaps[1] < 3.2
+    assert 3.2 <= gaps[2] < 6.4
+    assert 0.8 <= gaps[3] < 1.6  # an event reset the backoff
+    assert 1.6 <= gaps[4] < 3.2
+    assert len(source.list_calls) == 1
+
+
+@pytest.mark.looptime
+async def test_a_watch_that_ends_at_once_without_events_backs_off(
+    source: FakeSource, running: list[asyncio.Task[None]]
+) -> None:
+    source.script_list(None, page([], "10"))
+    source.script_watch(None, [], [], [])
+    informer = Informer(source, RUNS, rng=random.Random(4))
+    start(informer, running)
+    await asyncio.sleep(60)
+    times = [c["at"] for c in source.watch_calls]
+    assert len(times) == 4
+    assert times[1] - times[0] >= 0.8
+    assert times[2] - times[1] >= 1.6
+
+
+@pytest.mark.looptime
+async def test_list_failures_back_off_and_sync_waits_for_a_list(
+    source: FakeSource, running: list[asyncio.Task[None]]
+) -> None:
+    source.script_list(
+        None,
+        ApiError(403, "Forbidden"),
+        TransportError(0, "refused"),
+        page([obj("a", "1")], "10"),
+    )
+    informer = Informer(source, RUNS, rng=random.Random(6))
+    start(informer, running)
+    await asyncio.sleep(0.5)
+    assert not informer.has_synced()
+    await asyncio.wait_for(informer.wait_for_sync(), timeout=10)
+    times = [c["at"] for c in source.list_calls]
+    assert 0.8 <= times[1] - times[0] < 1.6
+    assert 1.6 <= times[2] - times[1] < 3.2
+    assert informer.get("ns", "a") is not None
+
+
+@pytest.mark.looptime
+async def test_several_namespaces_get_one_watch_each_and_one_cache(
+    source: FakeSource, running: list[asyncio.Task[None]]
+) -> None:
+    source.script_list("a", page([obj("x", "1", namespace="a")], "10"))
+    source.script_list("b", page([obj("y", "2", namespace="b")], "20"))
+    source.script_watch("b", [ev("ADDED", obj("z", "21", namespace="b")), HANG])
+    informer = Informer(source, RUNS, namespaces=["a", "b", "a"])
+    start(informer, running)
+    await asyncio.wait_for(informer.wait_for_sync(), timeout=5)
+    await asyncio.sleep(1)
+    assert sorted(c["namespace"] for c in source.list_calls) == ["a", "b"]
+    assert sorted((c["namespace"], c["resource_version"]) for c in source.watch_calls) == [
+        ("a", "10"),
+        ("b", "20"),
+    ]
+    assert sorted(object_key(o) for o in informer.list()) == ["a/x", "b/y", "b/z"]
+    assert [object_key(o) for o in informer.list("b")] == ["b/y", "b/z"]
+
+
+@pytest.mark.looptime
+async def test_not_synced_until_every_namespace_listed(
+    source: FakeSource, running: list[asyncio.Task[None]]
+) -> None:
+    source.script_list("a", page([], "10"))
+    informer = Informer(source, RUNS, namespaces=["a", "b"])  # b's list hangs
+    start(informer, running)
+    await asyncio.sleep(60)
+    assert not informer.has_synced()
+
+
+@pytest.mark.looptime
+async def test_cancelling_the_informer_closes_its_watch(source: FakeSource) -> None:
+    source.script_list(None, page([], "10"))
+    informer = Informer(source, RUNS)
+    task = asyncio.create_task(informer.run())
+    await asyncio.sleep(1)
+    assert len(source.watch_calls) == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert source.closed_streams == 1

@@ -1,0 +1,170 @@
+"""Structured logging and credential redaction (controller/logging.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+import structlog
+
+from controller.logging import (
+    REDACTED,
+    bound,
+    configure_logging,
+    get_logger,
+    is_secret_key,
+    redact_text,
+    redact_value,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def unconfigure(buffer: io.StringIO) -> None:
+    structlog.reset_defaults()
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.StreamHandler) and handler.stream is buffer:
+            root.removeHandler(handler)
+
+
+@pytest.fixture
+def stream() -> Iterator[io.StringIO]:
+    buffer = io.StringIO()
+    configure_logging("DEBUG", "json", buffer)
+    yield buffer
+    unconfigure(buffer)
+
+
+def lines(stream: io.StringIO) -> list[dict[str, object]]:
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "Authorization",
+        "proxy-authorization",
+        "token",
+        "access_token",
+        "serviceAccountToken",
+        "password",
+        "PASSWORD",
+        "client_secret",
+        "api-key",
+        "x_api_key",
+        "Cookie",
+        "client-key-data",
+        "privateKey",
+    ],
+)
+def test_secret_keys(key: str) -> None:
+    assert is_secret_key(key)
+
+
+@pytest.mark.parametrize(
+    "key", ["secret_name", "secretRef", "tokens_used", "username", "run", "server-url"]
+)
+def test_keys_that_only_name_a_secret_are_kept(key: str) -> None:
+    assert not is_secret_key(key)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Authorization: Bearer eyJhbGciOi.abc.def", "Authorization: Bearer [REDACTED]"),
+        ("header Basic dXNlcjpwYXNz end", "header Basic [REDACTED] end"),
+        ("token=abc123&x=1", "token=[REDACTED]&x=1"),
+        ('{"password": "hunter2"}', '{"password": "[REDACTED]"}'),
+        ("api_key: sk-12345", "api_key: [REDACTED]"),
+        ("https://user:hunter2@db.example/x", "https://user:[REDACTED]@db.example/x"),
+        ("nothing to see here", "nothing to see here"),
+        ("tokenizer ready", "tokenizer ready"),
+    ],
+)
+def test_credentials_inside_strings(text: str, expected: str) -> None:
+    assert redact_text(text) == expected
+
+
+def test_nested_structures_are_walked_without_touching_the_original() -> None:
+    original = {
+        "contract": {
+            "input": {"krateo": {"api": {"headers": ["Authorization: Bearer abcdef12"]}}},
+            "credentials": {"username": "u", "password": "p"},
+        },
+        "items": ({"token": "t0k3n"}, "ok"),
+        "empty_password": "",
+    }
+    redacted = redact_value(original)
+    assert redacted["contract"]["input"]["krateo"]["api"]["headers"] == [
+        "Authorization: Bearer [REDACTED]"
+    ]
+    assert redacted["contract"]["credentials"] == REDACTED
+    assert redacted["items"] == ({"token": REDACTED}, "ok")
+    assert redacted["empty_password"] == ""
+    assert original["items"] == ({"token": "t0k3n"}, "ok")
+
+
+def test_json_lines_with_the_run_key_bound(stream: io.StringIO) -> None:
+    log = get_logger("controller.reconcile")
+    with bound(run="team-a/iris"):
+        log.info("job created", job="inf-iris-1234abcd")
+        log.debug("detail")
+    log.info("outside")
+    first, second, third = lines(stream)
+    assert first["event"] == "job created"
+    assert first["run"] == "team-a/iris"
+    assert first["level"] == "info"
+    assert first["logger"] == "controller.reconcile"
+    assert "timestamp" in first
+    assert second["run"] == "team-a/iris"
+    assert "run" not in third
+
+
+def test_no_credential_reaches_the_stream(stream: io.StringIO) -> None:
+    log = get_logger("controller.test")
+    log.warning(
+        "storage call failed",
+        headers={"Authorization": "Bearer s3cr3t-value"},
+        url="https://admin:s3cr3t-value@storage/x",
+        detail="password=s3cr3t-value",
+    )
+    logging.getLogger("aiohttp.client").error("sent Authorization: Bearer s3cr3t-value")
+    try:
+        raise RuntimeError("token=s3cr3t-value")
+    except RuntimeError:
+        log.exception("failed")
+    output = stream.getvalue()
+    assert "s3cr3t-value" not in output
+    records = lines(stream)
+    assert len(records) == 3
+    assert records[1]["logger"] == "aiohttp.client"  # stdlib loggers are JSON too
+    assert "RuntimeError" in str(records[2]["exception"])
+
+
+def test_level_filters_lines() -> None:
+    buffer = io.StringIO()
+    configure_logging("WARNING", "json", buffer)
+    try:
+        log = get_logger("controller.test")
+        log.info("quiet")
+        log.warning("loud")
+        assert [line["event"] for line in lines(buffer)] == ["loud"]
+    finally:
+        unconfigure(buffer)
+
+
+def test_console_format_is_redacted_too() -> None:
+    buffer = io.StringIO()
+    configure_logging("INFO", "console", buffer)
+    try:
+        get_logger("controller.test").info("hello", token="abc", run="ns/r")
+        output = buffer.getvalue()
+        assert "hello" in output
+        assert "run=ns/r" in output
+        assert "abc" not in output
+    finally:
+        unconfigure(buffer)
