@@ -42,7 +42,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import yaml
 
@@ -243,10 +243,10 @@ class LocalCluster:
             )
         return done
 
-    def audit_events(self, user: str | None = None) -> list[dict[str, object]]:
+    def audit_events(self, user: str | None = None) -> list[dict[str, Any]]:
         """Parsed audit events so far, optionally only those of one user (by kubeconfig name)."""
         name = USERS[user].name if user else None
-        events: list[dict[str, object]] = []
+        events: list[dict[str, Any]] = []
         if not self.audit_log.exists():
             return events
         with self.audit_log.open() as f:

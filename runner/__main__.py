@@ -1,19 +1,72 @@
-"""``python -m runner``: execute one contract (the real runner arrives with the runner issue)."""
+"""``python -m runner``: execute the contract of this pod (see :mod:`runner.app`)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
+import signal
 import sys
+
+from runner import app, logs
+from runner.exitcodes import ExitCode
+
+EPILOG = """\
+exit codes: 0 done, 2 bad contract, 3 input, 4 inference, 5 output, 143 SIGTERM.
+The termination message (TERMINATION_LOG_PATH, default /dev/termination-log) holds
+{"rows", "predictions", "durationSeconds"} on success, a one-line reason otherwise.
+Progress: JSON lines {"event": "progress", "rowsDone", "rowsTotal"} on stdout.
+Environment: CONTRACT_PATH, TERMINATION_LOG_PATH, NODE_AGENT_ROOT, pod_uid,
+POD_NAMESPACE, JOB_COMPLETION_INDEX, RUNNER_DEADLINE_SECONDS, LOG_LEVEL,
+KUBECONFIG (outside a cluster).
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m runner",
-        description="Reads the contract, fetches the input, calls the model, stores predictions.",
+        description=(
+            "Reads the contract (/tmp/contract.json or $CONTRACT_PATH), fetches the input, "
+            "calls the model over the Open Inference Protocol and stores the predictions."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.parse_args(argv)
-    print("the runner is not implemented yet", file=sys.stderr)
-    return 2
+    parser.add_argument("--contract", help="contract file (overrides CONTRACT_PATH)")
+    parser.add_argument(
+        "--termination-log", help="termination message file (overrides TERMINATION_LOG_PATH)"
+    )
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("LOG_LEVEL", "info"),
+        help="debug, info, warning or error (default: $LOG_LEVEL or info)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        logs.configure(args.log_level)
+    except ValueError as error:
+        parser.error(str(error))
+    environ = dict(os.environ)
+    if args.contract:
+        environ["CONTRACT_PATH"] = args.contract
+    if args.termination_log:
+        environ["TERMINATION_LOG_PATH"] = args.termination_log
+    return asyncio.run(_run_until_sigterm(environ))
+
+
+async def _run_until_sigterm(environ: dict[str, str]) -> int:
+    # SIGTERM (activeDeadlineSeconds, pod deletion) cancels the run, which then
+    # still writes a termination message saying where it was stopped.
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    if task is not None:
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await app.run(environ)
+    except asyncio.CancelledError:
+        return int(ExitCode.TERMINATED)
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 if __name__ == "__main__":

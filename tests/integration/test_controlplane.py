@@ -207,7 +207,4 @@ async def test_users_are_authenticated_and_audited(cluster: LocalCluster, namesp
     assert denied.returncode != 0
     assert 'User "kserve-inference-controller" cannot list resource "pods"' in denied.stderr
     events = cluster.audit_events("controller")
-    assert any(
-        e["verb"] == "list" and e["objectRef"]["namespace"] == namespace  # type: ignore[index]
-        for e in events
-    )
+    assert any(e["verb"] == "list" and e["objectRef"]["namespace"] == namespace for e in events)

@@ -1,0 +1,382 @@
+"""One run: contract -> input -> inference -> output, and what the controller sees of it.
+
+:func:`run` is the whole process minus argument parsing: it reads the
+environment, loads and validates the contract, executes it, writes the
+termination message and returns the exit code (:mod:`runner.exitcodes`). The
+Secret source is a parameter, so tests run real runs in-process against an
+in-memory one.
+
+Order of work, each step failing with its stage's exit code:
+
+1. contract (2): parse and validate the contract, the model URL, both storage
+   entries and the sharding environment, before any I/O;
+2. input (3): read the input storage's Secret and rows;
+3. output credentials (5): read the output storage's Secret *before* predicting,
+   so a missing Secret costs seconds, not a whole inference;
+4. inference (4): batches to the model, progress lines on stdout;
+5. output (5): store the predictions, only after every batch succeeded, so a
+   failed run leaves no half-written predictions behind.
+
+Environment: ``CONTRACT_PATH``, ``TERMINATION_LOG_PATH``, ``NODE_AGENT_ROOT``
+(:mod:`runner.paths`); ``pod_uid`` (upstream's downward-API variable; ``POD_UID``
+also works); ``POD_NAMESPACE`` (:func:`runner.secrets.pod_namespace`);
+``JOB_COMPLETION_INDEX`` for sharded runs; ``RUNNER_DEADLINE_SECONDS``, the
+whole run's deadline for retries and requests (none by default: the Job's
+``activeDeadlineSeconds`` still applies); ``LOG_LEVEL``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from pydantic import ValidationError
+
+from runner import paths, storage, termination
+from runner.batching import Deadline, GaveUp, Transient, shard
+from runner.contract import Contract
+from runner.exitcodes import (
+    STAGE_ERRORS,
+    ContractError,
+    ExitCode,
+    InferenceError,
+    InputError,
+    OutputError,
+    RunnerError,
+)
+from runner.inference import (
+    BatchPlan,
+    ModelClient,
+    ModelEndpoint,
+    ModelRefused,
+    ShapeMismatch,
+    check_rows,
+    endpoint_from_contract,
+    predict,
+    resolve_tensor_spec,
+)
+from runner.logs import get_logger
+from runner.progress import EVENT as PROGRESS_EVENT
+from runner.progress import Progress, ProgressTracker
+from runner.redact import REDACTOR
+from runner.secrets import (
+    KubernetesSecretReader,
+    RedactingSecretReader,
+    SecretReader,
+    pod_namespace,
+)
+from runner.storage.base import StorageContext, StorageError, StorageProvider, explain
+from runner.termination import RunResult
+
+
+@dataclass(frozen=True)
+class RunnerEnv:
+    contract_path: Path
+    termination_log_path: Path
+    pod_uid: str
+    namespace: str
+    completion_index: str | None
+    deadline_seconds: float | None
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> RunnerEnv:
+        raw_deadline = environ.get("RUNNER_DEADLINE_SECONDS", "").strip()
+        deadline = None
+        if raw_deadline:
+            try:
+                deadline = float(raw_deadline)
+            except ValueError:
+                deadline = -1.0
+            if not deadline > 0:
+                raise ContractError(
+                    f"RUNNER_DEADLINE_SECONDS must be a positive number, got {raw_deadline!r}"
+                )
+        return cls(
+            contract_path=paths.contract_path(environ),
+            termination_log_path=paths.termination_log_path(environ),
+            pod_uid=environ.get("pod_uid") or environ.get("POD_UID") or "",
+            namespace=pod_namespace(environ),
+            completion_index=environ.get("JOB_COMPLETION_INDEX"),
+            deadline_seconds=deadline,
+        )
+
+
+@dataclass
+class RunState:
+    """Where the run is; read when something unexpected (or SIGTERM) stops it."""
+
+    stage: str = "contract"
+    rows_done: int = 0
+    rows_total: int = 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A contract checked and turned into what the run needs."""
+
+    contract: Contract
+    model: ModelEndpoint
+    input: StorageProvider
+    output: StorageProvider
+    batches: BatchPlan
+    shard_count: int
+    shard_index: int
+    parameters: dict[str, str] = field(default_factory=dict)
+
+
+def load_contract(path: Path) -> Contract:
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise ContractError(f"cannot read the contract at {path}: {error.strerror}") from None
+    try:
+        document = orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
+        raise ContractError(f"the contract at {path} is not JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise ContractError(f"the contract at {path} is not a JSON object")
+    try:
+        return Contract.model_validate(document)
+    except ValidationError as error:
+        raise ContractError(f"invalid contract: {explain(error)}") from None
+
+
+def plan(contract: Contract, env: RunnerEnv) -> Plan:
+    """Everything that can be checked without I/O; :class:`ContractError` otherwise."""
+    model = endpoint_from_contract(contract.kserve)
+    parameters = dict(contract.parameters or {})
+    try:
+        input_provider = storage.resolve(contract.input, "input", parameters)
+        output_provider = storage.resolve(contract.output, "output", parameters)
+    except ValueError as error:
+        raise ContractError(str(error)) from None
+    count = contract.sharding.count if contract.sharding else 1
+    index = 0
+    if count > 1:
+        raw = (env.completion_index or "").strip()
+        if not raw.isdigit() or int(raw) >= count:
+            raise ContractError(
+                f"sharding.count is {count}, so JOB_COMPLETION_INDEX must be an integer in "
+                f"[0, {count}), got {env.completion_index!r}"
+            )
+        index = int(raw)
+    return Plan(
+        contract=contract,
+        model=model,
+        input=input_provider,
+        output=output_provider,
+        batches=BatchPlan.from_contract(contract.batching),
+        shard_count=count,
+        shard_index=index,
+        parameters=parameters,
+    )
+
+
+async def execute(
+    work: Plan,
+    env: RunnerEnv,
+    secrets: SecretReader,
+    state: RunState,
+    log: Any,
+    clock: Callable[[], float] = time.monotonic,
+) -> RunResult:
+    started = clock()
+    deadline = Deadline(env.deadline_seconds, clock)
+    connector = aiohttp.TCPConnector(limit=work.batches.concurrency + 2)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        ctx = StorageContext(
+            session=session,
+            secrets=secrets,
+            namespace=env.namespace,
+            job_id=work.contract.job_id,
+            pod_uid=env.pod_uid,
+            parameters=work.parameters,
+            deadline=deadline,
+            log=log,
+        )
+        state.stage = "input"
+        try:
+            await work.input.prepare(ctx)
+            rows = await work.input.load_rows(ctx)
+            check_rows(rows)
+        except (StorageError, ValueError) as error:
+            raise InputError(str(error)) from None
+        total = len(rows)
+        rows = shard(rows, work.shard_count, work.shard_index)
+        log.info("input loaded", rows=total, shardRows=len(rows), provider=work.input.key)
+        input_done = clock()
+
+        state.stage = "output"
+        try:
+            await work.output.prepare(ctx)
+        except StorageError as error:
+            raise OutputError(str(error)) from None
+
+        state.stage = "inference"
+        state.rows_total = len(rows)
+        predictions = await _infer(
+            work, ModelClient(session, work.model), rows, deadline, state, log
+        )
+        inference_done = clock()
+
+        state.stage = "output"
+        try:
+            await work.output.store(ctx, predictions)
+        except StorageError as error:
+            raise OutputError(str(error)) from None
+        finished = clock()
+    log.info(
+        "stage timings",
+        inputSeconds=round(input_done - started, 3),
+        inferenceSeconds=round(inference_done - input_done, 3),
+        outputSeconds=round(finished - inference_done, 3),
+    )
+    return RunResult(
+        rows=len(rows), predictions=len(predictions), duration_seconds=finished - started
+    )
+
+
+async def _infer(
+    work: Plan,
+    client: ModelClient,
+    rows: list[Any],
+    deadline: Deadline,
+    state: RunState,
+    log: Any,
+) -> list[Any]:
+    shard_fields = (
+        {"shardIndex": work.shard_index, "shardCount": work.shard_count}
+        if work.shard_count > 1
+        else {}
+    )
+
+    def emit(progress: Progress) -> None:
+        state.rows_done = progress.rows_done
+        log.info(PROGRESS_EVENT, **progress.fields(), **shard_fields)
+
+    tracker = ProgressTracker(len(rows), emit)
+    if not rows:
+        log.warning("the input has no rows: nothing to predict")
+        tracker.report()
+        return []
+    metadata = []
+    if client.endpoint.protocol == "v2":
+        metadata = await client.fetch_metadata(deadline.cap(work.batches.request_timeout))
+    try:
+        spec = resolve_tensor_spec(rows[0], work.contract.kserve.model_input_name, metadata)
+    except ShapeMismatch as error:
+        raise InferenceError(str(error)) from None
+    log.info(
+        "inference started",
+        url=client.endpoint.url,
+        protocol=client.endpoint.protocol,
+        input=spec.name,
+        datatype=spec.datatype,
+        shape=[-1, *spec.row_shape],
+        batchSize=work.batches.batch_size,
+        concurrency=work.batches.concurrency,
+    )
+
+    def on_retry(attempt: int, error: Transient, wait: float) -> None:
+        log.warning(
+            "model request failed, retrying",
+            attempt=attempt,
+            error=error.message,
+            retryInSeconds=round(wait, 2),
+        )
+
+    try:
+        async with tracker.running():
+            return await predict(
+                client,
+                spec,
+                rows,
+                work.batches,
+                deadline,
+                on_batch_done=tracker.advance,
+                on_retry=on_retry,
+            )
+    except (ModelRefused, GaveUp) as error:
+        raise InferenceError(error.message) from None
+
+
+async def run(
+    environ: Mapping[str, str] | None = None,
+    *,
+    secrets: SecretReader | None = None,
+) -> int:
+    """Run the contract the environment points at; returns the exit code."""
+    env_map = dict(os.environ if environ is None else environ)
+    started = time.monotonic()
+    state = RunState()
+    log = get_logger()
+    kubernetes: KubernetesSecretReader | None = None
+    termination_path = paths.termination_log_path(env_map)
+    try:
+        env = RunnerEnv.from_environ(env_map)
+        contract = load_contract(env.contract_path)
+        log = log.bind(jobId=contract.job_id, jobName=contract.job_name)
+        work = plan(contract, env)
+        log.info(
+            "contract loaded",
+            modelUrl=contract.kserve.model_url,
+            input=work.input.key,
+            output=work.output.key,
+            parameters=sorted(work.parameters),
+            shardIndex=work.shard_index,
+            shardCount=work.shard_count,
+        )
+        if not env.pod_uid:
+            log.warning("no pod_uid in the environment: predictions are stored with an empty one")
+        if secrets is None:
+            kubernetes = KubernetesSecretReader(env_map)
+            secrets = kubernetes
+        result = await execute(work, env, RedactingSecretReader(secrets), state, log)
+    except RunnerError as error:
+        return _fail(log, termination_path, error.stage, error.message, error.exit_code)
+    except asyncio.CancelledError:
+        reason = f"stopped during {state.stage} after {state.rows_done}/{state.rows_total} rows"
+        return _fail(log, termination_path, "terminated", reason, ExitCode.TERMINATED)
+    except Exception as error:
+        log.exception("unexpected error", stage=state.stage)
+        failure = STAGE_ERRORS[state.stage]
+        return _fail(
+            log,
+            termination_path,
+            failure.stage,
+            f"unexpected {type(error).__name__}: {error}",
+            failure.exit_code,
+        )
+    finally:
+        if kubernetes is not None:
+            await kubernetes.close()
+    message = termination.success_message(result)
+    log.info(
+        "run succeeded",
+        rows=result.rows,
+        predictions=result.predictions,
+        durationSeconds=round(time.monotonic() - started, 3),
+    )
+    _write_termination(log, termination_path, message)
+    return ExitCode.DONE
+
+
+def _fail(log: Any, path: Path, stage: str, reason: str, code: ExitCode) -> int:
+    message = termination.failure_message(stage, reason, REDACTOR)
+    log.error("run failed", stage=stage, exitCode=int(code), reason=message)
+    _write_termination(log, path, message)
+    return int(code)
+
+
+def _write_termination(log: Any, path: Path, message: str) -> None:
+    try:
+        termination.write(path, REDACTOR.redact(message))
+    except OSError as error:
+        log.warning("cannot write the termination message", path=str(path), error=error.strerror)

@@ -1,0 +1,129 @@
+"""The runner's live progress channel, and its parser for the controller.
+
+**Format.** While it predicts, the runner prints one JSON object per line on
+stdout, at most every :data:`INTERVAL_SECONDS` and once more at the end of the
+inference stage::
+
+    {"event": "progress", "rowsDone": 2048, "rowsTotal": 100000, ...}
+
+Other keys (``timestamp``, ``level``, ``shardIndex``) may appear and are
+ignored by the parser. ``rowsTotal`` is the number of rows this pod handles (its
+shard, when the run is sharded).
+
+**Reading it.** The controller reads the tail of the runner pod's log
+(``pods/log`` with ``tailLines``) while the pod runs and passes it to
+:func:`last_progress`, which returns the newest valid progress line. Lines that
+are not JSON, or not progress, are skipped, so the log may contain anything else,
+and a line prefix such as the RFC 3339 timestamp of ``timestamps=true`` is
+tolerated. No extra permission is needed by the runner for this channel; the
+final numbers also travel in the termination message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+EVENT = "progress"
+INTERVAL_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class Progress:
+    rows_done: int
+    rows_total: int
+
+    @property
+    def fraction(self) -> float:
+        return 1.0 if self.rows_total == 0 else min(1.0, self.rows_done / self.rows_total)
+
+    def fields(self) -> dict[str, Any]:
+        """The keys of a progress line, besides ``"event": "progress"``."""
+        return {"rowsDone": self.rows_done, "rowsTotal": self.rows_total}
+
+
+def parse_line(line: str) -> Progress | None:
+    start = line.find("{")
+    if start < 0:
+        return None
+    try:
+        obj = orjson.loads(line[start:])
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or obj.get("event") != EVENT:
+        return None
+    done, total = _count(obj.get("rowsDone")), _count(obj.get("rowsTotal"))
+    if done is None or total is None:
+        return None
+    return Progress(rows_done=done, rows_total=total)
+
+
+def _count(value: Any) -> int | None:
+    # bool is an int subclass; a row count is never a bool.
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def last_progress(log_text: str) -> Progress | None:
+    """The newest progress line in ``log_text`` (a pod log tail), or None."""
+    for line in reversed(log_text.splitlines()):
+        if EVENT not in line:
+            continue
+        progress = parse_line(line)
+        if progress is not None:
+            return progress
+    return None
+
+
+class ProgressTracker:
+    """Counts rows done and reports them at intervals through ``emit``."""
+
+    def __init__(
+        self,
+        rows_total: int,
+        emit: Callable[[Progress], None],
+        interval: float = INTERVAL_SECONDS,
+    ) -> None:
+        self.rows_total = rows_total
+        self.rows_done = 0
+        self._emit = emit
+        self._interval = interval
+        self._last_emitted: Progress | None = None
+
+    def advance(self, rows: int) -> None:
+        self.rows_done += rows
+
+    def snapshot(self) -> Progress:
+        return Progress(rows_done=self.rows_done, rows_total=self.rows_total)
+
+    def report(self) -> None:
+        """Emit the current progress unless it is what was emitted last."""
+        snapshot = self.snapshot()
+        if snapshot != self._last_emitted:
+            self._emit(snapshot)
+            self._last_emitted = snapshot
+
+    async def report_periodically(self) -> None:
+        """Run until cancelled; the caller reports the final state itself."""
+        while True:
+            await asyncio.sleep(self._interval)
+            self.report()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[ProgressTracker]:
+        """Report now, every interval while the body runs, and once more at its end."""
+        self.report()
+        task = asyncio.create_task(self.report_periodically())
+        try:
+            yield self
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            self.report()

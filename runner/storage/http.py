@@ -1,0 +1,191 @@
+"""``http``: any JSON-over-HTTP service, with its address and credentials in a Secret.
+
+Contract entry (the same for ``input`` and ``output``; keys marked *input* or
+*output* apply to that side only)::
+
+    http:
+      secretRef: {name: my-store, namespace: data}   # namespace defaults to the pod's
+      method: POST            # default POST
+      path: /rows/query       # joined to the Secret's url; default ""
+      headers: ["X-Tenant: a"]   # or a mapping {"X-Tenant": "a"}
+      rowsField: result       # input: where the rows are, dotted ("data.rows"); "" = the body
+      predictionsAs: array    # output: "array" (default) or "string" (JSON-encoded, like krateo)
+      chunkSize: 50000        # output: predictions per request; default all in one
+
+**Secret** keys: ``url`` (required, http or https); ``token`` (Bearer) or
+``username``/``password`` (Basic); ``ca`` (PEM bundle to trust); ``insecure``
+(skip TLS verification: ``true``/``false``).
+
+**Requests.** The run's parameters (all strings) are the JSON body of a POST,
+PUT or PATCH, and the query string of a GET or DELETE. The output body is
+``{"job_uid", "pod_uid", "predictions", ...parameters}`` (parameters may not reuse
+those names) plus ``predictions_offset`` when chunked.
+
+**Answers.** Any non-2xx fails. The input must be JSON with a list of rows at
+``rowsField``. An output answer must be empty or JSON: a 2xx carrying an error
+text is a failure, never a success.
+
+Adding another backend is one more module like this one: see :mod:`runner.storage`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+
+from runner.secrets import SecretError
+from runner.storage.base import (
+    Endpoint,
+    Role,
+    StorageContext,
+    StorageError,
+    build_endpoint,
+    check_parameters,
+    check_stored,
+    chunks,
+    explain,
+    output_body,
+    parse_bool,
+    parse_header_lines,
+    rows_from,
+    send,
+)
+
+KEY = "http"
+OFFSET_KEY = "predictions_offset"
+_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+_QUERY_METHODS = ("GET", "DELETE")
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class SecretRef(_Settings):
+    name: str = Field(min_length=1)
+    namespace: str | None = None
+
+
+class Settings(_Settings):
+    secret_ref: SecretRef
+    method: str = "POST"
+    path: str = ""
+    headers: list[str] | dict[str, str] = Field(default_factory=list)
+    rows_field: str = "result"
+    predictions_as: Literal["array", "string"] = "array"
+    chunk_size: int | None = Field(default=None, ge=1)
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, method: str) -> str:
+        method = method.strip().upper()
+        if method not in _METHODS:
+            raise ValueError(f"method must be one of {', '.join(_METHODS)}")
+        return method
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, headers: list[str] | dict[str, str]) -> list[str] | dict[str, str]:
+        parse_header_lines(headers)
+        return headers
+
+
+class HttpProvider:
+    key = KEY
+
+    def __init__(self, settings: Settings, role: Role) -> None:
+        self.settings = settings
+        self.role = role
+        self.headers = parse_header_lines(settings.headers)
+        self._endpoint: Endpoint | None = None
+
+    async def prepare(self, ctx: StorageContext) -> None:
+        ref = self.settings.secret_ref
+        namespace = ref.namespace or ctx.namespace
+        source = f"Secret {namespace}/{ref.name}"
+        try:
+            data = await ctx.secrets.read(namespace, ref.name)
+        except SecretError as error:
+            raise StorageError(str(error)) from None
+        url = (data.get("url") or "").strip()
+        if not url:
+            raise StorageError(f"{source} has no url")
+        self._endpoint = build_endpoint(
+            url=url,
+            token=data.get("token") or None,
+            username=data.get("username"),
+            password=data.get("password") or None,
+            ca_data=data.get("ca") or None,
+            insecure=parse_bool(data.get("insecure", "").strip(), "insecure"),
+            proxy_url=None,
+            source=source,
+        )
+
+    def _request(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        if self.settings.method in _QUERY_METHODS:
+            return {"body": None, "params": {k: str(v) for k, v in body.items()}}
+        return {"body": orjson.dumps(body), "params": None}
+
+    async def load_rows(self, ctx: StorageContext) -> list[Any]:
+        if self._endpoint is None:
+            raise RuntimeError("prepare() was not called")
+        answer = await send(
+            ctx,
+            self._endpoint,
+            method=self.settings.method,
+            path=self.settings.path,
+            headers=self.headers,
+            retry="all",
+            **self._request(dict(ctx.parameters)),
+        )
+        return rows_from(answer, self.settings.rows_field)
+
+    async def store(self, ctx: StorageContext, predictions: list[Any]) -> None:
+        if self._endpoint is None:
+            raise RuntimeError("prepare() was not called")
+        if self.settings.method in _QUERY_METHODS:
+            raise StorageError(f"cannot send predictions with {self.settings.method}")
+        pieces = chunks(predictions, self.settings.chunk_size)
+        for number, (offset, piece) in enumerate(pieces, start=1):
+            value: Any = piece
+            if self.settings.predictions_as == "string":
+                value = orjson.dumps(piece).decode()
+            extra = {OFFSET_KEY: str(offset)} if self.settings.chunk_size else None
+            try:
+                answer = await send(
+                    ctx,
+                    self._endpoint,
+                    method=self.settings.method,
+                    path=self.settings.path,
+                    headers=self.headers,
+                    body=orjson.dumps(output_body(ctx, value, extra)),
+                    retry="unsent",
+                )
+                check_stored(answer)
+            except StorageError as error:
+                if len(pieces) > 1:
+                    raise StorageError(
+                        f"chunk {number} of {len(pieces)} (predictions from {offset}) failed, "
+                        f"{number - 1} chunk(s) stored: {error.message}"
+                    ) from None
+                raise
+
+
+def from_settings(
+    settings: Mapping[str, Any], role: Role, parameters: Mapping[str, str]
+) -> HttpProvider:
+    try:
+        parsed = Settings.model_validate(settings)
+    except ValidationError as error:
+        raise ValueError(explain(error)) from None
+    if role == "output":
+        if parsed.method in _QUERY_METHODS:
+            raise ValueError(f"method {parsed.method} cannot carry predictions; use POST or PUT")
+        check_parameters(parameters, (OFFSET_KEY,) if parsed.chunk_size else ())
+    return HttpProvider(parsed, role)

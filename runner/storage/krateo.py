@@ -1,0 +1,225 @@
+"""``krateo``: Krateo's finops-database-handler (or anything speaking its API).
+
+Contract entry (upstream's shape, accepted unchanged)::
+
+    krateo:
+      api:
+        endpointRef: {name: finops-database-handler-endpoint, namespace: krateo-system}
+        path: /compute/sklearninput      # joined to the Secret's server-url
+        verb: POST                       # default GET, as upstream
+        headers: ["Accept: application/json"]
+        payload: ...                     # ignored, as upstream: the body is the parameters
+      chunkSize: 20000                   # output only, optional (see below)
+
+**Secret** (``endpointRef``; its namespace defaults to the pod's): ``server-url``
+(required); ``username``/``password`` (Basic) or ``token`` (Bearer);
+``certificate-authority-data`` (PEM, or base64 of PEM as in a kubeconfig);
+``client-certificate-data``/``client-key-data``; ``insecure`` (Go ParseBool);
+``proxy-url`` (http/https).
+
+**Request.** ``<server-url>/<path>`` with ``verb``, the contract's headers (an
+``Accept: application/json`` is added when they set none: the handler answers
+JSON only to exactly that) and the run's parameters as the JSON body. The handler
+passes body values to its notebook as ``key=value`` arguments, so they are all
+strings (the contract guarantees it).
+
+**Answers.** The handler answers 200 even when its notebook fails, with the error
+text as the body. So a 2xx is a success only if it is what it should be:
+
+- input: a JSON content type and ``{"result": [[...], ...]}``;
+- output: a JSON content type and an empty (what the output notebooks print) or
+  JSON body. Anything else fails the run with the handler's text.
+
+**Output body.** ``job_uid`` (the contract's ``jobId``), ``pod_uid`` (env
+``pod_uid``), ``predictions`` (the predictions as a JSON-encoded string, as
+upstream) and the parameters, which may not reuse those names.
+
+**chunkSize.** Without it the output is one request, as upstream. The handler
+passes ``predictions`` as one process argument, which Linux limits to 128 KiB
+(about 40k single-digit predictions); with ``chunkSize: N`` the runner writes N
+predictions per request, adding ``predictions_offset`` (the position of the
+chunk's first prediction) so that a notebook can keep its counter global
+(``hack/storage_service.py``'s does; upstream's notebooks ignore it and restart
+their counter at 0 for every chunk). Chunks go one after the other and the first
+failure stops the run: the chunks already stored carry the run's ``job_uid`` and
+this pod's ``pod_uid``, so they can be told apart from a retry's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+
+from runner.secrets import SecretError
+from runner.storage.base import (
+    Answer,
+    Endpoint,
+    Role,
+    StorageContext,
+    StorageError,
+    build_endpoint,
+    check_parameters,
+    check_stored,
+    chunks,
+    explain,
+    output_body,
+    parse_bool,
+    parse_header_lines,
+    rows_from,
+    send,
+)
+
+KEY = "krateo"
+ARGUMENT_LIMIT = 128 * 1024
+OFFSET_KEY = "predictions_offset"
+_VERBS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+class EndpointRef(_Settings):
+    name: str = Field(min_length=1)
+    namespace: str | None = None
+
+
+class Api(_Settings):
+    endpoint_ref: EndpointRef
+    path: str = ""
+    verb: str = "GET"
+    headers: list[str] = Field(default_factory=list)
+    payload: Any = None
+
+    @field_validator("verb")
+    @classmethod
+    def _verb(cls, verb: str) -> str:
+        verb = verb.strip().upper() or "GET"
+        if verb not in _VERBS:
+            raise ValueError(f"verb must be one of {', '.join(_VERBS)}")
+        return verb
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, headers: list[str]) -> list[str]:
+        parse_header_lines(headers)
+        return headers
+
+
+class Settings(_Settings):
+    api: Api
+    chunk_size: int | None = Field(default=None, ge=1)
+
+
+class KrateoProvider:
+    key = KEY
+
+    def __init__(self, settings: Settings, role: Role) -> None:
+        self.settings = settings
+        self.role = role
+        self.headers = parse_header_lines(settings.api.headers)
+        if not any(name.lower() == "accept" for name in self.headers):
+            self.headers["Accept"] = "application/json"
+        self._endpoint: Endpoint | None = None
+
+    async def prepare(self, ctx: StorageContext) -> None:
+        if self.settings.api.payload is not None:
+            ctx.log.warning(
+                "api.payload is ignored, as upstream: the body is the run's parameters",
+                role=self.role,
+            )
+        ref = self.settings.api.endpoint_ref
+        namespace = ref.namespace or ctx.namespace
+        source = f"Secret {namespace}/{ref.name}"
+        try:
+            data = await ctx.secrets.read(namespace, ref.name)
+        except SecretError as error:
+            raise StorageError(str(error)) from None
+        self._endpoint = endpoint_from_secret(data, source)
+
+    @property
+    def endpoint(self) -> Endpoint:
+        if self._endpoint is None:
+            raise RuntimeError("prepare() was not called")
+        return self._endpoint
+
+    async def _call(self, ctx: StorageContext, body: Mapping[str, Any], retry: Any) -> Answer:
+        answer = await send(
+            ctx,
+            self.endpoint,
+            method=self.settings.api.verb,
+            path=self.settings.api.path,
+            headers=self.headers,
+            body=orjson.dumps(body),
+            retry=retry,
+        )
+        if "json" not in answer.content_type.lower():
+            raise StorageError(
+                f"{answer.what} answered {answer.status} with content type "
+                f"{answer.content_type or '(none)'}, not JSON (finops-database-handler answers "
+                f"JSON only to 'Accept: application/json', exactly): {answer.text()}"
+            )
+        return answer
+
+    async def load_rows(self, ctx: StorageContext) -> list[Any]:
+        answer = await self._call(ctx, dict(ctx.parameters), retry="all")
+        return rows_from(answer, "result")
+
+    async def store(self, ctx: StorageContext, predictions: list[Any]) -> None:
+        pieces = chunks(predictions, self.settings.chunk_size)
+        for number, (offset, piece) in enumerate(pieces, start=1):
+            encoded = orjson.dumps(piece).decode()
+            if self.settings.chunk_size is None and len(encoded) >= ARGUMENT_LIMIT:
+                ctx.log.warning(
+                    "the predictions argument exceeds what finops-database-handler can pass "
+                    "to a notebook; set chunkSize in the output's krateo entry",
+                    bytes=len(encoded),
+                    limitBytes=ARGUMENT_LIMIT,
+                )
+            extra = {OFFSET_KEY: str(offset)} if self.settings.chunk_size else None
+            try:
+                answer = await self._call(ctx, output_body(ctx, encoded, extra), retry="unsent")
+                check_stored(answer)
+            except StorageError as error:
+                if len(pieces) > 1:
+                    raise StorageError(
+                        f"chunk {number} of {len(pieces)} (predictions from {offset}) failed, "
+                        f"{number - 1} chunk(s) stored: {error.message}"
+                    ) from None
+                raise
+            if len(pieces) > 1:
+                ctx.log.info("predictions chunk stored", chunk=number, chunks=len(pieces))
+
+
+def endpoint_from_secret(data: Mapping[str, str], source: str) -> Endpoint:
+    server_url = (data.get("server-url") or "").strip()
+    if not server_url:
+        raise StorageError(f"{source} has no server-url")
+    return build_endpoint(
+        url=server_url,
+        token=data.get("token") or None,
+        username=data.get("username"),
+        password=data.get("password") or None,
+        ca_data=data.get("certificate-authority-data") or None,
+        insecure=parse_bool(data.get("insecure", "").strip(), "insecure"),
+        proxy_url=(data.get("proxy-url") or "").strip() or None,
+        client_cert=data.get("client-certificate-data") or None,
+        client_key=data.get("client-key-data") or None,
+        source=source,
+    )
+
+
+def from_settings(
+    settings: Mapping[str, Any], role: Role, parameters: Mapping[str, str]
+) -> KrateoProvider:
+    try:
+        parsed = Settings.model_validate(settings)
+    except ValidationError as error:
+        raise ValueError(explain(error)) from None
+    if role == "output":
+        check_parameters(parameters, (OFFSET_KEY,) if parsed.chunk_size else ())
+    return KrateoProvider(parsed, role)

@@ -1,0 +1,61 @@
+"""The termination message: the runner's last word to the controller.
+
+Kubernetes copies the file at the container's ``terminationMessagePath``
+(``/dev/termination-log``; ``TERMINATION_LOG_PATH`` or the node agent's root
+override it, see :mod:`runner.paths`) into the pod status, cut at 4096 bytes.
+The runner writes:
+
+- on success, compact JSON: ``{"rows": 150, "predictions": 150, "durationSeconds": 1.234}``;
+- on failure, one line: ``<stage>: <reason>``, e.g.
+  ``output: storage answered 200 with a non-JSON body: Traceback ...``.
+
+Both are redacted and cut below the limit here, on a UTF-8 boundary, so the
+controller never receives half a character or a credential.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from runner.redact import REDACTOR, Redactor
+
+MAX_BYTES = 4095
+_ELLIPSIS = "…"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    rows: int
+    predictions: int
+    duration_seconds: float
+
+
+def success_message(result: RunResult) -> str:
+    return orjson.dumps(
+        {
+            "rows": result.rows,
+            "predictions": result.predictions,
+            "durationSeconds": round(result.duration_seconds, 3),
+        }
+    ).decode()
+
+
+def failure_message(stage: str, reason: str, redactor: Redactor = REDACTOR) -> str:
+    one_line = " ".join(redactor.redact(reason).split())
+    return cut(f"{stage}: {one_line}" if one_line else stage)
+
+
+def cut(text: str, limit: int = MAX_BYTES) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes, marked with an ellipsis when cut."""
+    encoded = text.encode()
+    if len(encoded) <= limit:
+        return text
+    room = limit - len(_ELLIPSIS.encode())
+    return encoded[:room].decode(errors="ignore") + _ELLIPSIS
+
+
+def write(path: Path, message: str) -> None:
+    path.write_text(cut(message), encoding="utf-8")

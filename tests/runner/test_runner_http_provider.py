@@ -1,0 +1,140 @@
+"""The ``http`` provider against a small JSON service (not finops-database-handler)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+
+from runner.exitcodes import ExitCode
+from tests.runner.conftest import (
+    InMemorySecrets,
+    ModelServer,
+    direct_iris,
+    random_iris_rows,
+    run_runner,
+)
+
+TOKEN = "api-token-5b1e"
+
+
+class RowsApi:
+    """GET /api/tables/{t} -> {"data": {"rows": ...}}; POST /api/predictions stores the body."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, list[list[float]]] = {}
+        self.received: list[dict[str, Any]] = []
+        self.store_answer: tuple[int, str] = (204, "")
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=1 << 28)
+        app.router.add_get("/api/tables/{table}", self._rows)
+        app.router.add_post("/api/predictions", self._store)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        await web.SockSite(self._runner, sock).start()
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}/api"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def _check(self, request: web.Request) -> None:
+        if request.headers.get("Authorization") != f"Bearer {TOKEN}":
+            raise web.HTTPUnauthorized(text="bad token")
+
+    async def _rows(self, request: web.Request) -> web.Response:
+        self._check(request)
+        assert request.query["limit"] == "all"
+        rows = self.tables[request.match_info["table"]]
+        return web.json_response({"data": {"rows": rows}})
+
+    async def _store(self, request: web.Request) -> web.Response:
+        self._check(request)
+        self.received.append(orjson.loads(await request.read()))
+        status, text = self.store_answer
+        return web.Response(status=status, text=text or None)
+
+
+@pytest.fixture
+async def rows_api() -> AsyncIterator[RowsApi]:
+    api = RowsApi()
+    await api.start()
+    try:
+        yield api
+    finally:
+        await api.stop()
+
+
+def http_contract(model_url: str, **output_extra: Any) -> dict[str, Any]:
+    ref = {"secretRef": {"name": "rows-api"}}
+    return {
+        "jobId": "job-http",
+        "jobName": "inf-http-00000000",
+        "kserve": {"modelUrl": model_url},
+        "input": {
+            "http": {**ref, "method": "GET", "path": "/tables/flowers", "rowsField": "data.rows"}
+        },
+        "output": {"http": {**ref, "path": "predictions", **output_extra}},
+        "parameters": {"limit": "all"},
+    }
+
+
+async def test_rows_and_predictions_travel_over_plain_json(
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    model_server: ModelServer,
+    rows_api: RowsApi,
+) -> None:
+    rows = random_iris_rows(250)
+    rows_api.tables["flowers"] = rows
+    secrets = InMemorySecrets({("apps", "rows-api"): {"url": rows_api.url, "token": TOKEN}})
+
+    outcome = await run_runner(
+        tmp_path,
+        http_contract(model_server.infer_url(), chunkSize=100),
+        secrets,
+        capfd,
+        env={"POD_NAMESPACE": "apps"},
+    )
+
+    assert outcome.exit_code == ExitCode.DONE, outcome.termination
+    assert [body["predictions_offset"] for body in rows_api.received] == ["0", "100", "200"]
+    for body in rows_api.received:
+        assert (body["job_uid"], body["pod_uid"], body["limit"]) == ("job-http", "pod-0a1b", "all")
+    predictions = [p for body in rows_api.received for p in body["predictions"]]
+    assert predictions == direct_iris(rows)
+
+
+async def test_a_200_with_an_error_text_is_an_output_failure(
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    model_server: ModelServer,
+    rows_api: RowsApi,
+) -> None:
+    rows_api.tables["flowers"] = random_iris_rows(10)
+    rows_api.store_answer = (200, "database is read-only")
+    secrets = InMemorySecrets({("apps", "rows-api"): {"url": rows_api.url, "token": TOKEN}})
+
+    outcome = await run_runner(
+        tmp_path,
+        http_contract(model_server.infer_url(), predictionsAs="string"),
+        secrets,
+        capfd,
+        env={"POD_NAMESPACE": "apps"},
+    )
+
+    assert outcome.exit_code == ExitCode.OUTPUT
+    assert outcome.termination.endswith(
+        "answered 200 with an error instead of storing: database is read-only"
+    )
+    assert isinstance(rows_api.received[0]["predictions"], str)

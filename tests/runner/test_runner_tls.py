@@ -1,0 +1,95 @@
+"""Storage over TLS: the Secret's CA is trusted (upstream ignored it without a client cert)."""
+
+from __future__ import annotations
+
+import base64
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from hack.pki import Pki, make_pki
+from hack.storage_service import StorageService
+from runner.exitcodes import ExitCode
+from tests.runner.conftest import (
+    STORAGE_PASSWORD,
+    STORAGE_USER,
+    ModelServer,
+    iris_contract,
+    run_runner,
+    storage_secrets,
+)
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    return make_pki(tmp_path / "pki")
+
+
+@pytest.fixture
+async def tls_storage(tmp_path: Path, pki: Pki) -> AsyncIterator[StorageService]:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(pki.apiserver_cert, pki.apiserver_key)  # valid for 127.0.0.1
+    service = StorageService(tmp_path / "tls.sqlite", STORAGE_USER, STORAGE_PASSWORD)
+    await service.start(tls=context)
+    service.seed_iris("iris")
+    try:
+        yield service
+    finally:
+        await service.stop()
+
+
+@pytest.mark.parametrize("encoding", ["pem", "base64-of-pem"])
+async def test_the_secrets_ca_is_trusted(
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    model_server: ModelServer,
+    tls_storage: StorageService,
+    pki: Pki,
+    encoding: str,
+) -> None:
+    ca = pki.ca_cert.read_text()
+    if encoding == "base64-of-pem":
+        ca = base64.b64encode(ca.encode()).decode()
+    secrets = storage_secrets(tls_storage.url)
+    for data in secrets.secrets.values():
+        data["certificate-authority-data"] = ca
+
+    outcome = await run_runner(tmp_path, iris_contract(model_server.infer_url()), secrets, capfd)
+
+    assert tls_storage.url.startswith("https://")
+    assert outcome.exit_code == ExitCode.DONE, outcome.termination
+    assert len(tls_storage.predictions("iris_predictions")) == 150
+
+
+async def test_an_unknown_ca_fails_at_once_without_retries(
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    model_server: ModelServer,
+    tls_storage: StorageService,
+) -> None:
+    outcome = await run_runner(
+        tmp_path, iris_contract(model_server.infer_url()), storage_secrets(tls_storage.url), capfd
+    )
+
+    assert outcome.exit_code == ExitCode.INPUT
+    assert "TLS failed" in outcome.termination
+    assert "CERTIFICATE_VERIFY_FAILED" in outcome.termination
+    assert tls_storage.calls["sklearninput"] == 0
+    assert not [e for e in outcome.events() if e["event"] == "storage request failed, retrying"]
+
+
+async def test_insecure_skips_verification(
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    model_server: ModelServer,
+    tls_storage: StorageService,
+) -> None:
+    secrets = storage_secrets(tls_storage.url)
+    for data in secrets.secrets.values():
+        data["insecure"] = "true"
+
+    outcome = await run_runner(tmp_path, iris_contract(model_server.infer_url()), secrets, capfd)
+
+    assert outcome.exit_code == ExitCode.DONE, outcome.termination
