@@ -1,0 +1,155 @@
+{{/* Chart name, overridable. */}}
+{{- define "ksc.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Object name prefix: <release>-<chart>, or the release name when it already
+contains the chart name. Cut to 50 so that suffixes such as "-runner" and
+"-metrics" keep every name a valid DNS label.
+*/}}
+{{- define "ksc.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 50 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Cluster-scoped objects are named after the release *and* its namespace, so two
+releases of the same name in different namespaces never share a ClusterRole.
+*/}}
+{{- define "ksc.clusterName" -}}
+{{- printf "%s-%s" (include "ksc.fullname" .) .Release.Namespace }}
+{{- end }}
+
+{{- define "ksc.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "ksc.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "ksc.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "ksc.labels" -}}
+helm.sh/chart: {{ include "ksc.chart" . }}
+{{ include "ksc.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: kserve-inference-controller
+{{- end }}
+
+{{/* Labels of the controller's own objects (component=controller). */}}
+{{- define "ksc.controllerLabels" -}}
+{{ include "ksc.labels" . }}
+app.kubernetes.io/component: controller
+{{- end }}
+
+{{- define "ksc.controllerSelectorLabels" -}}
+{{ include "ksc.selectorLabels" . }}
+app.kubernetes.io/component: controller
+{{- end }}
+
+{{/* Labels of the runner's ServiceAccounts and Roles (component=runner). */}}
+{{- define "ksc.runnerLabels" -}}
+{{ include "ksc.labels" . }}
+app.kubernetes.io/component: runner
+{{- end }}
+
+{{- define "ksc.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "ksc.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "ksc.runnerServiceAccountName" -}}
+{{- default (printf "%s-runner" (include "ksc.fullname" .)) .Values.runner.serviceAccount.name }}
+{{- end }}
+
+{{- define "ksc.leaseName" -}}
+{{- default (include "ksc.fullname" .) .Values.leaderElection.leaseName }}
+{{- end }}
+
+{{- define "ksc.metricsServiceName" -}}
+{{- printf "%s-metrics" (include "ksc.fullname" .) }}
+{{- end }}
+
+{{- define "ksc.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Namespaces where runner pods execute, as a JSON list: the watched namespaces
+(or the release namespace when watching all), plus runner.namespaces.
+*/}}
+{{- define "ksc.runnerNamespaces" -}}
+{{- $namespaces := list }}
+{{- if .Values.watchNamespaces }}
+{{- $namespaces = concat $namespaces .Values.watchNamespaces }}
+{{- else }}
+{{- $namespaces = append $namespaces .Release.Namespace }}
+{{- end }}
+{{- $namespaces = concat $namespaces .Values.runner.namespaces }}
+{{- $namespaces | uniq | toJson }}
+{{- end }}
+
+{{/*
+PromQL label matcher selecting this release's controller pods as scraped
+through the metrics Service (the Prometheus Operator sets job=<service>).
+*/}}
+{{- define "ksc.promSelector" -}}
+{{- printf "job=%q,namespace=%q" (include "ksc.metricsServiceName" .) .Release.Namespace }}
+{{- end }}
+
+{{/*
+The controller's permissions on the objects it manages, shared by the
+ClusterRole (all namespaces) and the per-namespace Roles. No Secrets: the
+controller never reads one (runners do, with their own identity).
+*/}}
+{{- define "ksc.controllerRules" -}}
+- apiGroups: ["ai.krateo.io"]
+  resources: ["inferenceruns"]
+  # delete: autoDeletePolicy removes finished one-shot runs.
+  verbs: ["get", "list", "watch", "delete"]
+- apiGroups: ["ai.krateo.io"]
+  resources: ["inferenceruns/status"]
+  verbs: ["get", "update", "patch"]
+- apiGroups: ["ai.krateo.io"]
+  resources: ["inferenceconfigs"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["ai.krateo.io"]
+  resources: ["inferenceconfigs/status"]
+  verbs: ["get", "update", "patch"]
+- apiGroups: ["batch"]
+  resources: ["jobs", "cronjobs"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: [""]
+  # Live progress comes from the tail of the runner pod's log.
+  resources: ["pods/log"]
+  verbs: ["get"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}

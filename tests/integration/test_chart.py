@@ -1,0 +1,267 @@
+"""The Helm chart against the real API server of the local control plane.
+
+- ``helm template`` output is created for real (``kubectl create``, no dry
+  run) with default values and with ``watchNamespaces``, in namespaces that
+  enforce *and* warn on Pod Security "restricted";
+- the controller's pod template is admitted as a real Pod there (the API server
+  has no Deployment controller, so nothing else would create one);
+- the chart's RBAC is checked with the real authorizer, both by access reviews
+  and by requests made with a TokenRequest token of the chart's ServiceAccount;
+- ``helm install`` with default values succeeds.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hack.cluster import LocalCluster
+from tests.chart import (
+    CHART_DIR,
+    CONTROLLER_SERVICE_ACCOUNT,
+    RELEASE,
+    RUNNER_SERVICE_ACCOUNT,
+    Obj,
+    delete_cluster_scoped,
+    find,
+    helm,
+    one,
+    parse,
+    render_text,
+    service_account_kubeconfig,
+    to_yaml,
+)
+
+# The first test of a run may build helm from source (minutes on a cold machine:
+# hack/helm/build.sh); later ones reuse the cached binary.
+pytestmark = pytest.mark.timeout(900)
+
+PSA_WARN = {
+    "pod-security.kubernetes.io/warn": "restricted",
+    "pod-security.kubernetes.io/warn-version": "latest",
+}
+
+
+def warn_restricted(cluster: LocalCluster, namespace: str) -> None:
+    """Deployments are only *warned* about by Pod Security; turn warnings on."""
+    cluster.kubectl("label", "namespace", namespace, *(f"{k}={v}" for k, v in PSA_WARN.items()))
+
+
+@pytest.fixture
+def watched(cluster: LocalCluster) -> Iterator[list[str]]:
+    """Two more namespaces enforcing and warning on Pod Security "restricted"."""
+    names = [f"chart-watched-{i}-{uuid.uuid4().hex[:6]}" for i in range(2)]
+    for name in names:
+        cluster.kubectl("create", "namespace", name)
+        cluster.kubectl(
+            "label",
+            "namespace",
+            name,
+            "ksc-test=true",
+            "pod-security.kubernetes.io/enforce=restricted",
+            "pod-security.kubernetes.io/enforce-version=latest",
+        )
+        warn_restricted(cluster, name)
+    try:
+        yield names
+    finally:
+        for name in names:
+            cluster.kubectl("delete", "namespace", name, "--wait=false")
+
+
+def create_rendered(cluster: LocalCluster, manifest: str) -> tuple[list[Obj], str]:
+    """Create every object of a ``helm template --include-crds`` output; return them and stderr.
+
+    The CRDs are shared by the whole test run, so they are applied (idempotent,
+    server-side); everything else is created, which fails on any conflict.
+    """
+    objects = parse(manifest)
+    crds = find(objects, "CustomResourceDefinition")
+    rest = [o for o in objects if o["kind"] != "CustomResourceDefinition"]
+    assert len(crds) == 2
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=to_yaml(crds))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "crd", *(c["metadata"]["name"] for c in crds)
+    )
+    done = cluster.kubectl("create", "-f", "-", input=to_yaml(rest))
+    return rest, done.stderr
+
+
+def assert_exists(cluster: LocalCluster, objects: list[Obj]) -> None:
+    for obj in objects:
+        group = obj["apiVersion"].rpartition("/")[0]
+        kind = obj["kind"].lower()
+        args = ["get", f"{kind}.{group}" if group else kind, obj["metadata"]["name"]]
+        if "namespace" in obj["metadata"]:
+            args += ["-n", obj["metadata"]["namespace"]]
+        cluster.kubectl(*args, "-o", "name")
+
+
+def pod_from_template(deployment: Obj, name: str) -> Obj:
+    template = deployment["spec"]["template"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": deployment["metadata"]["namespace"],
+            "labels": {"ksc-test": "chart-pod"},
+        },
+        "spec": template["spec"],
+    }
+
+
+def can_i(cluster: LocalCluster, who: str, *args: str) -> bool:
+    done = cluster.kubectl("auth", "can-i", *args, f"--as={who}", check=False)
+    answer = done.stdout.strip()
+    assert answer in ("yes", "no"), done.stdout + done.stderr
+    return answer == "yes"
+
+
+def sa(namespace: str, name: str) -> str:
+    return f"system:serviceaccount:{namespace}:{name}"
+
+
+async def test_default_values_create_in_a_restricted_namespace(
+    cluster: LocalCluster, restricted_namespace: str
+) -> None:
+    release_ns = restricted_namespace
+    warn_restricted(cluster, release_ns)
+    manifest = render_text(namespace=release_ns, include_crds=True)
+    objects, stderr = create_rendered(cluster, manifest)
+    try:
+        assert "would violate PodSecurity" not in stderr, stderr
+        assert "Warning" not in stderr, stderr
+        assert_exists(cluster, objects)
+
+        # Enforcement is real here: a root pod is refused...
+        deployment = one(objects, "Deployment")
+        root = pod_from_template(deployment, "root-pod")
+        root["spec"] = {**root["spec"], "securityContext": {"runAsUser": 0}}
+        refused = cluster.kubectl("create", "-f", "-", input=json.dumps(root), check=False)
+        assert refused.returncode != 0
+        assert "violates PodSecurity" in refused.stderr
+        # ...and the controller's pod template is admitted as a real Pod.
+        pod = pod_from_template(deployment, "controller-pod")
+        cluster.kubectl("create", "-f", "-", input=json.dumps(pod))
+        cluster.kubectl("delete", "pod", "controller-pod", "-n", release_ns, "--wait=false")
+
+        # All namespaces: the controller may read runs everywhere, but no Secret.
+        controller = sa(release_ns, CONTROLLER_SERVICE_ACCOUNT)
+        assert can_i(cluster, controller, "watch", "inferenceruns.ai.krateo.io", "--all-namespaces")
+        assert can_i(cluster, controller, "create", "jobs.batch", "-n", "default")
+        assert can_i(cluster, controller, "get", "pods", "--subresource=log", "-n", "default")
+        assert not can_i(cluster, controller, "get", "secrets", "-n", release_ns)
+        assert not can_i(cluster, controller, "list", "secrets", "--all-namespaces")
+        assert not can_i(
+            cluster, controller, "create", "inferenceruns.ai.krateo.io", "-n", "default"
+        )
+        runner = sa(release_ns, RUNNER_SERVICE_ACCOUNT)
+        assert can_i(cluster, runner, "get", "secrets", "-n", release_ns)
+        assert not can_i(cluster, runner, "list", "secrets", "-n", release_ns)
+        assert not can_i(cluster, runner, "watch", "secrets", "-n", release_ns)
+    finally:
+        delete_cluster_scoped(cluster, objects)
+
+
+async def test_watch_namespaces_create_and_grant_only_those_namespaces(
+    cluster: LocalCluster, restricted_namespace: str, watched: list[str], tmp_path: Path
+) -> None:
+    release_ns = restricted_namespace
+    warn_restricted(cluster, release_ns)
+    values: dict[str, Any] = {"watchNamespaces": watched}
+    manifest = render_text(values, namespace=release_ns, include_crds=True)
+    objects, stderr = create_rendered(cluster, manifest)
+    try:
+        assert "Warning" not in stderr, stderr
+        assert not find(objects, "ClusterRole")
+        assert not find(objects, "ClusterRoleBinding")
+        assert_exists(cluster, objects)
+
+        # Requests made with a TokenRequest token of the chart's ServiceAccount.
+        kubeconfig = service_account_kubeconfig(
+            cluster, release_ns, CONTROLLER_SERVICE_ACCOUNT, path=tmp_path / "controller"
+        )
+
+        def as_controller(*args: str) -> Any:
+            return cluster.kubectl(f"--kubeconfig={kubeconfig}", *args, check=False)
+
+        for namespace in watched:
+            allowed = as_controller("get", "inferenceruns.ai.krateo.io", "-n", namespace)
+            assert allowed.returncode == 0, allowed.stderr
+        for namespace in (release_ns, "default"):
+            denied = as_controller("get", "inferenceruns.ai.krateo.io", "-n", namespace)
+            assert denied.returncode != 0
+            assert "forbidden" in denied.stderr.lower()
+        secrets = as_controller("get", "secrets", "-n", watched[0])
+        assert "forbidden" in secrets.stderr.lower()
+        everywhere = as_controller("get", "inferenceruns.ai.krateo.io", "--all-namespaces")
+        assert "forbidden" in everywhere.stderr.lower()
+
+        # Leader election: create any Lease, but read and renew only the chart's.
+        lease = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": RELEASE, "namespace": release_ns},
+            "spec": {"holderIdentity": "test", "leaseDurationSeconds": 15},
+        }
+        created = cluster.kubectl(
+            f"--kubeconfig={kubeconfig}", "create", "-f", "-", input=json.dumps(lease)
+        )
+        assert created.returncode == 0
+        assert as_controller("get", "lease", RELEASE, "-n", release_ns).returncode == 0
+        other = sa(release_ns, CONTROLLER_SERVICE_ACCOUNT)
+        assert not can_i(cluster, other, "get", "leases/someone-else", "-n", release_ns)
+        assert not can_i(cluster, other, "create", "leases", "-n", watched[0])
+
+        # Runners: one identity per watched namespace, each reading its own Secrets only.
+        for namespace in watched:
+            runner = sa(namespace, RUNNER_SERVICE_ACCOUNT)
+            assert can_i(cluster, runner, "get", "secrets", "-n", namespace)
+            assert not can_i(cluster, runner, "list", "secrets", "-n", namespace)
+            others = [n for n in (*watched, release_ns) if n != namespace]
+            for other_ns in others:
+                assert not can_i(cluster, runner, "get", "secrets", "-n", other_ns)
+    finally:
+        delete_cluster_scoped(cluster, objects)
+
+
+async def test_helm_install_with_default_values(
+    cluster: LocalCluster, restricted_namespace: str
+) -> None:
+    release_ns = restricted_namespace
+    installed = helm(
+        "install",
+        RELEASE,
+        str(CHART_DIR),
+        "--namespace",
+        release_ns,
+        kubeconfig=cluster.kubeconfig,
+    )
+    try:
+        assert "STATUS: deployed" in installed.stdout, installed.stdout
+        status = json.loads(
+            helm(
+                "status", RELEASE, "-n", release_ns, "-o", "json", kubeconfig=cluster.kubeconfig
+            ).stdout
+        )
+        assert status["info"]["status"] == "deployed"
+        cluster.kubectl("get", "deployment", RELEASE, "-n", release_ns)
+        cluster.kubectl("get", "crd", "inferenceruns.ai.krateo.io", "inferenceconfigs.ai.krateo.io")
+        settings = json.loads(
+            cluster.kubectl(
+                "get", "configmap", f"{RELEASE}-settings", "-n", release_ns, "-o", "json"
+            ).stdout
+        )
+        assert settings["data"]["WATCH_NAMESPACE"] == ""
+        assert settings["data"]["LEADER_ELECT"] == "true"
+    finally:
+        helm("uninstall", RELEASE, "-n", release_ns, kubeconfig=cluster.kubeconfig)
+    # Uninstall removes the cluster-wide RBAC too (CRDs stay: Helm never deletes crds/).
+    gone = cluster.kubectl("get", "clusterrole", f"{RELEASE}-{release_ns}", check=False)
+    assert "NotFound" in gone.stderr

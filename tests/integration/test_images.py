@@ -1,0 +1,158 @@
+"""Each image's install, replayed into a fresh virtualenv.
+
+The build stage of Dockerfile.<component> copies some files from the context
+into /src and runs ``ksc-install /opt/venv <component>``
+(deploy/images/install.sh). This test copies the same files (read from the
+Dockerfile's COPY lines) into a scratch directory and runs the same script with
+the same component, with ``uv pip install`` as the installer (so it takes
+seconds and uses the local uv cache), then runs the entry points and imports
+everything the component's code imports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.dockerfiles import COMPONENTS, REPO, dockerfile, stages, third_party_imports
+
+INSTALL_SCRIPT = REPO / "deploy" / "images" / "install.sh"
+UV = Path(sys.executable).parent / "uv"
+
+
+def replay_build_context(component: str, src: Path) -> None:
+    """Copy what the build stage COPYs into its WORKDIR (/src) from the context."""
+    build = stages(dockerfile(component).read_text())[0]
+    (workdir,) = build.all("WORKDIR")
+    for args in build.all("COPY"):
+        *sources, dest = [word for word in args.split() if not word.startswith("--")]
+        if dest.startswith("/") and not dest.startswith(workdir):
+            continue  # e.g. the install script itself, run from the repository below
+        target = src / dest.removeprefix(workdir).lstrip("/").removeprefix("./")
+        for source in sources:
+            path = REPO / source
+            if path.is_dir():
+                shutil.copytree(path, target, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                target.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, target / path.name)
+
+
+def install(component: str, tmp: Path) -> Path:
+    src, venv = tmp / "src", tmp / "venv"
+    src.mkdir()
+    replay_build_context(component, src)
+    subprocess.run(
+        [str(UV), "venv", "--quiet", "--python", sys.executable, str(venv)],
+        check=True,
+        capture_output=True,
+    )
+    env = {
+        **os.environ,
+        "INSTALL": f"{UV} pip install --quiet --python {venv / 'bin' / 'python'}",
+        "PYTHON": sys.executable,
+    }
+    done = subprocess.run(
+        ["sh", str(INSTALL_SCRIPT), str(venv), component],
+        cwd=src,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return venv / "bin" / "python"
+
+
+def run(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    # A neutral cwd and no PYTHONPATH: only what the venv holds can be imported.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return subprocess.run(
+        [str(python), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_installed_entry_point_runs(component: str, tmp_path: Path) -> None:
+    python = install(component, tmp_path)
+    done = run(python, "-m", component, "--help", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"python -m {component}" in done.stdout
+    # The code comes from the venv, not from this checkout.
+    where = run(python, "-c", f"import {component}; print({component}.__file__)", cwd=tmp_path)
+    assert str(tmp_path / "venv") in where.stdout, where.stdout + where.stderr
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_everything_the_component_imports_is_installed(component: str, tmp_path: Path) -> None:
+    python = install(component, tmp_path)
+    modules = sorted(third_party_imports(REPO / component))
+    assert modules
+    done = run(python, "-c", "\n".join(f"import {m}" for m in modules), cwd=tmp_path)
+    assert done.returncode == 0, f"{component} image lacks a dependency: {done.stderr}"
+
+
+_IMPORT_ALL = """
+import importlib, pkgutil, sys
+package = importlib.import_module(sys.argv[1])
+for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+    if not module.name.endswith("__main__"):
+        importlib.import_module(module.name)
+"""
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_every_module_of_the_component_imports(component: str, tmp_path: Path) -> None:
+    # Catches imports across packages (the controller uses runner.contract) that
+    # the image would lack.
+    python = install(component, tmp_path)
+    done = run(python, "-c", _IMPORT_ALL, component, cwd=tmp_path)
+    assert done.returncode == 0, f"{component} image: {done.stderr}"
+
+
+# Installed in the venv beside the runner's requirements, by whom (uv and pip themselves).
+_TOOLING = {"pip", "setuptools", "wheel"}
+
+_CLOSURE = """
+import json, re, sys, tomllib
+from importlib import metadata
+
+def norm(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+def name_of(requirement):
+    return norm(re.match(r"[A-Za-z0-9._-]+", requirement).group(0))
+
+roots = [name_of(r) for r in tomllib.load(open(sys.argv[1], "rb"))["project"]
+         ["optional-dependencies"]["runner"]]
+installed = {norm(d.metadata["Name"]): d for d in metadata.distributions()}
+needed, todo = set(), list(roots)
+while todo:
+    name = todo.pop()
+    if name in needed or name not in installed:
+        continue
+    needed.add(name)
+    for requirement in installed[name].requires or []:
+        if "extra ==" not in requirement:
+            todo.append(name_of(requirement))
+print(json.dumps({"installed": sorted(installed), "needed": sorted(needed)}))
+"""
+
+
+def test_runner_image_holds_only_the_runner_extra(tmp_path: Path) -> None:
+    python = install("runner", tmp_path)
+    done = run(python, "-c", _CLOSURE, str(REPO / "pyproject.toml"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    extra = set(found["installed"]) - set(found["needed"]) - _TOOLING
+    assert extra == {"kserve-inference-controller"}, (
+        f"installed but not required by the runner extra: {sorted(extra)}"
+    )
+    # The controller's code is not in the runner image either.
+    missing = run(python, "-c", "import controller", cwd=tmp_path)
+    assert missing.returncode != 0

@@ -1,0 +1,511 @@
+"""The Helm chart, rendered offline by the pinned helm binary (no cluster).
+
+What is checked here: lint, the CRDs kept identical to crds/, the controller's
+and the runner's RBAC (exact rules, no Secrets for the controller, get-only for
+runners), Pod Security "restricted" fields, the settings ConfigMap against
+controller/settings.py, and the metric names used by alerts and the dashboard
+against controller/metrics.py. Applying the chart to a real API server is in
+tests/integration/test_chart.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controller.metrics import Metrics
+from controller.settings import Settings, load_settings
+from tests.chart import (
+    CHART_DIR,
+    CONTROLLER_SERVICE_ACCOUNT,
+    REPO,
+    RUNNER_SERVICE_ACCOUNT,
+    HelmError,
+    Obj,
+    controller_rbac_objects,
+    controller_rules,
+    dashboard_queries,
+    exported_metric_names,
+    find,
+    helm,
+    one,
+    promql_metric_names,
+    render,
+    rule_expressions,
+)
+
+# The first test of a run may build helm from source (minutes on a cold machine:
+# hack/helm/build.sh); later ones reuse the cached binary.
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(900)]
+
+NS = "kserve-controller-system"
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+# The controller's permissions, exactly (issue 8): anything more is a finding.
+EXPECTED_CONTROLLER_RULES: dict[tuple[str, str], set[str]] = {
+    ("ai.krateo.io", "inferenceruns"): {"get", "list", "watch", "delete"},
+    ("ai.krateo.io", "inferenceruns/status"): {"get", "update", "patch"},
+    ("ai.krateo.io", "inferenceconfigs"): {"get", "list", "watch"},
+    ("ai.krateo.io", "inferenceconfigs/status"): {"get", "update", "patch"},
+    ("batch", "jobs"): {"get", "list", "watch", "create", "update", "patch", "delete"},
+    ("batch", "cronjobs"): {"get", "list", "watch", "create", "update", "patch", "delete"},
+    ("", "configmaps"): {"get", "list", "watch", "create", "update", "patch", "delete"},
+    ("", "pods"): {"get", "list", "watch"},
+    ("", "pods/log"): {"get"},
+    ("", "events"): {"create", "patch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+}
+LEASE_RULES = {("coordination.k8s.io", "leases"): {"create", "get", "update"}}
+
+
+@pytest.fixture(scope="module")
+def default_objects() -> list[Obj]:
+    return render(namespace=NS)
+
+
+@pytest.fixture(scope="module")
+def monitored_objects() -> list[Obj]:
+    return render(
+        {
+            "serviceMonitor": {"enabled": True},
+            "prometheusRule": {"enabled": True},
+            "grafanaDashboard": {"enabled": True},
+        },
+        namespace=NS,
+    )
+
+
+def container(objects: list[Obj]) -> Obj:
+    deployment = one(objects, "Deployment")
+    (main,) = deployment["spec"]["template"]["spec"]["containers"]
+    return dict(main)
+
+
+def settings_data(objects: list[Obj]) -> dict[str, str]:
+    return dict(one(objects, "ConfigMap", f"{CONTROLLER_SERVICE_ACCOUNT}-settings")["data"])
+
+
+# ----------------------------------------------------------------------------- chart basics
+
+
+def test_helm_lint_is_clean() -> None:
+    done = helm("lint", "--strict", str(CHART_DIR))
+    assert "0 chart(s) failed" in done.stdout
+    assert not re.search(r"\[(WARNING|ERROR)\]", done.stdout + done.stderr), done.stdout
+
+
+def test_chart_crds_are_byte_identical_to_the_repository_crds() -> None:
+    source = {p.name: p.read_bytes() for p in sorted((REPO / "crds").glob("*.yaml"))}
+    chart = {p.name: p.read_bytes() for p in sorted((CHART_DIR / "crds").glob("*.yaml"))}
+    assert source, "no CRDs in crds/"
+    stale = sorted(
+        name for name in source.keys() | chart.keys() if source.get(name) != chart.get(name)
+    )
+    assert not stale, (
+        f"deploy's CRDs differ from crds/ ({', '.join(stale)}): "
+        f"rm {CHART_DIR.relative_to(REPO)}/crds/*.yaml && "
+        f"cp crds/*.yaml {CHART_DIR.relative_to(REPO)}/crds/"
+    )
+
+
+def test_include_crds_renders_both_crds() -> None:
+    objects = render(include_crds=True)
+    names = {o["metadata"]["name"] for o in find(objects, "CustomResourceDefinition")}
+    assert names == {"inferenceconfigs.ai.krateo.io", "inferenceruns.ai.krateo.io"}
+
+
+def test_object_names_stay_valid_for_long_release_names() -> None:
+    release = "a-very-long-release-name-that-goes-on-and-on-x"  # 46 characters
+    objects = render({"watchNamespaces": ["team-a"]}, release=release)
+    for obj in objects:
+        name = obj["metadata"]["name"]
+        assert len(name) <= 253, f"{obj['kind']} {name!r}"
+        assert DNS_SUBDOMAIN.match(name), f"{obj['kind']} {name!r}"
+    # A Service name is a DNS label; the Deployment's leaves room for pod suffixes.
+    for kind in ("Service", "Deployment", "ServiceAccount"):
+        for obj in find(objects, kind):
+            assert len(obj["metadata"]["name"]) <= 63
+            assert DNS_LABEL.match(obj["metadata"]["name"])
+
+
+def test_the_values_schema_rejects_unknown_keys_and_bad_namespaces() -> None:
+    with pytest.raises(HelmError, match="additional properties 'replicas' not allowed"):
+        render({"replicas": 3})
+    with pytest.raises(HelmError, match="watchNamespaces"):
+        render({"watchNamespaces": ["Not_A_Namespace"]})
+    with pytest.raises(HelmError, match="pollingInterval"):
+        render({"settings": {"pollingInterval": "five minutes"}})
+
+
+def test_several_replicas_without_leader_election_are_refused() -> None:
+    with pytest.raises(HelmError, match=r"needs leaderElection\.enabled=true"):
+        render({"leaderElection": {"enabled": False}})
+    single = render({"replicaCount": 1, "leaderElection": {"enabled": False}})
+    assert settings_data(single)["LEADER_ELECT"] == "false"
+    assert not [r for r in find(single, "Role") if r["metadata"]["name"].endswith("-election")]
+
+
+# ----------------------------------------------------------------------------- Deployment
+
+
+def test_deployment_runs_two_replicas_with_probes_and_resources(default_objects: list[Obj]) -> None:
+    deployment = one(default_objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    main = container(default_objects)
+    ports = {p["name"]: p["containerPort"] for p in main["ports"]}
+    assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    data = settings_data(default_objects)
+    assert ports == {"http-metrics": int(data["METRICS_PORT"]), "health": int(data["HEALTH_PORT"])}
+    assert main["resources"]["requests"]["cpu"]
+    assert main["resources"]["limits"]["memory"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == CONTROLLER_SERVICE_ACCOUNT
+    assert main["image"] == "ghcr.io/krateoplatformops/kserve-inference-controller:0.1.0"
+
+
+def test_deployment_meets_pod_security_restricted(default_objects: list[Obj]) -> None:
+    pod = one(default_objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for c in pod["containers"] + pod.get("initContainers", []):
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        assert not sc["capabilities"].get("add")
+        assert sc["readOnlyRootFilesystem"] is True
+        assert isinstance(sc["runAsUser"], int)
+        assert sc["runAsUser"] > 0
+    for host_namespace in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not pod.get(host_namespace)
+    for volume in pod["volumes"]:
+        assert "hostPath" not in volume
+
+
+def test_a_settings_change_rolls_the_pods() -> None:
+    def checksum(objects: list[Obj]) -> str:
+        annotations = one(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+        return str(annotations["checksum/settings"])
+
+    assert checksum(render()) != checksum(render({"settings": {"logLevel": "DEBUG"}}))
+
+
+def test_image_digest_wins_over_tag() -> None:
+    digest = "sha256:" + "a" * 64
+    objects = render({"image": {"repository": "r.example/ksc", "tag": "9", "digest": digest}})
+    assert container(objects)["image"] == f"r.example/ksc@{digest}"
+
+
+def test_pdb_and_metrics_service_select_the_controller_pods(default_objects: list[Obj]) -> None:
+    pod_labels = one(default_objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    pdb = one(default_objects, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    service = one(default_objects, "Service")
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    (port,) = service["spec"]["ports"]
+    assert port["name"] == "http-metrics"
+    assert port["targetPort"] == "http-metrics"
+    assert port["port"] == int(settings_data(default_objects)["METRICS_PORT"])
+
+
+def test_service_monitor_scrapes_the_metrics_service(monitored_objects: list[Obj]) -> None:
+    monitor = one(monitored_objects, "ServiceMonitor")
+    service = one(monitored_objects, "Service")
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["http-metrics"]
+    assert monitor["spec"]["namespaceSelector"]["matchNames"] == [NS]
+
+
+def test_monitoring_objects_are_off_by_default(default_objects: list[Obj]) -> None:
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        assert not find(default_objects, kind)
+    assert not find(default_objects, "ConfigMap", f"{CONTROLLER_SERVICE_ACCOUNT}-dashboard")
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+def test_settings_configmap_holds_only_real_settings(default_objects: list[Obj]) -> None:
+    # Settings ignores unknown variables, so a misspelt key would be lost silently.
+    known = {name.upper() for name in Settings.model_fields} | {"SA_RUNNER"}
+    data = settings_data(default_objects)
+    assert set(data) <= known, sorted(set(data) - known)
+
+
+@pytest.mark.parametrize("watch", [[], ["team-a"], ["team-a", "team-b"]])
+def test_settings_configmap_loads_as_the_controller_would(watch: list[str]) -> None:
+    objects = render({"watchNamespaces": watch}, namespace=NS)
+    # What the pod's environment holds: envFrom the ConfigMap, then the downward API.
+    env = {
+        **settings_data(objects),
+        "POD_NAME": "kserve-inference-controller-5d9c-abcde",
+        "POD_NAMESPACE": NS,
+        "KUBERNETES_SERVICE_HOST": "10.0.0.1",
+    }
+    settings = load_settings([], env, namespace_file=Path("/nonexistent"))
+    assert settings.watch_namespaces == tuple(watch)
+    assert settings.polling_interval == 300.0
+    assert settings.max_reconcile_rate == 1
+    assert settings.leader_election is True
+    assert settings.lease_namespace == NS
+    assert settings.lease_name == CONTROLLER_SERVICE_ACCOUNT
+    assert settings.runner_service_account == RUNNER_SERVICE_ACCOUNT
+    assert (settings.metrics_port, settings.health_port) == (8080, 8081)
+    assert settings.log_format == "json"
+
+
+def test_extra_env_cannot_override_what_the_chart_derives_from_values() -> None:
+    # WATCH_NAMESPACE in extraEnv would watch namespaces the RBAC does not cover.
+    with pytest.raises(HelmError, match=r"extraEnv\.WATCH_NAMESPACE is set by the chart"):
+        render({"extraEnv": {"WATCH_NAMESPACE": "team-a"}})
+
+
+def test_extra_env_reaches_the_settings_configmap() -> None:
+    objects = render({"extraEnv": {"QUEUE_QPS": 40}, "settings": {"pollingInterval": "1h30m"}})
+    data = settings_data(objects)
+    assert data["QUEUE_QPS"] == "40"
+    settings = load_settings([], {**data, "POD_NAMESPACE": NS}, namespace_file=Path("/x"))
+    assert settings.queue_qps == 40.0
+    assert settings.polling_interval == 5400.0
+
+
+# ----------------------------------------------------------------------------- RBAC
+
+
+def grants_without_scope(
+    grants: dict[tuple[str, str, str], set[str]],
+) -> dict[tuple[str, str], set[str]]:
+    merged: dict[tuple[str, str], set[str]] = {}
+    for (_, group, resource), verbs in grants.items():
+        merged.setdefault((group, resource), set()).update(verbs)
+    return merged
+
+
+def test_all_namespaces_mode_uses_one_cluster_role_with_exactly_the_needed_rules() -> None:
+    objects = controller_rbac_objects(NS)
+    cluster_role = one(objects, "ClusterRole")
+    binding = one(objects, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": CONTROLLER_SERVICE_ACCOUNT, "namespace": NS}
+    ]
+    grants = controller_rules(objects)
+    cluster_wide = {(g, r): v for (scope, g, r), v in grants.items() if scope == ""}
+    assert cluster_wide == EXPECTED_CONTROLLER_RULES
+    namespaced = {(g, r): v for (scope, g, r), v in grants.items() if scope == NS}
+    assert namespaced == LEASE_RULES
+
+
+def test_watch_namespaces_mode_has_no_cluster_wide_access() -> None:
+    objects = controller_rbac_objects(NS, ["team-a", "team-b"])
+    assert not find(objects, "ClusterRole")
+    assert not find(objects, "ClusterRoleBinding")
+    grants = controller_rules(objects)
+    for namespace in ("team-a", "team-b"):
+        rules = {(g, r): v for (scope, g, r), v in grants.items() if scope == namespace}
+        assert rules == EXPECTED_CONTROLLER_RULES, namespace
+        binding = one(objects, "RoleBinding", CONTROLLER_SERVICE_ACCOUNT, namespace)
+        assert binding["subjects"][0] == {
+            "kind": "ServiceAccount",
+            "name": CONTROLLER_SERVICE_ACCOUNT,
+            "namespace": NS,
+        }
+    # The release namespace holds only the Lease permissions: it is not watched.
+    assert {(g, r): v for (s, g, r), v in grants.items() if s == NS} == LEASE_RULES
+
+
+@pytest.mark.parametrize("watch", [[], ["team-a"]])
+def test_the_controller_reads_no_secrets_and_uses_no_wildcards(watch: list[str]) -> None:
+    objects = controller_rbac_objects(NS, watch)
+    for obj in objects:
+        if obj["kind"] not in ("Role", "ClusterRole"):
+            continue
+        component = obj["metadata"]["labels"]["app.kubernetes.io/component"]
+        for rule in obj["rules"]:
+            assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], obj
+            if component == "controller":
+                assert "secrets" not in rule["resources"], obj
+
+
+def test_the_lease_can_only_be_read_and_renewed_by_name(default_objects: list[Obj]) -> None:
+    role = one(default_objects, "Role", f"{CONTROLLER_SERVICE_ACCOUNT}-leader-election", NS)
+    by_verbs = {tuple(r["verbs"]): r.get("resourceNames") for r in role["rules"]}
+    assert by_verbs == {("create",): None, ("get", "update"): [CONTROLLER_SERVICE_ACCOUNT]}
+
+
+def runner_rules(objects: list[Obj], namespace: str) -> list[Obj]:
+    return list(one(objects, "Role", RUNNER_SERVICE_ACCOUNT, namespace)["rules"])
+
+
+def test_runners_get_secrets_only_by_name_in_each_watched_namespace() -> None:
+    objects = controller_rbac_objects(NS, ["team-a", "team-b"])
+    for namespace in ("team-a", "team-b"):
+        one(objects, "ServiceAccount", RUNNER_SERVICE_ACCOUNT, namespace)
+        assert runner_rules(objects, namespace) == [
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}
+        ]
+        binding = one(objects, "RoleBinding", RUNNER_SERVICE_ACCOUNT, namespace)
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": RUNNER_SERVICE_ACCOUNT, "namespace": namespace}
+        ]
+    # Not watched, so no runner there.
+    assert not find(objects, "ServiceAccount", RUNNER_SERVICE_ACCOUNT, NS)
+
+
+def test_runner_secret_access_can_be_narrowed_and_extended() -> None:
+    extra = [{"namespace": "krateo-system", "secretNames": ["finops-database-handler-endpoint"]}]
+    values = {
+        "runner": {
+            "namespaces": ["batch-jobs"],
+            "secretNames": ["finops-endpoint"],
+            "extraSecretAccess": extra,
+        }
+    }
+    objects = controller_rbac_objects(NS, values=values)
+    for namespace in (NS, "batch-jobs"):
+        assert runner_rules(objects, namespace) == [
+            {
+                "apiGroups": [""],
+                "resources": ["secrets"],
+                "resourceNames": ["finops-endpoint"],
+                "verbs": ["get"],
+            }
+        ]
+    name = f"{RUNNER_SERVICE_ACCOUNT}-{NS}"
+    role = one(objects, "Role", name, "krateo-system")
+    assert role["rules"][0]["resourceNames"] == ["finops-database-handler-endpoint"]
+    assert role["rules"][0]["verbs"] == ["get"]
+    binding = one(objects, "RoleBinding", name, "krateo-system")
+    assert {(s["name"], s["namespace"]) for s in binding["subjects"]} == {
+        (RUNNER_SERVICE_ACCOUNT, NS),
+        (RUNNER_SERVICE_ACCOUNT, "batch-jobs"),
+    }
+    with pytest.raises(HelmError, match="names namespace krateo-system twice"):
+        render({"runner": {"extraSecretAccess": extra * 2}})
+
+
+def test_omit_removes_exactly_one_permission() -> None:
+    full = controller_rules(controller_rbac_objects(NS))
+    reduced = controller_rules(
+        controller_rbac_objects(NS, omit=[("pods/log", "get"), ("jobs", "create")])
+    )
+    assert ("", "", "pods/log") not in reduced
+    assert reduced[("", "batch", "jobs")] == full[("", "batch", "jobs")] - {"create"}
+    assert reduced[("", "batch", "cronjobs")] == full[("", "batch", "cronjobs")]
+    assert {k: v for k, v in reduced.items() if k[2] not in ("pods/log", "jobs")} == {
+        k: v for k, v in full.items() if k[2] not in ("pods/log", "jobs")
+    }
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def test_promql_metric_names_finds_selectors_only() -> None:
+    expr = (
+        "histogram_quantile(0.99, sum by (le, name) (rate(workqueue_queue_duration_seconds_bucket"
+        '{job=~"$job",name!="x"}[$__rate_interval]))) > on (name) group_left '
+        "(sum(leader_election_master_status offset 5m) or vector(0)) and 1e3 < bool up"
+    )
+    assert promql_metric_names(expr) == {
+        "workqueue_queue_duration_seconds_bucket",
+        "leader_election_master_status",
+        "up",
+    }
+    assert promql_metric_names('label_values(inference_runs{namespace="a"}, phase)') == {
+        "inference_runs"
+    }
+
+
+def assert_balanced(expr: str) -> None:
+    """A cheap syntax check: brackets pair up (a typo here makes Prometheus reject the rule)."""
+    pairs = {")": "(", "]": "[", "}": "{"}
+    stack: list[str] = []
+    for char in re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr):
+        if char in "([{":
+            stack.append(char)
+        elif char in pairs:
+            assert stack, f"unbalanced {char!r} in {expr!r}"
+            assert stack.pop() == pairs[char], f"mismatched {char!r} in {expr!r}"
+    assert not stack, f"unclosed {stack} in {expr!r}"
+
+
+def test_bracket_check_catches_typos() -> None:
+    assert_balanced('sum(rate(x{a="(("}[5m]))')
+    for bad in ("sum(rate(x[5m])", "max(x{a=1)}", "x]"):
+        with pytest.raises(AssertionError):
+            assert_balanced(bad)
+
+
+def controller_metric_names() -> set[str]:
+    return exported_metric_names(Metrics().registry)
+
+
+def test_alerts_use_only_metrics_the_controller_exports(monitored_objects: list[Obj]) -> None:
+    exprs = rule_expressions(monitored_objects)
+    # Failed runs, reconcile errors, no leader, queue backlog (issue 8), at least.
+    assert {
+        "InferenceRunsFailing",
+        "InferenceControllerReconcileErrors",
+        "InferenceControllerNoLeader",
+        "InferenceControllerQueueBacklog",
+    } <= set(exprs)
+    exported = controller_metric_names()
+    for alert, expr in exprs.items():
+        assert_balanced(expr)
+        used = promql_metric_names(expr)
+        assert used, f"{alert}: no metric found in {expr!r}"
+        assert used <= exported, f"{alert} uses {sorted(used - exported)}, not exported"
+
+
+def test_dashboard_uses_only_metrics_the_controller_exports(monitored_objects: list[Obj]) -> None:
+    configmap = one(monitored_objects, "ConfigMap", f"{CONTROLLER_SERVICE_ACCOUNT}-dashboard")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    (text,) = configmap["data"].values()
+    dashboard: dict[str, Any] = json.loads(text)
+    queries = dashboard_queries(dashboard)
+    assert len(queries) >= 15
+    exported = controller_metric_names()
+    used: set[str] = set()
+    for query in queries:
+        assert_balanced(query)
+        names = promql_metric_names(query)
+        assert names, f"no metric found in {query!r}"
+        assert names <= exported, f"{query!r} uses {sorted(names - exported)}, not exported"
+        used |= names
+    # Every metric family the controller registers has a panel.
+    families = {family.name for family in Metrics().registry.collect()}
+    shown = {f for f in families if any(name.startswith(f) for name in used)}
+    assert shown == families, sorted(families - shown)
+
+
+def test_alert_selectors_match_the_scraped_job(monitored_objects: list[Obj]) -> None:
+    service = one(monitored_objects, "Service")["metadata"]["name"]
+    for alert, expr in rule_expressions(monitored_objects).items():
+        for matcher in re.findall(r"\{([^{}]*)\}", expr):
+            assert f'job="{service}"' in matcher, alert
+            assert f'namespace="{NS}"' in matcher, alert
+
+
+def test_values_yaml_documents_every_top_level_key_in_the_schema() -> None:
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    assert set(values) <= set(schema["properties"])
+    assert schema["additionalProperties"] is False
+
+
+def test_metrics_reference_lists_every_metric_and_alert(monitored_objects: list[Obj]) -> None:
+    page = (REPO / "docs" / "metrics.md").read_text()
+    for family in Metrics().registry.collect():
+        name = family.name + ("_total" if family.type == "counter" else "")
+        assert f"`{name}`" in page, f"docs/metrics.md does not describe {name}"
+    for alert in rule_expressions(monitored_objects):
+        assert f"`{alert}`" in page, f"docs/metrics.md does not describe alert {alert}"

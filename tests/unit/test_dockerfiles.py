@@ -1,0 +1,153 @@
+"""Dockerfile.controller and Dockerfile.runner, read statically.
+
+Multi-stage on a slim Python, a final stage that only copies the built
+virtualenv (no RUN, hence no build tools), a numeric non-root USER matching the
+chart's securityContext, exec-form ENTRYPOINTs, and a build context
+(.dockerignore) that holds what the images COPY. Installing exactly as the
+images do is tested in tests/integration/test_images.py.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import tomllib
+from importlib.metadata import packages_distributions
+
+import pytest
+import yaml
+
+from tests.chart import CHART_DIR
+from tests.dockerfiles import (
+    COMPONENTS,
+    REPO,
+    dockerfile,
+    instructions,
+    stages,
+    third_party_imports,
+)
+
+pytestmark = pytest.mark.unit
+
+SLIM_PYTHON = re.compile(r"^python:3\.1[1-9](\.\d+)?-slim(-[a-z]+)?$")
+FINAL_STAGE_KEYWORDS = {"LABEL", "ENV", "COPY", "USER", "EXPOSE", "ENTRYPOINT", "WORKDIR"}
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_multi_stage_on_slim_python(component: str) -> None:
+    parsed = stages(dockerfile(component).read_text())
+    assert len(parsed) >= 2
+    assert parsed[0].name == "build"
+    for stage in parsed:
+        assert SLIM_PYTHON.match(stage.image), stage.image
+    # The final stage runs on the very interpreter the virtualenv was built for.
+    assert parsed[-1].image == parsed[0].image
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_final_stage_only_copies_the_virtualenv(component: str) -> None:
+    final = stages(dockerfile(component).read_text())[-1]
+    keywords = {i.keyword for i in final.instructions}
+    # No RUN: nothing is installed or compiled in the final image.
+    assert keywords <= FINAL_STAGE_KEYWORDS, keywords - FINAL_STAGE_KEYWORDS
+    assert final.all("COPY") == ["--from=build /opt/venv /opt/venv"]
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_runs_as_the_charts_numeric_non_root_user(component: str) -> None:
+    final = stages(dockerfile(component).read_text())[-1]
+    (user,) = final.all("USER")
+    uid, _, gid = user.partition(":")
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    assert int(uid) == values["securityContext"]["runAsUser"] == 65532
+    assert int(gid) == values["securityContext"]["runAsGroup"]
+    # USER must come after everything that needs root.
+    assert final.instructions[-2].keyword in ("USER", "EXPOSE")
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_exec_form_entrypoint(component: str) -> None:
+    final = stages(dockerfile(component).read_text())[-1]
+    (entrypoint,) = final.all("ENTRYPOINT")
+    assert json.loads(entrypoint) == ["python", "-m", component]
+    assert "PATH=/opt/venv/bin:$PATH" in " ".join(final.all("ENV"))
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_build_stage_installs_its_component_with_the_shared_script(component: str) -> None:
+    build = stages(dockerfile(component).read_text())[0]
+    runs = build.all("RUN")
+    assert any(run.startswith(f"ksc-install /opt/venv {component} ") for run in runs), runs
+    assert "--chmod=0755 deploy/images/install.sh /usr/local/bin/ksc-install" in build.all("COPY")
+
+
+def test_runner_image_does_not_carry_the_controller() -> None:
+    build = stages(dockerfile("runner").read_text())[0]
+    copied = " ".join(build.all("COPY"))
+    assert "controller" not in copied.replace("ksc-install", "")
+
+
+def context_sources(component: str) -> list[str]:
+    sources: list[str] = []
+    for stage in stages(dockerfile(component).read_text()):
+        for args in stage.all("COPY"):
+            words = args.split()
+            if any(w.startswith("--from=") for w in words):
+                continue
+            sources += [w for w in words[:-1] if not w.startswith("--")]
+    return sources
+
+
+def dockerignore_allows(path: str, patterns: list[str]) -> bool:
+    """Docker's rule: the last matching pattern wins; ``!`` re-includes."""
+    included = True
+    for pattern in patterns:
+        negated = pattern.startswith("!")
+        body = pattern[1:] if negated else pattern
+        body = body.rstrip("/")
+        parts = path.split("/")
+        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+        if any(fnmatch.fnmatchcase(prefix, body) for prefix in prefixes):
+            included = negated
+    return included
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_dockerignore_keeps_what_the_image_copies(component: str) -> None:
+    patterns = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    for source in context_sources(component):
+        assert (REPO / source).exists(), source
+        assert dockerignore_allows(source, patterns), f"{source} is excluded by .dockerignore"
+    for excluded in (".venv", ".git", "tests/unit/test_chart.py", "docs/operator-guide.md"):
+        assert not dockerignore_allows(excluded, patterns), excluded
+
+
+def test_instruction_reader_joins_continuations_and_drops_comments() -> None:
+    text = "FROM a AS b\n# note\nRUN one \\\n # inside\n  && two\nUSER 1:1\n"
+    parsed = instructions(text)
+    assert [(i.keyword, i.args) for i in parsed] == [
+        ("FROM", "a AS b"),
+        ("RUN", "one && two"),
+        ("USER", "1:1"),
+    ]
+
+
+def test_runner_extra_lists_every_distribution_the_runner_imports() -> None:
+    # The runner image installs only pyproject.toml's `runner` extra.
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extra = {_dist_name(req) for req in project["optional-dependencies"]["runner"]}
+    owners = packages_distributions()
+    needed = {_dist_name(owners[module][0]) for module in third_party_imports(REPO / "runner")}
+    missing = sorted(needed - extra)
+    assert not missing, f"pyproject.toml's `runner` extra lacks {missing}"
+
+
+def _dist_name(requirement: str) -> str:
+    match = re.match(r"[A-Za-z0-9._-]+", requirement)
+    assert match, requirement
+    return re.sub(r"[-_.]+", "-", match.group(0)).lower()
