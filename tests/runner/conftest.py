@@ -14,18 +14,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
-import signal
 import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,68 +33,13 @@ from hack.storage_service import StorageService
 from runner import app, logs
 from runner.progress import Progress, last_progress
 from runner.secrets import SecretError
+from tests.servers import ModelServer
 
 REPO = Path(__file__).resolve().parents[2]
 STORAGE_USER = "finops"
 STORAGE_PASSWORD = "storage-pw-7f3a"
 STORAGE_SECRET = "finops-database-handler-endpoint"
 SECRET_NAMESPACE = "krateo-system"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass(frozen=True)
-class ModelServer:
-    url: str
-
-    def infer_url(self, model: str = "sklearn-iris") -> str:
-        return f"{self.url}/v2/models/{model}/infer"
-
-
-def _wait_ready(url: str, process: subprocess.Popen[bytes], within: float) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the model server exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as answer:
-                if answer.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"the model server was not ready within {within}s")
-
-
-@pytest.fixture(scope="session")
-def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelServer]:
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("model-server") / "server.log"
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "hack.model_server", "--port", str(port)],
-            cwd=REPO,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            _wait_ready(url, process, within=120)
-            yield ModelServer(url=url)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
 
 
 @pytest.fixture

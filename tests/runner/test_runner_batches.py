@@ -10,13 +10,13 @@ from hack.storage_service import IRIS_COLUMNS, StorageService
 from runner.exitcodes import ExitCode
 from tests.runner.conftest import (
     FaultProxy,
-    ModelServer,
     direct_iris,
     iris_contract,
     random_iris_rows,
     run_runner,
     storage_secrets,
 )
+from tests.servers import ModelServer
 
 
 async def test_100k_rows_in_batches_come_back_in_input_order(

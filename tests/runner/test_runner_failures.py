@@ -22,14 +22,13 @@ from tests.runner.conftest import (
     STORAGE_SECRET,
     FaultProxy,
     InMemorySecrets,
-    ModelServer,
     direct_iris,
-    free_port,
     iris_contract,
     random_iris_rows,
     run_runner,
     storage_secrets,
 )
+from tests.servers import ModelServer, free_port
 
 INFER = "/v2/models/sklearn-iris/infer"
 

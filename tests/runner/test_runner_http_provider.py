@@ -14,11 +14,11 @@ from aiohttp import web
 from runner.exitcodes import ExitCode
 from tests.runner.conftest import (
     InMemorySecrets,
-    ModelServer,
     direct_iris,
     random_iris_rows,
     run_runner,
 )
+from tests.servers import ModelServer
 
 TOKEN = "api-token-5b1e"
 

@@ -9,12 +9,12 @@ import pytest
 from hack.storage_service import StorageService
 from runner.exitcodes import ExitCode
 from tests.runner.conftest import (
-    ModelServer,
     direct_iris,
     iris_contract,
     run_runner,
     storage_secrets,
 )
+from tests.servers import ModelServer
 
 
 @pytest.mark.parametrize(

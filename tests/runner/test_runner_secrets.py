@@ -14,11 +14,10 @@ from tests.runner.conftest import (
     STORAGE_SECRET,
     STORAGE_USER,
     InMemorySecrets,
-    ModelServer,
-    free_port,
     iris_contract,
     run_runner,
 )
+from tests.servers import ModelServer, free_port
 
 
 @pytest.fixture

@@ -15,11 +15,11 @@ from runner.exitcodes import ExitCode
 from tests.runner.conftest import (
     STORAGE_PASSWORD,
     STORAGE_USER,
-    ModelServer,
     iris_contract,
     run_runner,
     storage_secrets,
 )
+from tests.servers import ModelServer
 
 
 @pytest.fixture

@@ -9,7 +9,12 @@ import pytest
 from hack.model_server import ttm_forecast
 from hack.storage_service import StorageService
 from runner.exitcodes import ExitCode
-from tests.runner.conftest import ModelServer, krateo_entry, run_runner, storage_secrets
+from tests.runner.conftest import (
+    krateo_entry,
+    run_runner,
+    storage_secrets,
+)
+from tests.servers import ModelServer
 
 
 async def test_ttm_series_is_sent_with_the_models_declared_shape(

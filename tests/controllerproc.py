@@ -1,0 +1,116 @@
+"""The controller as the tests run it: ``python -m controller`` in a subprocess.
+
+It runs under exactly the Helm chart's RBAC: :func:`start_controller`
+applies the chart's ServiceAccount, Roles and bindings for one watched
+namespace and hands the controller a TokenRequest token of the chart's
+controller ServiceAccount, so any permission the chart forgot fails here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hack.cluster import LocalCluster, free_port, spawn
+from tests import chart
+from tests.integration.crds_helpers import install_crds
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class ControllerProcess:
+    kubeconfig: Path
+    log: Path
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    health_port: int = 0
+    metrics_port: int = 0
+
+    def start(self, timeout: float = 30.0) -> None:
+        self.health_port, self.metrics_port = free_port(), free_port()
+        env = {
+            **{k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")},
+            **{k: v for k, v in os.environ.items() if k.startswith("KSC_")},
+            "KUBECONFIG": str(self.kubeconfig),
+            "HEALTH_PORT": str(self.health_port),
+            "METRICS_PORT": str(self.metrics_port),
+            "BIND_ADDRESS": "127.0.0.1",
+            "LOG_LEVEL": "DEBUG",
+            **self.env,
+        }
+        self.proc = spawn([sys.executable, "-m", "controller"], self.log, env=env, cwd=REPO)
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"controller exited {self.proc.returncode}:\n{self.output()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"controller not ready in {timeout}s:\n{self.output()}")
+            time.sleep(0.1)
+
+    def _get(self, port: int, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:
+                return int(resp.status), resp.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except OSError:
+            return 0, ""
+
+    def ready(self) -> bool:
+        return self._get(self.health_port, "/readyz")[0] == 200
+
+    def metrics(self) -> str:
+        return self._get(self.metrics_port, "/metrics")[1]
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def stop(self) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(5)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+def controller_for(
+    cluster: LocalCluster,
+    namespace: str,
+    workdir: Path,
+    *,
+    env: dict[str, str] | None = None,
+    omit: tuple[tuple[str, str], ...] = (),
+    name: str = "controller",
+) -> ControllerProcess:
+    """A (not yet started) controller watching ``namespace`` under the chart's RBAC."""
+    install_crds(cluster)
+    objects = chart.controller_rbac_objects(namespace, [namespace], omit=omit)
+    chart.apply(cluster, objects)
+    kubeconfig = chart.service_account_kubeconfig(
+        cluster, namespace, path=workdir / f"{name}.kubeconfig"
+    )
+    settings = {
+        "WATCH_NAMESPACE": namespace,
+        "POD_NAMESPACE": namespace,
+        "RUNNER_SERVICE_ACCOUNT": chart.RUNNER_SERVICE_ACCOUNT,
+        "POLLING_INTERVAL": "30s",
+        "MAX_RECONCILE_RATE": "2",
+        "LEADER_ELECT": "false",
+        **(env or {}),
+    }
+    return ControllerProcess(kubeconfig=kubeconfig, log=workdir / f"{name}.log", env=settings)

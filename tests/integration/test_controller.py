@@ -1,0 +1,434 @@
+"""The controller on the real control plane, under the chart's RBAC.
+
+Runner pods are stand-ins (``test.local/fake-*`` images, see tests/conftest.py)
+run by the node agent, so outcomes are real pod outcomes seen by the real Job
+controller, without a model or storage service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from hack.cluster import LocalCluster
+from tests.controllerproc import ControllerProcess, controller_for
+from tests.kubehelpers import eventually
+from tests.runs import Runs, condition, inference_config, inference_run, status
+
+OK, FAIL, SLOW = "test.local/fake-ok:1", "test.local/fake-fail:1", "test.local/fake-slow:1"
+
+
+async def children(api: client.ApiClient, namespace: str, uid: str) -> dict[str, list[Any]]:
+    selector = f"ai.krateo.io/run-uid={uid}"
+    core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
+    return {
+        "jobs": (await batch.list_namespaced_job(namespace, label_selector=selector)).items,
+        "cronjobs": (
+            await batch.list_namespaced_cron_job(namespace, label_selector=selector)
+        ).items,
+        "configmaps": (
+            await core.list_namespaced_config_map(namespace, label_selector=selector)
+        ).items,
+        "pods": (await core.list_namespaced_pod(namespace, label_selector=selector)).items,
+    }
+
+
+async def no_children(api: client.ApiClient, namespace: str, uid: str) -> None:
+    async def empty() -> bool:
+        found = await children(api, namespace, uid)
+        return not any(found.values())
+
+    await eventually(empty, within=60, what="the run's Job, ConfigMap and pods to be deleted")
+
+
+async def event_reasons(api: client.ApiClient, namespace: str, name: str) -> list[str]:
+    events = await client.CoreV1Api(api).list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name}"
+    )
+    return [e.reason for e in events.items]
+
+
+async def test_one_shot_success(
+    api_client: client.ApiClient,
+    namespace: str,
+    controller: ControllerProcess,
+    cluster: LocalCluster,
+) -> None:
+    runs = Runs(api_client, namespace)
+    await runs.create(inference_config("cfg", OK))
+    created = await runs.create(inference_run("iris", "cfg", timeoutSeconds=60))
+    done = await runs.wait_phase("iris", "Succeeded")
+    st = status(done)
+    assert st["result"] == {"rows": 3, "predictions": 3, "durationSeconds": 0.1}
+    assert st["jobStatus"]["kind"] == "Job"
+    assert st["jobStatus"]["name"].startswith("inf-iris-")
+    assert st["contract"]["jobId"] == created["metadata"]["uid"]
+    # status.contract is an object (the API server sorts its keys); the file keeps upstream's order.
+    (configmap,) = (await children(api_client, namespace, created["metadata"]["uid"]))["configmaps"]
+    assert configmap.data["contract.json"].startswith('{"jobId":"')
+    assert st["startTime"]
+    assert st["completionTime"]
+    assert st["observedGeneration"] == 1
+    assert condition(done, "Complete")["status"] == "True"  # type: ignore[index]
+    assert condition(done, "Failed")["status"] == "False"  # type: ignore[index]
+    assert condition(done, "Ready")["reason"] == "Available"  # type: ignore[index]
+    waited = cluster.kubectl(
+        "wait", "-n", namespace, "--for=condition=Complete", "infrun/iris", "--timeout=10s"
+    )
+    assert "condition met" in waited.stdout
+    reasons = await eventually(
+        lambda: _reasons_with(api_client, namespace, "iris", {"Created", "Succeeded"}),
+        what="Created and Succeeded events",
+    )
+    assert {"Created", "Succeeded"} <= set(reasons)
+    shown = cluster.kubectl("get", "infrun", "-n", namespace).stdout
+    assert "Succeeded" in shown
+    assert "3/3 (100%)" in shown
+
+
+async def _reasons_with(
+    api: client.ApiClient, namespace: str, name: str, wanted: set[str]
+) -> list[str] | None:
+    reasons = await event_reasons(api, namespace, name)
+    return reasons if wanted <= set(reasons) else None
+
+
+async def test_one_shot_failure_reports_the_runner_message(
+    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+) -> None:
+    runs = Runs(api_client, namespace)
+    await runs.create(inference_config("cfg", FAIL))
+    await runs.create(inference_run("bad", "cfg", backoffLimit=0))
+    failed = await runs.wait_phase("bad", "Failed")
+    st = status(failed)
+    assert st["reason"] == "InferenceFailed"
+    assert st["message"] == (
+        "runner exited with code 4: inference: model answered 503 Service Unavailable"
+    )
+    failed_condition = condition(failed, "Failed")
+    assert failed_condition is not None
+    assert (failed_condition["status"], failed_condition["reason"]) == ("True", "InferenceFailed")
+    assert condition(failed, "Complete")["status"] == "False"  # type: ignore[index]
+    reasons = await eventually(
+        lambda: _reasons_with(api_client, namespace, "bad", {"InferenceFailed"}),
+        what="a Warning event with the runner's reason",
+    )
+    assert "InferenceFailed" in reasons
+
+
+async def test_timeout_fails_with_deadline_exceeded(
+    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+) -> None:
+    runs = Runs(api_client, namespace)
+    await runs.create(inference_config("cfg", SLOW))
+    await runs.create(inference_run("slow", "cfg", timeoutSeconds=3))
+    running = await runs.wait_phase("slow", "Running")
+    assert status(running)["jobStatus"]["kind"] == "Job"
+    failed = await runs.wait_phase("slow", "Failed", within=60)
+    assert status(failed)["reason"] == "DeadlineExceeded"
+    assert condition(failed, "Failed")["reason"] == "DeadlineExceeded"  # type: ignore[index]
+
+
+async def test_live_progress_reaches_the_status(
+    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+) -> None:
+    runs = Runs(api_client, namespace)
+    await runs.create(inference_config("cfg", SLOW))
+    await runs.create(inference_run("progress", "cfg", timeoutSeconds=120))
+    seen = await runs.wait(
+        "progress",
+        lambda r: (status(r).get("progress") or {}).get("rowsDone", 0) > 0,
+        within=40,
+        what="progress in status",
+    )
+    progress = status(seen)["progress"]
+    assert progress["rowsTotal"] == 600
+    assert progress["summary"].startswith(f"{progress['rowsDone']}/600")
+
+
+async def test_missing_config_is_a_condition_then_recovers(
+    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+) -> None:
+    runs = Runs(api_client, namespace)
+    await runs.create(inference_run("early", "later"))
+    waiting = await runs.wait_phase("early", "Error")
+    assert status(waiting)["reason"] == "ConfigNotFound"
+    ready = condition(waiting, "Ready")
+    assert ready is not None
+    assert (ready["status"], ready["reason"]) == ("False", "ConfigNotFound")
+    assert f"InferenceConfig {namespace}/later not found" in ready["message"]
+    reasons = await eventually(
+        lambda: _reasons_with(api_client, namespace, "early", {"ConfigNotFound"}),
+        what="a ConfigNotFound event",
+    )
+    assert reasons.count("ConfigNotFound") == 1  # one Event (aggregated), not one per retry
+    await runs.create(inference_config("later", OK))
+    await runs.wait_phase("early", "Succeeded")
+
+
+async def test_invalid_config_is_reported_with_the_field(
+    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+) -> None:
+    runs = Runs(api_client, namespace)
+    broken = inference_config("cfg", OK)
+    del broken["spec"]["kserve"]["modelUrl"]
+    await runs.create(broken)
+    await runs.create(inference_run("r", "cfg"))
+    errored = await runs.wait_phase("r", "Error")
+    assert status(errored)["reason"] == "MissingModelUrl"
+    assert "modelUrl" in status(errored)["message"]
+    await runs.patch(
+        "cfg", {"spec": {"kserve": {"modelUrl": "m:1/v2/models/m/infer"}}}, "inferenceconfigs"
+    )
+    await runs.wait_phase("r", "Succeeded")
+
+
+@pytest.mark.parametrize(
+    ("policy", "image", "deleted"),
+    [
+        ("DeleteOnSuccess", OK, True),
+        ("DeleteOnSuccess", FAIL, False),
+        ("DeleteOnCompletion", OK, True),
+        ("DeleteOnCompletion", FAIL, True),
+    ],
+)
+async def test_auto_delete_policies(
+    api_client: client.ApiClient,
+    namespace: str,
+    controller: ControllerProcess,
+    policy: str,
+    image: str,
+    deleted: bool,
+) -> None:
+    runs = Runs(api_client, namespace)
+    await runs.create(inference_config("cfg", image, policy=policy))
+    created = await runs.create(inference_run("r", "cfg", backoffLimit=0))
+    uid = created["metadata"]["uid"]
+    if deleted:
+        await runs.wait_gone("r")
+        await no_children(api_client, namespace, uid)
+    else:
+        await runs.wait_phase("r", "Failed")
+        await asyncio.sleep(2)  # give a wrong deletion the chance to happen
+        assert await runs.get("r") is not None
+        assert (await children(api_client, namespace, uid))["jobs"]
+
+
+async def test_deleting_a_run_removes_children_and_pods(
+    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+) -> None:
+    runs = Runs(api_client, namespace)
+    await runs.create(inference_config("cfg", SLOW))
+    created = await runs.create(inference_run("r", "cfg", timeoutSeconds=300))
+    uid = created["metadata"]["uid"]
+    await runs.wait_phase("r", "Running")
+    before = await children(api_client, namespace, uid)
+    assert len(before["jobs"]) == 1
+    assert len(before["configmaps"]) == 1
+    assert before["pods"]
+    await runs.delete("r")
+    await no_children(api_client, namespace, uid)
+
+
+async def test_job_deleted_out_of_band_is_recreated_only_while_unfinished(
+    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+) -> None:
+    runs = Runs(api_client, namespace)
+    batch = client.BatchV1Api(api_client)
+    await runs.create(inference_config("slowcfg", SLOW))
+    await runs.create(inference_config("okcfg", OK))
+
+    running = await runs.create(inference_run("running", "slowcfg", timeoutSeconds=300))
+    await runs.wait_phase("running", "Running")
+    (job,) = (await children(api_client, namespace, running["metadata"]["uid"]))["jobs"]
+    await batch.delete_namespaced_job(job.metadata.name, namespace, propagation_policy="Background")
+
+    async def replaced() -> bool:
+        jobs = (await children(api_client, namespace, running["metadata"]["uid"]))["jobs"]
+        return any(j.metadata.uid != job.metadata.uid for j in jobs)
+
+    await eventually(replaced, within=30, what="the Job of an unfinished run recreated")
+
+    finished = await runs.create(inference_run("finished", "okcfg"))
+    await runs.wait_phase("finished", "Succeeded")
+    (done_job,) = (await children(api_client, namespace, finished["metadata"]["uid"]))["jobs"]
+    await batch.delete_namespaced_job(
+        done_job.metadata.name, namespace, propagation_policy="Background"
+    )
+    await eventually(
+        lambda: _no_jobs(api_client, namespace, finished["metadata"]["uid"]),
+        what="the finished run's Job gone",
+    )
+    await asyncio.sleep(3)  # a wrong recreation would happen within this
+    assert not (await children(api_client, namespace, finished["metadata"]["uid"]))["jobs"]
+    assert status(await runs.get("finished") or {})["phase"] == "Succeeded"
+
+
+async def _no_jobs(api: client.ApiClient, namespace: str, uid: str) -> bool:
+    return not (await children(api, namespace, uid))["jobs"]
+
+
+@pytest.mark.timeout(200)
+async def test_scheduled_run_follows_edits_and_reports_executions(
+    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+) -> None:
+    runs = Runs(api_client, namespace)
+    core = client.CoreV1Api(api_client)
+    await runs.create(inference_config("cfg", OK, policy="DeleteOnSuccess"))
+    created = await runs.create(inference_run("tick", "cfg", schedule="* * * * *"))
+    uid = created["metadata"]["uid"]
+    scheduled = await runs.wait_phase("tick", "Scheduled")
+    assert status(scheduled)["jobStatus"]["kind"] == "CronJob"
+    warning = condition(scheduled, "Warning")
+    assert warning is not None
+    assert "AutoDeleteIgnored" in warning["reason"]
+    (configmap,) = (await children(api_client, namespace, uid))["configmaps"]
+    assert '"table":"iris"' in configmap.data["contract.json"]
+
+    # Parameter and config edits reach the ConfigMap for the next execution.
+    await runs.patch("tick", {"spec": {"parameters": {"table": "iris_v2"}}})
+    await runs.patch("cfg", {"spec": {"batching": {"batchSize": 64}}}, "inferenceconfigs")
+
+    async def contract_updated() -> bool:
+        cm = await core.read_namespaced_config_map(configmap.metadata.name, namespace)
+        text = cm.data["contract.json"]
+        return '"table":"iris_v2"' in text and '"batchSize":64' in text
+
+    await eventually(contract_updated, within=20, what="the scheduled run's contract updated")
+
+    executed = await runs.wait(
+        "tick",
+        lambda r: (status(r).get("lastExecution") or {}).get("phase") == "Succeeded",
+        within=130,
+        what="a successful execution",
+    )
+    st = status(executed)
+    assert st["lastScheduleTime"]
+    assert st["result"]["rows"] == 3
+    assert st["phase"] in ("Scheduled", "Running")
+    assert await runs.get("tick") is not None  # auto-delete never applies to scheduled runs
+
+    await runs.patch("tick", {"spec": {"suspend": True}})
+    suspended = await runs.wait_phase("tick", "Suspended", within=20)
+    (cron,) = (await children(api_client, namespace, uid))["cronjobs"]
+    assert cron.spec.suspend is True
+    assert status(suspended)["lastExecution"]["phase"] == "Succeeded"
+
+
+@pytest.mark.timeout(180)
+async def test_two_replicas_one_leader_and_takeover(
+    api_client: client.ApiClient, namespace: str, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    election = {
+        "LEADER_ELECT": "true",
+        "LEASE_NAME": "kserve-inference-controller",
+        "LEASE_DURATION": "6s",
+        "RENEW_DEADLINE": "4s",
+        "RETRY_PERIOD": "1s",
+    }
+    first = controller_for(cluster, namespace, tmp_path, env=election, name="first")
+    second = controller_for(cluster, namespace, tmp_path, env=election, name="second")
+    first.start()
+    second.start()  # a synced standby is ready too
+    try:
+        coordination = client.CoordinationV1Api(api_client)
+
+        async def holder() -> str | None:
+            try:
+                lease = await coordination.read_namespaced_lease(
+                    "kserve-inference-controller", namespace
+                )
+            except client.exceptions.ApiException:
+                return None
+            return str(lease.spec.holder_identity or "") or None
+
+        leader_id = await eventually(holder, within=20, what="a leader")
+        leader, standby = (first, second) if _is_leader(first) else (second, first)
+        assert _is_leader(leader), leader_id
+        assert not _is_leader(standby), leader_id
+
+        runs = Runs(api_client, namespace)
+        await runs.create(inference_config("cfg", OK))
+        await runs.create(inference_run("one", "cfg"))
+        await runs.wait_phase("one", "Succeeded")
+        assert _reconciles(leader) > 0
+        assert _reconciles(standby) == 0
+
+        leader.kill()
+        await eventually(
+            lambda: _async(_is_leader(standby)), within=30, what="the standby to take over"
+        )
+        await runs.create(inference_run("two", "cfg"))
+        await runs.wait_phase("two", "Succeeded")
+        assert _reconciles(standby) > 0
+    finally:
+        for proc in (first, second):
+            proc.stop()
+
+
+async def _async(value: bool) -> bool:
+    return value
+
+
+def _metric(proc: ControllerProcess, name: str) -> float:
+    total = 0.0
+    for line in proc.metrics().splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _is_leader(proc: ControllerProcess) -> bool:
+    return (
+        proc.proc is not None
+        and proc.proc.poll() is None
+        and (_metric(proc, "leader_election_master_status") == 1)
+    )
+
+
+def _reconciles(proc: ControllerProcess) -> float:
+    return _metric(proc, "controller_runtime_reconcile_total")
+
+
+async def test_missing_permission_is_reported_not_looped(
+    api_client: client.ApiClient, namespace: str, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    proc = controller_for(cluster, namespace, tmp_path, omit=(("jobs", "create"),))
+    proc.start()
+    try:
+        runs = Runs(api_client, namespace)
+        await runs.create(inference_config("cfg", OK))
+        await runs.create(inference_run("r", "cfg"))
+        errored = await runs.wait_phase("r", "Error")
+        assert status(errored)["reason"] == "PermissionDenied"
+        assert 'cannot create resource "jobs"' in status(errored)["message"]
+        await asyncio.sleep(5)
+        creates = [
+            e
+            for e in cluster.audit_events()
+            if e.get("verb") == "create"
+            and (e.get("objectRef") or {}).get("resource") == "jobs"
+            and (e.get("objectRef") or {}).get("namespace") == namespace
+        ]
+        assert 1 <= len(creates) <= 3, f"{len(creates)} Job creates in 5 s: a hot loop"
+    finally:
+        assert proc.stop() == 0
+
+
+def test_bad_settings_exit_with_a_clear_message() -> None:
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "controller"],
+        env={"POLLING_INTERVAL": "1 minute", "PATH": "/usr/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "POLLING_INTERVAL" in done.stderr

@@ -1,0 +1,125 @@
+"""Building and watching InferenceConfigs and InferenceRuns in tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from tests.kubehelpers import eventually
+
+GROUP, VERSION = "ai.krateo.io", "v1"
+Obj = dict[str, Any]
+
+STORAGE = {
+    "input": {
+        "krateo": {"api": {"endpointRef": {"name": "storage"}, "path": "/in", "verb": "POST"}}
+    },
+    "output": {
+        "krateo": {"api": {"endpointRef": {"name": "storage"}, "path": "/out", "verb": "POST"}}
+    },
+}
+
+
+def inference_config(
+    name: str, image: str, *, policy: str = "None", storage: Obj | None = None, **spec: Any
+) -> Obj:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "InferenceConfig",
+        "metadata": {"name": name},
+        "spec": {
+            "image": image,
+            "autoDeletePolicy": policy,
+            "kserve": {
+                "modelName": "sklearn-iris",
+                "modelUrl": "127.0.0.1:1/v2/models/sklearn-iris/infer",
+                "modelVersion": "v2",
+                "modelInputName": "input-0",
+            },
+            "storage": storage or STORAGE,
+            **spec,
+        },
+    }
+
+
+def inference_run(name: str, config: str, **spec: Any) -> Obj:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "InferenceRun",
+        "metadata": {"name": name},
+        "spec": {"configRef": {"name": config}, "parameters": {"table": "iris"}, **spec},
+    }
+
+
+class Runs:
+    """InferenceConfigs and InferenceRuns of one namespace."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.namespace = namespace
+
+    async def create(self, obj: Obj) -> Obj:
+        plural = obj["kind"].lower() + "s"
+        created: Obj = await self.custom.create_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, plural, obj
+        )
+        return created
+
+    async def get(self, name: str, plural: str = "inferenceruns") -> Obj | None:
+        try:
+            found: Obj = await self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, plural, name
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return found
+
+    async def patch(self, name: str, patch: Obj, plural: str = "inferenceruns") -> Obj:
+        patched: Obj = await self.custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            self.namespace,
+            plural,
+            name,
+            patch,
+            _content_type="application/merge-patch+json",  # type: ignore[call-arg]
+        )
+        return patched
+
+    async def delete(self, name: str, plural: str = "inferenceruns") -> None:
+        await self.custom.delete_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, plural, name
+        )
+
+    async def wait(
+        self, name: str, predicate: Callable[[Obj], bool], *, within: float = 60, what: str = ""
+    ) -> Obj:
+        async def probe() -> Obj | None:
+            run = await self.get(name)
+            return run if run is not None and predicate(run) else None
+
+        return await eventually(probe, within=within, interval=0.3, what=what or f"run {name}")
+
+    async def wait_phase(self, name: str, phase: str, *, within: float = 60) -> Obj:
+        return await self.wait(
+            name, lambda r: status(r).get("phase") == phase, within=within, what=f"{name} {phase}"
+        )
+
+    async def wait_gone(self, name: str, *, within: float = 60) -> None:
+        async def gone() -> bool:
+            return await self.get(name) is None
+
+        await eventually(gone, within=within, what=f"run {name} deleted")
+
+
+def status(run: Obj) -> Obj:
+    return run.get("status") or {}
+
+
+def condition(run: Obj, type_: str) -> Obj | None:
+    return next((c for c in status(run).get("conditions") or [] if c["type"] == type_), None)
