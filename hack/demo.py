@@ -1,56 +1,224 @@
-"""``make demo``: the system end to end on a local control plane.
+"""``make demo``: the whole system end to end on a local control plane.
 
-For now (foundation) it starts the control plane and the node agent, applies a
-Job whose pod runs as a local process, and shows it complete. The end-to-end
-issue turns this into the full inference demo.
+1. Starts the control plane and the node agent (``hack.cluster``).
+2. Starts KServe's own model server with an iris model trained on the spot
+   (``hack.model_server``) and the finops-database-handler look-alike
+   (``hack.storage_service``) seeded with the iris rows.
+3. Installs the CRDs and the Helm chart's RBAC, and starts the controller as
+   the chart's ServiceAccount, watching the ``inference-demo`` namespace.
+4. Applies ``examples/iris-oneshot.yaml`` unchanged but for the two addresses a
+   laptop has instead of cluster DNS (model URL; the endpoint Secret points at
+   the loopback storage service), waits for the run, and prints what a user
+   would look at: ``kubectl get infrun``, its status, the stored predictions.
+5. Tears everything down, unless ``--keep``.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import contextlib
+import json
+import sqlite3
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
-from hack.cluster import running_cluster
+import yaml
 
-DEMO_JOB = """
-apiVersion: batch/v1
-kind: Job
-metadata: {name: hello}
-spec:
-  backoffLimit: 0
-  template:
-    spec:
-      restartPolicy: Never
-      containers:
-      - name: hello
-        image: busybox
-        command:
-        - sh
-        - -c
-        - echo "hello from pod $HOSTNAME"; printf done > "$NODE_AGENT_ROOT/dev/termination-log"
-"""
+from hack.cluster import REPO, LocalCluster, free_port, running_cluster, spawn, stop_process
+from tests import chart
+from tests.integration.crds_helpers import install_crds
+
+NAMESPACE = "inference-demo"
+SECRET_NAMESPACE = "krateo-system"
+SECRET = "finops-database-handler-endpoint"
+STORAGE_USER, STORAGE_PASSWORD = "finops", "demo-only-password"
+INPUT_TABLE = "kserve_controller_input"
+OUTPUT_TABLE = "kserve_controller_output"
+
+
+def step(message: str) -> None:
+    print(f"\n==> {message}", flush=True)
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, within: float = 120) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited early:\n{log.read_text(errors='replace')[-2000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                if answer.status < 500:
+                    return
+        except urllib.error.HTTPError as answer:
+            if answer.code < 500:  # it answers: it is up
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} not ready after {within}s")
+
+
+@contextlib.contextmanager
+def process(args: list[str], log: Path, ready_url: str) -> Iterator[subprocess.Popen[bytes]]:
+    proc = spawn(args, log, cwd=REPO)
+    try:
+        wait_http(ready_url, proc, log)
+        yield proc
+    finally:
+        stop_process(proc)
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def demo_manifests(model_port: int) -> list[dict[str, Any]]:
+    """examples/iris-oneshot.yaml, with the model reachable from this machine."""
+    docs = list(yaml.safe_load_all((REPO / "examples" / "iris-oneshot.yaml").read_text()))
+    for doc in docs:
+        if doc["kind"] == "InferenceConfig":
+            doc["spec"]["kserve"]["modelUrl"] = (
+                f"127.0.0.1:{model_port}/v2/models/sklearn-iris/infer"
+            )
+    return docs
+
+
+def setup_rbac(cluster: LocalCluster, workdir: Path) -> Path:
+    """The chart's RBAC for the demo namespace; returns the controller's kubeconfig."""
+    values = {
+        "runner": {"extraSecretAccess": [{"namespace": SECRET_NAMESPACE, "secretNames": [SECRET]}]}
+    }
+    objects = chart.controller_rbac_objects(NAMESPACE, [NAMESPACE], values=values)
+    chart.apply(cluster, objects)
+    return chart.service_account_kubeconfig(
+        cluster, NAMESPACE, path=workdir / "controller.kubeconfig"
+    )
+
+
+def print_predictions(db: Path, limit: int = 10) -> None:
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        total = conn.execute(f"SELECT COUNT(*) FROM {OUTPUT_TABLE}").fetchone()[0]
+        rows = conn.execute(
+            f"SELECT jobuid, poduid, prediction, counter FROM {OUTPUT_TABLE} "
+            "ORDER BY counter LIMIT ?",
+            (limit,),
+        ).fetchall()
+    print(f"{total} predictions stored in {OUTPUT_TABLE}; the first {len(rows)}:")
+    print(f"  {'jobuid':36}  {'poduid':36}  prediction  counter")
+    for job, pod, prediction, counter in rows:
+        print(f"  {job:36}  {pod:36}  {prediction:10}  {counter:7}")
+
+
+def run_demo(cluster: LocalCluster, workdir: Path, keep: bool) -> None:
+    kubectl = cluster.kubectl
+    model_port, storage_port = free_port(), free_port()
+    db = workdir / "storage.sqlite"
+    step("starting KServe's model server (iris, trained now) and the storage service")
+    model_cmd = [sys.executable, "-m", "hack.model_server", "--port", str(model_port)]
+    storage_cmd = [
+        sys.executable, "-m", "hack.storage_service", "--port", str(storage_port),
+        "--db", str(db), "--user", STORAGE_USER, "--password", STORAGE_PASSWORD,
+        "--seed-iris", INPUT_TABLE,
+    ]  # fmt: skip
+    model_ready = f"http://127.0.0.1:{model_port}/v2/health/ready"
+    storage_ready = f"http://127.0.0.1:{storage_port}/"
+    with (
+        process(model_cmd, workdir / "model-server.log", model_ready),
+        process(storage_cmd, workdir / "storage.log", storage_ready),
+    ):
+        step("installing the CRDs and the chart's RBAC")
+        install_crds(cluster)
+        for ns in (NAMESPACE, SECRET_NAMESPACE):
+            kubectl("create", "namespace", ns)
+        kubeconfig = setup_rbac(cluster, workdir)
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": SECRET, "namespace": SECRET_NAMESPACE},
+            "data": {
+                "server-url": b64(f"http://127.0.0.1:{storage_port}"),
+                "username": b64(STORAGE_USER),
+                "password": b64(STORAGE_PASSWORD),
+            },
+        }
+        kubectl("apply", "-f", "-", input=json.dumps(secret))
+
+        step("starting the controller (python -m controller) as the chart's ServiceAccount")
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "KUBECONFIG": str(kubeconfig),
+            "WATCH_NAMESPACE": NAMESPACE,
+            "RUNNER_SERVICE_ACCOUNT": chart.RUNNER_SERVICE_ACCOUNT,
+            "POLLING_INTERVAL": "1m",
+            "HEALTH_PORT": str(free_port()),
+            "METRICS_PORT": str(free_port()),
+            "BIND_ADDRESS": "127.0.0.1",
+            "LOG_FORMAT": "json",
+        }
+        controller_log = workdir / "controller.log"
+        controller = spawn([sys.executable, "-m", "controller"], controller_log, env=env, cwd=REPO)
+        try:
+            wait_http(f"http://127.0.0.1:{env['HEALTH_PORT']}/readyz", controller, controller_log)
+            step("kubectl apply -f examples/iris-oneshot.yaml (model URL pointed at loopback)")
+            manifests = demo_manifests(model_port)
+            print(
+                kubectl(
+                    "apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump_all(manifests)
+                ).stdout
+            )
+            kubectl(
+                "wait", "-n", NAMESPACE, "--for=condition=Complete", "infrun/iris-once",
+                "--timeout=180s",
+            )  # fmt: skip
+            step("kubectl get infrun")
+            print(kubectl("get", "infrun", "-n", NAMESPACE, "-o", "wide").stdout)
+            run = json.loads(
+                kubectl("get", "infrun", "iris-once", "-n", NAMESPACE, "-o", "json").stdout
+            )
+            status = run["status"]
+            step("the run's status")
+            summary = {
+                k: status.get(k)
+                for k in ("phase", "result", "progress", "startTime", "completionTime", "jobStatus")
+            }
+            print(yaml.safe_dump(summary, sort_keys=False))
+            step("events")
+            print(kubectl("events", "-n", NAMESPACE, "--for", "infrun/iris-once").stdout)
+            step("stored predictions (the storage service's database)")
+            print_predictions(db)
+            if keep:
+                step("still running: try it yourself (Ctrl-C stops everything)")
+                print(f"  export KUBECONFIG={cluster.kubeconfig}")
+                print(f"  alias kubectl={cluster.bin_dir / 'kubectl'}")
+                print(f"  kubectl get infrun,infcfg,jobs,pods -n {NAMESPACE}")
+                print(f"  logs: controller {controller_log}, cluster {cluster.log_dir}", flush=True)
+                with contextlib.suppress(KeyboardInterrupt):
+                    while controller.poll() is None:
+                        time.sleep(1)
+        except BaseException:
+            print(f"--- controller log (last lines) ---\n{controller_log.read_text()[-4000:]}")
+            raise
+        finally:
+            stop_process(controller)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hack.demo")
-    parser.add_argument("--keep", action="store_true", help="keep the cluster running until Ctrl-C")
+    parser = argparse.ArgumentParser(prog="python -m hack.demo", description=__doc__.split("\n")[0])
+    parser.add_argument("--keep", action="store_true", help="keep everything running until Ctrl-C")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    with running_cluster() as cluster:
+    with tempfile.TemporaryDirectory(prefix="ksc-demo-") as tmp, running_cluster() as cluster:
         print(f"control plane up in {time.monotonic() - started:.1f}s at {cluster.server}")
-        cluster.kubectl("apply", "-f", "-", input=DEMO_JOB)
-        cluster.kubectl("wait", "--for=condition=Complete", "job/hello", "--timeout=60s")
-        print(cluster.kubectl("get", "jobs,pods", "-o", "wide").stdout)
-        print(cluster.kubectl("logs", "job/hello").stdout)
-        if args.keep:
-            print(f"export KUBECONFIG={cluster.kubeconfig}  (Ctrl-C to stop)", flush=True)
-            try:
-                while True:
-                    time.sleep(1)
-            except KeyboardInterrupt:
-                pass
-    print(f"demo finished in {time.monotonic() - started:.1f}s")
+        run_demo(cluster, Path(tmp), args.keep)
+    print(f"\ndemo finished in {time.monotonic() - started:.1f}s; everything stopped")
     return 0
 
 
