@@ -65,6 +65,33 @@ KCM_CONTROLLERS = (
 )
 
 
+# Stand-in runner images for controller tests and benchmarks: known outcomes, no
+# model or storage needed. Real runner images (``*runner*``) run the real runner.
+_RESULT = '{"rows":3,"predictions":3,"durationSeconds":0.1}'
+_TERMINATION = '"$NODE_AGENT_ROOT/dev/termination-log"'
+STAND_IN_RUNNERS = {
+    "test.local/fake-ok*": [
+        "sh",
+        "-c",
+        f'test -s "$NODE_AGENT_ROOT/tmp/contract.json" || exit 2; '
+        f'echo \'{{"event":"progress","rowsDone":3,"rowsTotal":3}}\'; '
+        f"printf '%s' '{_RESULT}' > {_TERMINATION}",
+    ],
+    "test.local/fake-fail*": [
+        "sh",
+        "-c",
+        f"printf 'inference: model answered 503 Service Unavailable' > {_TERMINATION}; exit 4",
+    ],
+    "test.local/fake-slow*": [
+        "sh",
+        "-c",
+        "i=0; while [ $i -lt 600 ]; do i=$((i+1)); "
+        'echo "{\\"event\\":\\"progress\\",\\"rowsDone\\":$i,\\"rowsTotal\\":600}"; '
+        "sleep 0.5; done",
+    ],
+}
+
+
 @dataclass(frozen=True)
 class User:
     name: str
@@ -147,7 +174,7 @@ class LocalCluster:
     # Image glob -> command for containers without a command (see hack/nodeagent.py).
     # Any runner image runs this checkout's runner.
     image_commands: dict[str, list[str]] = field(
-        default_factory=lambda: {"*runner*": [sys.executable, "-m", "runner"]}
+        default_factory=lambda: {**STAND_IN_RUNNERS, "*runner*": [sys.executable, "-m", "runner"]}
     )
 
     etcd_port: int = 0

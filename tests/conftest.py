@@ -30,31 +30,6 @@ __all__ = ["model_server"]  # a session fixture shared by runner and end-to-end 
 
 MARKER_ENV = "KSC_TEST_RUN"
 
-# Stand-in runner images for controller tests: known outcomes, no model needed.
-_RESULT = '{"rows":3,"predictions":3,"durationSeconds":0.1}'
-_TERMINATION = '"$NODE_AGENT_ROOT/dev/termination-log"'
-FAKE_RUNNER_IMAGES = {
-    "test.local/fake-ok*": [
-        "sh",
-        "-c",
-        f'test -s "$NODE_AGENT_ROOT/tmp/contract.json" || exit 2; '
-        f'echo \'{{"event":"progress","rowsDone":3,"rowsTotal":3}}\'; '
-        f"printf '%s' '{_RESULT}' > {_TERMINATION}",
-    ],
-    "test.local/fake-fail*": [
-        "sh",
-        "-c",
-        f"printf 'inference: model answered 503 Service Unavailable' > {_TERMINATION}; exit 4",
-    ],
-    "test.local/fake-slow*": [
-        "sh",
-        "-c",
-        "i=0; while [ $i -lt 600 ]; do i=$((i+1)); "
-        'echo "{\\"event\\":\\"progress\\",\\"rowsDone\\":$i,\\"rowsTotal\\":600}"; '
-        "sleep 0.5; done",
-    ],
-}
-
 _DIR_MARKERS = {"unit": "unit", "integration": "integration", "runner": "integration", "e2e": "e2e"}
 
 
@@ -92,7 +67,6 @@ def cluster() -> Iterator[LocalCluster]:
     bin_dir = ensure_binaries()
     with tempfile.TemporaryDirectory(prefix="ksc-test-cluster-") as tmp:
         local = LocalCluster(bin_dir=bin_dir, workdir=Path(tmp))
-        local.image_commands = {**FAKE_RUNNER_IMAGES, **local.image_commands}
         local.start()
         try:
             yield local

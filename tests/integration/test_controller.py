@@ -16,6 +16,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from hack.cluster import LocalCluster
+from tests import chart
 from tests.controllerproc import ControllerProcess, controller_for
 from tests.kubehelpers import eventually
 from tests.runs import Runs, condition, inference_config, inference_run, status
@@ -432,3 +433,20 @@ def test_bad_settings_exit_with_a_clear_message() -> None:
     )
     assert done.returncode == 2
     assert "POLLING_INTERVAL" in done.stderr
+
+
+async def test_chart_alerts_and_dashboard_use_metrics_the_running_controller_exports(
+    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+) -> None:
+    runs = Runs(api_client, namespace)
+    await runs.create(inference_config("cfg", OK))
+    await runs.create(inference_run("r", "cfg"))
+    await runs.wait_phase("r", "Succeeded")
+    page = controller.metrics()
+    served = chart.scraped_metric_names(page)
+    assert 'inference_runs{phase="Succeeded"} 1.0' in page
+    used = chart.chart_metric_names(
+        chart.render({"prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}})
+    )
+    for where, names in used.items():
+        assert names <= served, f"{where} uses {sorted(names - served)}, not on the live /metrics"
