@@ -322,7 +322,10 @@ def _one_shot(status: InferenceRunStatus, observed: Observed) -> None:
     phase, reason, message = _job_outcome(job, observed.pods)
     status.phase, status.reason, status.message = phase, reason, message or None
     job_status = job.get("status") or {}
-    status.start_time = _parse_time(job_status.get("startTime")) or status.start_time
+    if phase != "Pending":
+        # The Job controller stamps startTime before any pod runs; taking it only
+        # once the run leaves Pending saves a status write per run.
+        status.start_time = _parse_time(job_status.get("startTime")) or status.start_time
     if phase == "Succeeded":
         status.completion_time = _parse_time(job_status.get("completionTime")) or observed.now
         result = runner_result(observed.pods)

@@ -302,3 +302,13 @@ def test_scheduled_run_last_execution_failure_and_states() -> None:
     suspended = derive(run=make_run(schedule="@hourly", suspend=True), cronjob=cronjob())
     assert suspended.phase == "Suspended"
     assert derive(run=run).phase == "Pending"
+
+
+def test_start_time_is_taken_once_the_run_leaves_pending() -> None:
+    pending = derive(job=job(startTime="2026-11-22T11:50:00Z"))
+    assert pending.phase == "Pending"
+    assert pending.start_time is None  # one status write fewer per run
+    running = derive(
+        job=job(startTime="2026-11-22T11:50:00Z"), pods=[pod({"running": {"startedAt": "x"}})]
+    )
+    assert running.start_time == datetime(2026, 11, 22, 11, 50, tzinfo=UTC)
