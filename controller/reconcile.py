@@ -69,7 +69,7 @@ from controller.render import (
     desired_configmap,
     desired_workload,
 )
-from controller.status import Observed, derive_status
+from controller.status import CONDITION_WARNING, Observed, derive_status
 from runner.progress import last_progress
 
 log = structlog.stdlib.get_logger(__name__)
@@ -397,17 +397,14 @@ class Reconciler:
                     "Succeeded",
                     f"{r.predictions} predictions for {r.rows} rows in {r.duration_seconds:.1f}s",
                 )
-            elif new.phase is not None:
+            elif new.reason == "Retrying":
+                self.events.warning(raw, "Retrying", message)
+            elif new.phase not in (None, "Pending"):  # "Created" already said it
                 self.events.normal(raw, new.phase, message)
         old_last = old.last_execution
         last = new.last_execution
         if last is not None and (
-            old_last is None
-            or (old_last.name, old_last.phase)
-            != (
-                last.name,
-                last.phase,
-            )
+            old_last is None or (old_last.name, old_last.phase) != (last.name, last.phase)
         ):
             if last.phase == "Failed":
                 self.events.warning(
@@ -415,11 +412,11 @@ class Reconciler:
                 )
             elif last.phase == "Succeeded":
                 self.events.normal(raw, "ExecutionSucceeded", f"{last.name} succeeded")
-        if warnings and old.to_api().get("conditions") == new.to_api().get("conditions"):
-            return
+        # A warning is announced once, when it first appears on the run's Warning condition.
+        previous = next((c for c in old.conditions if c.type == CONDITION_WARNING), None)
+        known = set(previous.reason.split(",")) if previous is not None else set()
         for reason, message in warnings:
-            previous = next((c for c in old.conditions if c.type == "Warning"), None)
-            if previous is None or reason not in previous.reason.split(","):
+            if reason not in known:
                 self.events.warning(raw, reason, message)
 
     async def _auto_delete(
