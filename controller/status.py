@@ -185,7 +185,11 @@ def _job_outcome(job: Json, pods: Sequence[Json]) -> tuple[Phase, str, str]:
     if "Suspended" in conditions or (job.get("spec") or {}).get("suspend"):
         return "Suspended", "Suspended", "the Job is suspended"
     running = any("running" in (_runner_state(p) or {}) for p in pods)
-    if running:
+    # A runner that exited 0 before the Job says Complete (the Job controller
+    # batches pod updates for up to a second), or one shard of several that is
+    # done: the run is under way, not back to Pending.
+    succeeded = any((_terminated(p) or {}).get("exitCode") == 0 for p in pods)
+    if running or succeeded:
         return "Running", "Running", ""
     retrying = runner_failure(pods)
     if retrying is not None:

@@ -312,3 +312,17 @@ def test_start_time_is_taken_once_the_run_leaves_pending() -> None:
         job=job(startTime="2026-11-22T11:50:00Z"), pods=[pod({"running": {"startedAt": "x"}})]
     )
     assert running.start_time == datetime(2026, 11, 22, 11, 50, tzinfo=UTC)
+
+
+def test_a_runner_done_before_the_job_says_complete_keeps_the_run_running() -> None:
+    # The Job controller marks Complete about a second after the pod ends.
+    status = derive(
+        job=job(startTime="2026-11-22T11:50:00Z", active=0),
+        pods=[pod(terminated(0, '{"rows":3,"predictions":3,"durationSeconds":0.1}'))],
+    )
+    assert status.phase == "Running"
+    shard_done_other_pending = derive(
+        job=job(active=1),
+        pods=[pod(terminated(0, "")), pod({"waiting": {"reason": "ContainerCreating"}})],
+    )
+    assert shard_done_other_pending.phase == "Running"

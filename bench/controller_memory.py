@@ -1,0 +1,270 @@
+"""Controller memory per cached run, children included.
+
+    .venv/bin/python -m bench.controller_memory [--runs 1000]
+
+On one fresh local control plane, the controller (``python -m controller``,
+the Helm chart's RBAC, ``MAX_RECONCILE_RATE=4``) watching one namespace:
+
+1. **Empty**: a fresh controller, caches synced with no run, settled (work
+   queue empty, no reconcile for a few seconds): its RSS.
+2. **Grown**: ``--runs`` suspended one-shot runs are created; the same
+   controller creates a ConfigMap and a (suspended, so pod-less) Job for each
+   and writes their status. Once everything settled: its RSS. This includes
+   whatever the work left behind (the allocator keeps freed memory).
+3. **Restarted**: that controller stops and a fresh one starts with the
+   ``--runs`` runs, ConfigMaps and Jobs already there; synced and settled (each
+   run reconciled once, which writes nothing): its RSS. **Restarted - Empty**
+   is the memory the caches need for that many runs with their children.
+
+RSS is ``VmRSS`` of the controller's process from ``/proc/<pid>/status`` (the
+median of several samples a moment apart), with ``VmHWM`` (peak) beside it.
+Also printed: the requests the restarted controller made after starting (it
+should list and watch, and write nothing), and, for scale, the size of what
+its caches hold as JSON and as parsed Python objects (the same objects parsed
+with orjson in the benchmark's process, measured with ``tracemalloc``).
+Measured and printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import orjson
+
+from bench.api_requests import controller_requests
+from bench.controller_throughput import (
+    NAMESPACE,
+    Admin,
+    Controller,
+    Setup,
+    Watch,
+    bounded,
+    config_body,
+    configmaps_path,
+    configs_path,
+    job_run_uid,
+    jobs_path,
+    load_average,
+    machine,
+    object_uid,
+    prepare,
+    run_body,
+    runs_path,
+)
+from controller.kube.informer import LAST_APPLIED
+from controller.naming import managed_selector
+from hack.cluster import running_cluster
+
+WORKERS = 4
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Memory:
+    rss: int  # bytes
+    hwm: int  # bytes
+
+
+def proc_memory(pid: int) -> Memory:
+    """``VmRSS`` and ``VmHWM`` of a process, in bytes."""
+    fields: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            fields[key] = int(value.split()[0]) * 1024  # "1234 kB"
+    return Memory(fields["VmRSS"], fields["VmHWM"])
+
+
+def sample(pid: int, count: int = 5, every: float = 0.5) -> Memory:
+    samples = []
+    for index in range(count):
+        if index:
+            time.sleep(every)
+        samples.append(proc_memory(pid))
+    return Memory(int(statistics.median(m.rss for m in samples)), max(m.hwm for m in samples))
+
+
+def slim_json(obj: dict[str, Any]) -> bytes:
+    """``obj`` as the informer caches it (no managedFields or last-applied), as JSON."""
+    meta = dict(obj["metadata"])
+    meta.pop("managedFields", None)
+    annotations = dict(meta.get("annotations") or {})
+    annotations.pop(LAST_APPLIED, None)
+    meta["annotations"] = annotations
+    return orjson.dumps({**obj, "metadata": meta})
+
+
+def parsed_size(blobs: list[bytes]) -> int:
+    """Bytes of Python objects the JSON documents take once parsed (tracemalloc, here)."""
+    tracemalloc.start()
+    try:
+        parsed = [orjson.loads(blob) for blob in blobs]
+        size, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    del parsed
+    return size
+
+
+@dataclass(frozen=True)
+class Cached:
+    count: int
+    json_bytes: int
+    parsed_bytes: int
+
+
+async def cached_sizes(admin: Admin) -> dict[str, Cached]:
+    """What the controller's caches hold, by kind: count, slim JSON size, parsed size."""
+    selector = f"?labelSelector={quote(managed_selector())}"
+    paths = {
+        "InferenceRun": runs_path(NAMESPACE),
+        "ConfigMap": configmaps_path(NAMESPACE) + selector,
+        "Job": jobs_path(NAMESPACE) + selector,
+    }
+    sizes = {}
+    for kind, path in paths.items():
+        blobs = [slim_json(item) for item in (await admin.get(path))["items"]]
+        sizes[kind] = Cached(len(blobs), sum(map(len, blobs)), parsed_size(blobs))
+    return sizes
+
+
+async def create_runs(setup: Setup, count: int) -> None:
+    """``count`` suspended runs; until each has its Job and status ``Suspended``."""
+    admin = Admin(setup.cluster)
+    runs = Watch(admin, runs_path(NAMESPACE), object_uid)
+    jobs = Watch(admin, jobs_path(NAMESPACE), job_run_uid, selector=managed_selector())
+    try:
+        await admin.post(configs_path(NAMESPACE), config_body(NAMESPACE))
+        await runs.start()
+        await jobs.start()
+        await bounded(
+            8,
+            [
+                functools.partial(
+                    admin.post, runs_path(NAMESPACE), run_body(NAMESPACE, f"run-{i:05d}")
+                )
+                for i in range(count)
+            ],
+        )
+
+        def suspended(w: Watch) -> bool:
+            phases = [(o.get("status") or {}).get("phase") for o in w.objects.values()]
+            return len(phases) == count and all(p == "Suspended" for p in phases)
+
+        await runs.wait_for(suspended, 900, f"{count} runs Suspended")
+        await jobs.wait_keys(runs.objects.keys(), 60)
+    finally:
+        await runs.stop()
+        await jobs.stop()
+        await admin.close()
+
+
+def mib(value: float) -> str:
+    return f"{value / MIB:.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.controller_memory")
+    parser.add_argument("--runs", type=int, default=1000)
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+
+    loads = [load_average()]
+    with tempfile.TemporaryDirectory(prefix="ksc-bench-") as tmp, running_cluster() as cluster:
+        setup = prepare(cluster, Path(tmp))
+        first = Controller(setup, WORKERS, name="controller-1")
+        second = Controller(setup, WORKERS, name="controller-2")
+        try:
+            first.start()
+            first.wait_quiet()
+            empty = sample(first.pid)
+
+            started = time.monotonic()
+            asyncio.run(create_runs(setup, args.runs))
+            first.wait_quiet(within=300)
+            created_in = time.monotonic() - started
+            grown = sample(first.pid)
+            first.stop()
+            loads.append(load_average())
+
+            _, mark = controller_requests(cluster, setup.user, 0)
+            second.start(within=120)
+            second.wait_quiet(within=300)
+            restarted = sample(second.pid)
+            time.sleep(2)
+            requests, _ = controller_requests(cluster, setup.user, mark)
+            reconciles = second.metrics().get("controller_runtime_reconcile_total", 0.0)
+
+            async def sizes() -> dict[str, Cached]:
+                admin = Admin(cluster)
+                try:
+                    return await cached_sizes(admin)
+                finally:
+                    await admin.close()
+
+            cached = asyncio.run(sizes())
+        finally:
+            first.stop()
+            second.stop()
+        loads.append(load_average())
+
+    per_thousand = (restarted.rss - empty.rss) * 1000 / args.runs
+    grown_per_thousand = (grown.rss - empty.rss) * 1000 / args.runs
+    objects = sum(c.count for c in cached.values())
+    json_bytes = sum(c.json_bytes for c in cached.values())
+    parsed_bytes = sum(c.parsed_bytes for c in cached.values())
+    lines = [
+        f"machine: {machine()}",
+        f"load average (1/5/15 min) at start, middle, end: {' | '.join(loads)}",
+        f"runs: {args.runs} (suspended one-shot runs, each with a ConfigMap and a Job)",
+        "",
+        "| controller | runs cached | RSS MiB | peak (VmHWM) MiB |",
+        "|---|---|---|---|",
+        f"| fresh, nothing to cache | 0 | {mib(empty.rss)} | {mib(empty.hwm)} |",
+        f"| same process after creating them all ({created_in:.0f} s) | {args.runs} | "
+        f"{mib(grown.rss)} | {mib(grown.hwm)} |",
+        f"| fresh, restarted with them in place | {args.runs} | {mib(restarted.rss)} | "
+        f"{mib(restarted.hwm)} |",
+        "",
+        f"**{mib(per_thousand)} MiB per 1000 cached runs** after a restart "
+        f"(restarted - fresh empty), {mib(grown_per_thousand)} MiB in the process that "
+        f"created them (grown - fresh empty); each run with its ConfigMap and Job.",
+        "",
+        f"For scale, the {objects} cached objects are {json_bytes / MIB:.1f} MiB as slim JSON "
+        f"and {parsed_bytes / MIB:.1f} MiB as parsed Python dicts "
+        f"({parsed_bytes * 1000 / args.runs / MIB:.1f} MiB per 1000 runs, measured with "
+        "tracemalloc in the benchmark's own process).",
+        "",
+        "| cached kind | objects | slim JSON bytes per object | parsed bytes per object |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {kind} | {c.count} | {c.json_bytes / max(c.count, 1):.0f} | "
+        f"{c.parsed_bytes / max(c.count, 1):.0f} |"
+        for kind, c in cached.items()
+    ]
+    lines += [
+        "",
+        f"| restarted controller's requests (start, sync, {reconciles:.0f} reconciles) | count |",
+        "|---|---|",
+    ]
+    lines += [f"| `{k}` | {v} |" for k, v in sorted(requests.items())]
+    lines.append(f"| **total** | **{sum(requests.values())}** |")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
