@@ -156,14 +156,38 @@ def spawn(
 
 
 def stop_process(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    """SIGTERM a :func:`spawn`-ed child and its process group; SIGKILL after ``grace``."""
     if proc.poll() is not None:
         return
-    proc.send_signal(signal.SIGTERM)
+    # spawn() made the child a session leader: its group holds anything it started.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(grace)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(5)
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, within: float = 120.0) -> None:
+    """Wait until ``url`` answers below 500 (it is up), failing early if ``proc`` exits."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}:\n{tail}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                if answer.status < 500:
+                    return
+        except urllib.error.HTTPError as answer:
+            if answer.code < 500:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} did not answer within {within}s; log: {log}")
 
 
 @dataclass

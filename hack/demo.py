@@ -24,15 +24,21 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from hack.cluster import REPO, LocalCluster, free_port, running_cluster, spawn, stop_process
+from hack.cluster import (
+    REPO,
+    LocalCluster,
+    free_port,
+    running_cluster,
+    spawn,
+    stop_process,
+    wait_http,
+)
 from tests import chart
 from tests.integration.crds_helpers import install_crds
 
@@ -46,24 +52,6 @@ OUTPUT_TABLE = "kserve_controller_output"
 
 def step(message: str) -> None:
     print(f"\n==> {message}", flush=True)
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, within: float = 120) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url} exited early:\n{log.read_text(errors='replace')[-2000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                if answer.status < 500:
-                    return
-        except urllib.error.HTTPError as answer:
-            if answer.code < 500:  # it answers: it is up
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} not ready after {within}s")
 
 
 @contextlib.contextmanager

@@ -24,7 +24,9 @@ outcomes. For each pod it:
 - serves the kubelet's ``/containerLogs`` endpoint over mutual TLS, so
   ``kubectl logs`` and the ``pods/log`` API work.
 
-Everything is raw JSON over aiohttp: this is test infrastructure, kept small.
+Everything is raw JSON over aiohttp, with its own small client rather than
+``controller.kube``: test infrastructure must not share bugs with the code it
+tests.
 """
 
 from __future__ import annotations

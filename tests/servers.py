@@ -7,21 +7,14 @@ session (it needs seconds to start) and stopped with its whole process group.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from hack.cluster import free_port
+from hack.cluster import free_port, spawn, stop_process, wait_http
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,43 +29,16 @@ class ModelServer:
         return f"{self.url}/v2/models/{model}/infer"
 
 
-def _wait_ready(url: str, process: subprocess.Popen[bytes], within: float) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the model server exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as answer:
-                if answer.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"the model server was not ready within {within}s")
-
-
 @pytest.fixture(scope="session")
 def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelServer]:
     port = free_port()
     log_path = tmp_path_factory.mktemp("model-server") / "server.log"
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "hack.model_server", "--port", str(port)],
-            cwd=REPO,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            _wait_ready(url, process, within=120)
-            yield ModelServer(url=url)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+    process = spawn(
+        [sys.executable, "-m", "hack.model_server", "--port", str(port)], log_path, cwd=REPO
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/v2/health/ready", process, log_path, within=120)
+        yield ModelServer(url=url)
+    finally:
+        stop_process(process, grace=15)
