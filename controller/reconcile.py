@@ -42,12 +42,15 @@ import structlog
 from pydantic import ValidationError
 
 from controller.api import (
+    CONDITION_READY,
+    Condition,
     InferenceConfig,
     InferenceRun,
     InferenceRunStatus,
     Progress,
     describe_invalid,
     run_config_warnings,
+    set_condition,
 )
 from controller.kube.client import (
     CONFIGMAPS,
@@ -323,60 +326,50 @@ class Reconciler:
 
     async def _write_status(self, raw: Obj, run: InferenceRun, status: InferenceRunStatus) -> None:
         new = status.to_api()
-        if new == run.status.to_api():
-            return
-        body = {**raw, "status": new}
+        if new != run.status.to_api():
+            await self._put_status(raw, new)
+
+    async def _put_status(self, raw: Obj, status: Obj) -> None:
+        """PUT ``status`` with the cached resourceVersion as precondition; cache the answer."""
+        meta = raw["metadata"]
         try:
             updated = await self.client.update_status(
-                RUNS, run.metadata.namespace, run.metadata.name, body
+                RUNS, meta["namespace"], meta["name"], {**raw, "status": status}
             )
         except ApiError as exc:
             if exc.is_conflict or exc.is_not_found:
-                raise _Retry(f"status of {run.metadata.name}: {exc.reason}") from exc
+                raise _Retry(f"status of {meta['name']}: {exc.reason}") from exc
             raise
         self.caches.runs.assume(updated)
 
     async def _invalid_run(self, raw: Obj, exc: ValidationError) -> None:
         """A run the controller cannot use: say why once, wait for an edit."""
         reason, message = describe_invalid(exc)
-        status = raw.get("status") or {}
-        meta = raw["metadata"]
-        if (
-            status.get("phase") == "Error"
-            and status.get("reason") == reason
-            and (status.get("message") == message)
-            and status.get("observedGeneration") == meta.get("generation")
-        ):
-            return
-        now = self.clock().strftime("%Y-%m-%dT%H:%M:%SZ")
-        conditions = [c for c in status.get("conditions") or [] if c.get("type") != "Ready"]
-        conditions.append(
-            {
-                "type": "Ready",
-                "status": "False",
+        generation = raw["metadata"].get("generation") or None
+        try:
+            old = InferenceRunStatus.model_validate(raw.get("status") or {})
+        except ValidationError:
+            old = InferenceRunStatus()
+        ready = Condition(
+            type=CONDITION_READY,
+            status="False",
+            reason=reason,
+            message=message,
+            last_transition_time=self.clock(),
+            observed_generation=generation,
+        )
+        new = old.model_copy(
+            update={
+                "phase": "Error",
                 "reason": reason,
                 "message": message,
-                "lastTransitionTime": now,
-                "observedGeneration": meta.get("generation"),
+                "observed_generation": generation,
+                "conditions": set_condition(old.conditions, ready),
             }
         )
-        new_status = {
-            **status,
-            "phase": "Error",
-            "reason": reason,
-            "message": message,
-            "observedGeneration": meta.get("generation"),
-            "conditions": conditions,
-        }
-        try:
-            updated = await self.client.update_status(
-                RUNS, meta["namespace"], meta["name"], {**raw, "status": new_status}
-            )
-        except ApiError as error:
-            if error.is_conflict or error.is_not_found:
-                raise _Retry("status conflict") from error
-            raise
-        self.caches.runs.assume(updated)
+        if new.to_api() == old.to_api():
+            return
+        await self._put_status(raw, new.to_api())
         self.events.warning(raw, reason, message)
 
     def _phase_events(
@@ -444,14 +437,6 @@ class Reconciler:
 
 class _Retry(Exception):
     """A normal race: look again soon (rate-limited), not an error worth a stack trace."""
-
-
-def is_retry(exc: BaseException) -> bool:
-    return isinstance(exc, _Retry)
-
-
-def is_permission_error(exc: BaseException) -> bool:
-    return isinstance(exc, Forbidden)
 
 
 def _owned_by(obj: Obj, run: InferenceRun) -> bool:

@@ -12,12 +12,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hack.cluster import LocalCluster, free_port, spawn
+from hack.cluster import LocalCluster, free_port, spawn, wait_http
 from tests import chart
 from tests.integration.crds_helpers import install_crds
 
@@ -46,13 +45,7 @@ class ControllerProcess:
             **self.env,
         }
         self.proc = spawn([sys.executable, "-m", "controller"], self.log, env=env, cwd=REPO)
-        deadline = time.monotonic() + timeout
-        while not self.ready():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"controller exited {self.proc.returncode}:\n{self.output()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"controller not ready in {timeout}s:\n{self.output()}")
-            time.sleep(0.1)
+        wait_http(f"http://127.0.0.1:{self.health_port}/readyz", self.proc, self.log, timeout)
 
     def _get(self, port: int, path: str) -> tuple[int, str]:
         try:
@@ -62,9 +55,6 @@ class ControllerProcess:
             return e.code, e.read().decode()
         except OSError:
             return 0, ""
-
-    def ready(self) -> bool:
-        return self._get(self.health_port, "/readyz")[0] == 200
 
     def metrics(self) -> str:
         return self._get(self.metrics_port, "/metrics")[1]

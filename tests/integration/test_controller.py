@@ -450,3 +450,22 @@ async def test_chart_alerts_and_dashboard_use_metrics_the_running_controller_exp
     )
     for where, names in used.items():
         assert names <= served, f"{where} uses {sorted(names - served)}, not on the live /metrics"
+
+
+async def test_run_the_schema_accepts_but_the_controller_cannot_use_is_an_error(
+    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+) -> None:
+    runs = Runs(api_client, namespace)
+    await runs.create(inference_config("cfg", OK))
+    # Valid cron syntax, but 31 February never comes: only the controller can tell.
+    await runs.create(inference_run("never", "cfg", schedule="0 0 31 2 *"))
+    errored = await runs.wait_phase("never", "Error")
+    assert status(errored)["reason"] == "InvalidSchedule"
+    assert "never fires" in status(errored)["message"]
+    ready = condition(errored, "Ready")
+    assert ready is not None
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSchedule")
+    await asyncio.sleep(2)
+    again = await runs.get("never")
+    assert again is not None
+    assert again["metadata"]["resourceVersion"] == errored["metadata"]["resourceVersion"]
