@@ -33,9 +33,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from hack import chart
 from hack.cluster import LocalCluster, free_port, running_cluster, spawn, stop_process
-from tests import chart
-from tests.integration.crds_helpers import install_crds
+from hack.crds import install_crds
 
 NAMESPACE = "bench"
 IMAGE = "test.local/fake-ok:1"

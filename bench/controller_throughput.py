@@ -67,9 +67,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from controller.api import InferenceConfig, InferenceRun
 from controller.naming import RUN_UID_LABEL, managed_selector
 from controller.render import desired_configmap, desired_job
+from hack import chart
 from hack.cluster import LocalCluster, free_port, running_cluster, spawn, stop_process
-from tests import chart
-from tests.integration.crds_helpers import install_crds
+from hack.crds import install_crds
 
 NAMESPACE = "bench"
 DIRECT_NAMESPACE = "bench-direct"

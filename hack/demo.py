@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from hack import chart
 from hack.cluster import (
     REPO,
     LocalCluster,
@@ -39,8 +40,7 @@ from hack.cluster import (
     stop_process,
     wait_http,
 )
-from tests import chart
-from tests.integration.crds_helpers import install_crds
+from hack.crds import install_crds
 
 NAMESPACE = "inference-demo"
 SECRET_NAMESPACE = "krateo-system"

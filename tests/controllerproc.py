@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hack.cluster import LocalCluster, free_port, spawn, wait_http
+from hack.crds import install_crds
 from tests import chart
-from tests.integration.crds_helpers import install_crds
 
 REPO = Path(__file__).resolve().parents[1]
 

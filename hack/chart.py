@@ -1,0 +1,307 @@
+"""The Helm chart rendered by the real ``helm`` binary, for tests, benchmarks and the demo.
+
+- :func:`helm_binary` builds (once, cached outside the repository) or finds the
+  pinned ``helm`` (``hack/helm/build.sh``).
+- :func:`render` runs ``helm template`` with the given values and returns the
+  parsed objects; :func:`render_text` returns the manifest text for
+  ``kubectl apply``.
+- :func:`controller_rbac_objects` returns exactly the chart's ServiceAccounts,
+  (Cluster)Roles and (Cluster)RoleBindings for the controller and the runner,
+  so integration tests run the controller under the chart's RBAC: apply them
+  with :func:`apply`, then :func:`service_account_kubeconfig` writes a
+  kubeconfig holding a TokenRequest token of the chart's controller
+  ServiceAccount.
+
+Release names: cluster-scoped objects are named ``<fullname>-<release
+namespace>``, so tests in different namespaces can all use
+:data:`RELEASE` without clashing.
+
+Running the controller under the chart's RBAC::
+
+    objects = controller_rbac_objects(namespace, [namespace])  # [] = all namespaces
+    apply(cluster, objects)
+    kubeconfig = service_account_kubeconfig(cluster, namespace, path=tmp_path / "kc")
+    # start the controller with KUBECONFIG=kubeconfig, WATCH_NAMESPACE=namespace,
+    # POD_NAMESPACE=namespace (the Lease lives there), LEASE_NAME=FULLNAME, ...
+    delete_cluster_scoped(cluster, objects)  # ClusterRole(Binding), if any
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+if TYPE_CHECKING:
+    from hack.cluster import LocalCluster
+
+Obj = dict[str, Any]
+
+REPO = Path(__file__).resolve().parents[1]
+CHART_DIR = REPO / "deploy" / "kserve-inference-controller"
+HELM_BUILD_SCRIPT = REPO / "hack" / "helm" / "build.sh"
+
+RELEASE = "kserve-inference-controller"
+# With RELEASE as the release name, the chart's object prefix is the release name.
+FULLNAME = RELEASE
+CONTROLLER_SERVICE_ACCOUNT = FULLNAME
+RUNNER_SERVICE_ACCOUNT = f"{FULLNAME}-runner"
+
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+
+
+class HelmError(RuntimeError):
+    """helm exited non-zero; the message holds its command line and output."""
+
+
+@functools.cache
+def helm_binary() -> Path:
+    """The pinned helm, built on first use (minutes) and cached (``HELM_BINARY`` overrides)."""
+    done = subprocess.run(
+        ["bash", str(HELM_BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=True
+    )
+    path = Path(done.stdout.strip().splitlines()[-1])
+    if not os.access(path, os.X_OK):
+        raise HelmError(f"{HELM_BUILD_SCRIPT} printed {path}, which is not an executable")
+    return path
+
+
+def helm(
+    *args: str,
+    check: bool = True,
+    kubeconfig: Path | None = None,
+    timeout: float = 300.0,
+) -> subprocess.CompletedProcess[str]:
+    """Run helm with a private cache/config/data home, so nothing leaks into ~/.config."""
+    home = Path(tempfile.gettempdir()) / "ksc-helm-home"
+    env = {
+        **os.environ,
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+    }
+    if kubeconfig is not None:
+        env["KUBECONFIG"] = str(kubeconfig)
+    done = subprocess.run(
+        [str(helm_binary()), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    if check and done.returncode != 0:
+        raise HelmError(
+            f"helm {' '.join(args)} failed ({done.returncode}):\n{done.stdout}{done.stderr}"
+        )
+    return done
+
+
+def _values_file(values: Mapping[str, Any], directory: Path) -> Path:
+    path = directory / "values.yaml"
+    path.write_text(yaml.safe_dump(dict(values)))
+    return path
+
+
+def render_text(
+    values: Mapping[str, Any] | None = None,
+    *,
+    namespace: str = "kserve-controller-system",
+    release: str = RELEASE,
+    include_crds: bool = False,
+    extra_args: Sequence[str] = (),
+) -> str:
+    """``helm template`` output (multi-document YAML) for these values."""
+    with tempfile.TemporaryDirectory(prefix="ksc-chart-") as tmp:
+        args = ["template", release, str(CHART_DIR), "--namespace", namespace]
+        if values:
+            args += ["--values", str(_values_file(values, Path(tmp)))]
+        if include_crds:
+            args.append("--include-crds")
+        return helm(*args, *extra_args).stdout
+
+
+def parse(manifest: str) -> list[Obj]:
+    """The objects of a multi-document manifest (empty documents dropped)."""
+    return [doc for doc in yaml.safe_load_all(manifest) if doc]
+
+
+def render(
+    values: Mapping[str, Any] | None = None,
+    *,
+    namespace: str = "kserve-controller-system",
+    release: str = RELEASE,
+    include_crds: bool = False,
+) -> list[Obj]:
+    """The chart's objects for these values, parsed."""
+    return parse(
+        render_text(values, namespace=namespace, release=release, include_crds=include_crds)
+    )
+
+
+def find(
+    objects: Iterable[Obj], kind: str, name: str | None = None, namespace: str | None = None
+) -> list[Obj]:
+    """The objects of ``kind`` (and ``name``/``namespace`` when given)."""
+    return [
+        obj
+        for obj in objects
+        if obj["kind"] == kind
+        and (name is None or obj["metadata"]["name"] == name)
+        and (namespace is None or obj["metadata"].get("namespace") == namespace)
+    ]
+
+
+def one(
+    objects: Iterable[Obj], kind: str, name: str | None = None, namespace: str | None = None
+) -> Obj:
+    """The single object of ``kind`` (and name/namespace); fails if there are 0 or 2+."""
+    found = find(objects, kind, name, namespace)
+    if len(found) != 1:
+        where = f"{kind} {name or '*'} in {namespace or '*'}"
+        raise AssertionError(f"expected exactly one {where}, found {len(found)}")
+    return found[0]
+
+
+def controller_rbac_objects(
+    namespace: str,
+    watch_namespaces: Sequence[str] = (),
+    *,
+    release: str = RELEASE,
+    values: Mapping[str, Any] | None = None,
+    omit: Iterable[tuple[str, str]] = (),
+) -> list[Obj]:
+    """The chart's RBAC for a release in ``namespace`` watching ``watch_namespaces``.
+
+    Returns the controller's ServiceAccount, its (Cluster)Role(s) and
+    (Cluster)RoleBinding(s), the leader-election Role and RoleBinding, and the
+    runner ServiceAccount, Role and RoleBinding in every runner namespace,
+    exactly as ``helm template`` renders them (empty ``watch_namespaces``: all
+    namespaces, i.e. a ClusterRole).
+
+    ``omit`` removes (resource, verb) pairs such as ``("pods/log", "get")``
+    from the controller's rules, for tests that show what a missing permission
+    looks like.
+    """
+    merged: dict[str, Any] = {**(values or {}), "watchNamespaces": list(watch_namespaces)}
+    rendered = render(merged, namespace=namespace, release=release)
+    objects = [obj for obj in rendered if obj["kind"] in RBAC_KINDS]
+    removals = list(omit)
+    if removals:
+        objects = [_without(obj, removals) if _is_controller_role(obj) else obj for obj in objects]
+    return objects
+
+
+def _is_controller_role(obj: Obj) -> bool:
+    labels = obj["metadata"].get("labels") or {}
+    return (
+        obj["kind"] in ("Role", "ClusterRole")
+        and labels.get("app.kubernetes.io/component") == "controller"
+    )
+
+
+def _without(role: Obj, removals: Sequence[tuple[str, str]]) -> Obj:
+    """``role`` with each (resource, verb) pair taken out of its rules."""
+    role = copy.deepcopy(role)
+    rules: list[Obj] = []
+    for rule in role.get("rules") or []:
+        # A rule granting several resources is split so that only the named
+        # resource loses the verb.
+        for resource in rule.get("resources", []):
+            verbs = [v for v in rule["verbs"] if (resource, v) not in removals]
+            if verbs:
+                rules.append({**rule, "resources": [resource], "verbs": verbs})
+    role["rules"] = rules
+    return role
+
+
+def controller_rules(objects: Iterable[Obj]) -> dict[tuple[str, str, str], set[str]]:
+    """(namespace or "", apiGroup, resource) -> verbs granted by the controller's roles."""
+    grants: dict[tuple[str, str, str], set[str]] = {}
+    for obj in objects:
+        if not _is_controller_role(obj):
+            continue
+        scope = obj["metadata"].get("namespace", "") if obj["kind"] == "Role" else ""
+        for rule in obj.get("rules") or []:
+            for group in rule.get("apiGroups", []):
+                for resource in rule.get("resources", []):
+                    grants.setdefault((scope, group, resource), set()).update(rule["verbs"])
+    return grants
+
+
+def to_yaml(objects: Iterable[Obj]) -> str:
+    return yaml.safe_dump_all(list(objects), sort_keys=False)
+
+
+def apply(cluster: LocalCluster, objects: Iterable[Obj]) -> None:
+    """Create or update ``objects`` for real (server-side apply, as the admin)."""
+    cluster.kubectl(
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager=ksc-tests",
+        "-f",
+        "-",
+        input=to_yaml(objects),
+    )
+
+
+def delete_cluster_scoped(cluster: LocalCluster, objects: Iterable[Obj]) -> None:
+    """Delete the ClusterRoles/ClusterRoleBindings among ``objects`` (namespaces take the rest).
+
+    CRDs are left alone: other tests share them.
+    """
+    for obj in objects:
+        if obj["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            cluster.kubectl(
+                "delete", obj["kind"].lower(), obj["metadata"]["name"], "--ignore-not-found"
+            )
+
+
+def service_account_kubeconfig(
+    cluster: LocalCluster,
+    namespace: str,
+    name: str = CONTROLLER_SERVICE_ACCOUNT,
+    *,
+    path: Path,
+    duration: str = "2h",
+) -> Path:
+    """Write a kubeconfig at ``path`` acting as ServiceAccount ``namespace/name``.
+
+    The token comes from the TokenRequest API (``kubectl create token``), as a
+    pod's projected token would.
+    """
+    token = cluster.kubectl(
+        "create", "token", name, "-n", namespace, f"--duration={duration}"
+    ).stdout.strip()
+    user = f"system:serviceaccount:{namespace}:{name}"
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "local",
+                "cluster": {
+                    "server": cluster.server,
+                    "certificate-authority": str(cluster.ca_path),
+                },
+            }
+        ],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [
+            {
+                "name": "sa",
+                "context": {"cluster": "local", "user": user, "namespace": namespace},
+            }
+        ],
+        "current-context": "sa",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
