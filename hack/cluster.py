@@ -264,6 +264,22 @@ class LocalCluster:
             stop_process(proc)
         self._procs.clear()
 
+    def stop_apiserver(self) -> None:
+        """Stop kube-apiserver alone (a control-plane outage); etcd, KCM and the node agent stay."""
+        for entry in list(self._procs):
+            if entry[0] == "kube-apiserver":
+                stop_process(entry[1])
+                self._procs.remove(entry)
+
+    def start_apiserver(self, timeout: float = 120.0) -> float:
+        """Start kube-apiserver again on the same port and state; seconds until it was ready."""
+        if any(name == "kube-apiserver" for name, _ in self._procs):
+            raise RuntimeError("kube-apiserver is running already")
+        started = time.monotonic()
+        self._start_apiserver()
+        self._wait_ready(timeout)
+        return time.monotonic() - started
+
     def __enter__(self) -> LocalCluster:
         self.start()
         return self

@@ -2,7 +2,8 @@
 
 - Markers come from the directory: ``tests/unit`` -> ``unit`` (pure logic, no
   binaries), ``tests/integration`` and ``tests/runner`` -> ``integration``
-  (real API server and/or real loopback servers), ``tests/e2e`` -> ``e2e``.
+  (real API server and/or real loopback servers), ``tests/e2e`` -> ``e2e``,
+  ``tests/faults`` -> ``faults`` (kills, outages, delayed watches, fuzzing).
 - One local control plane per test run (``cluster``, started lazily by the
   first test that needs it); each test gets a fresh namespace.
 - Every process the suite starts inherits ``KSC_TEST_RUN``; when the session
@@ -30,7 +31,7 @@ __all__ = ["model_server"]  # a session fixture shared by runner and end-to-end 
 
 MARKER_ENV = "KSC_TEST_RUN"
 
-_DIR_MARKERS = {"unit": "unit", "integration": "integration", "runner": "integration", "e2e": "e2e"}
+_DIR_MARKERS = {"unit": "unit", "integration": "integration", "runner": "integration", "e2e": "e2e", "faults": "faults"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
