@@ -98,8 +98,8 @@ class Controller:
             client=client,
             caches=self.caches,
             events=self.events,
-            read_log=self._read_log,
             runner_service_account=settings.runner_service_account,
+            watch_namespaces=tuple(namespaces),
         )
         self.workers = Workers(
             self.queue,
@@ -165,11 +165,6 @@ class Controller:
             on_add=enqueue_runs_of,
             on_update=lambda _old, new: enqueue_runs_of(new),
             on_delete=enqueue_runs_of,
-        )
-
-    async def _read_log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str:
-        return await self.client.read_pod_log(
-            namespace, pod, container=container, tail_lines=tail_lines
         )
 
     # -------------------------------------------------------------------- run

@@ -49,6 +49,9 @@ CONFIG_NAME_LABEL = "ai.krateo.io/inference-config"
 # Set on every child: a hash of what the controller rendered, so drift is found
 # by comparing one annotation instead of diffing server-defaulted specs.
 DESIRED_HASH_ANNOTATION = "ai.krateo.io/desired-hash"
+# Set on a one-shot run's Job: a hash of the run's spec it was made from, so an
+# edit that the existing Job cannot follow is reported instead of ignored.
+RUN_SPEC_HASH_ANNOTATION = "ai.krateo.io/run-spec-hash"
 
 
 def _is_alnum(b: int) -> bool:

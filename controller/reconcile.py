@@ -1,39 +1,39 @@
-"""The level-triggered reconcile of one InferenceRun.
+"""The level-triggered reconcile of one InferenceRun: observe, plan, apply.
 
-``Reconciler.reconcile(key)`` reads **only the informers' caches**, works out
-what the cluster should hold (``controller.render``) and what the run's status
-should say (``controller.status``), and then makes the few writes that close
-the gap, none when nothing differs:
+``Reconciler.reconcile(key)``:
 
-1. The run, its config (a missing or unusable one becomes a condition, a
-   Warning event and a bounded retry: the config informer brings the run back
-   as soon as the config appears), and its children found by the
-   ``ai.krateo.io/run-uid`` label.
-2. Children. A one-shot run gets its ConfigMap and then its Job; once the Job
-   exists the contract is fixed and neither is touched again. A Job deleted out
-   of band is recreated only while the run has not finished. A scheduled run
-   gets its ConfigMap and CronJob and keeps both in line with edits to the run
-   or its config (compared by the ``ai.krateo.io/desired-hash`` annotation, so
-   server-side defaults never look like drift). Children of the wrong name or
-   kind (the schedule was added or removed) are deleted.
-3. Live progress: while a one-shot run's runner pod runs, the tail of its log
-   (``runner.progress``), at most every ``progress_interval``.
-4. Status: derived, compared with the cached status, written with the cached
-   ``resourceVersion`` as precondition only when different.
-5. Events on phase changes; ``autoDeletePolicy`` for finished one-shot runs
-   (the run is deleted and the garbage collector removes Job, pods and
-   ConfigMap; never a re-run).
+1. **Observe** (:meth:`Reconciler._observe`): the run, its config and its
+   children from the informers' caches (children by the run's uid label and
+   controller owner reference, not by name), plus two throttled live reads
+   the caches cannot answer: the tail of a running runner's log (progress)
+   and, for a Job that has had no pod for a while, its FailedCreate Events.
+2. **Plan** (``controller.plan.plan``, pure): the child writes, the status,
+   the Events, whether to delete the run (``autoDeletePolicy``) and when to
+   look again.
+3. **Apply**: the writes, in order; whatever is written is put into the
+   cache at once, so the next pass does not act on what it has just changed.
+   Then observe and plan again (at most a few rounds) so that the status
+   describes the children as they now are; then the status (only when it
+   differs), the Events, and the run's deletion.
 
-Races are normal: AlreadyExists, Conflict and NotFound end the reconcile and
-the key comes back (rate-limited) to look again at fresher state. Whatever
-the reconciler writes is put into the cache at once, so the next pass does not
-act on what it has just changed.
+A cache may lag the cluster (after an API server restart, the runs informer
+can come back seconds after the Jobs informer). A plan that would recreate a
+child the run had asks first for a **live read of the run**: a run that is
+gone, being deleted or replaced by a new one of the same name gets nothing.
+A status write answered NotFound ends the key the same way.
+
+Races are normal (AlreadyExists, Conflict, NotFound): the key comes back,
+rate-limited, to look at fresher state; no stack trace, no error counted.
+A write the API server **refuses** (invalid, forbidden, too large) or a name
+taken by an object that is not the run's becomes the run's status with the
+API's own message and a Warning Event, and is tried again with a backoff of
+its own (5 s doubling to 5 minutes).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -49,30 +49,23 @@ from controller.api import (
     InferenceRunStatus,
     Progress,
     describe_invalid,
-    run_config_warnings,
     set_condition,
 )
 from controller.kube.client import (
     CONFIGMAPS,
     CRONJOBS,
+    EVENTS,
     JOBS,
     ApiError,
-    Forbidden,
     Obj,
     Resource,
 )
 from controller.kube.events import EventRecorder
 from controller.kube.informer import Informer
 from controller.kube.workers import Result
-from controller.naming import DESIRED_HASH_ANNOTATION, RUN_UID_LABEL
-from controller.render import (
-    CONTAINER_NAME,
-    child_name,
-    contract_document,
-    desired_configmap,
-    desired_workload,
-)
-from controller.status import CONDITION_WARNING, Observed, derive_status
+from controller.naming import RUN_UID_LABEL
+from controller.plan import Create, Plan, Refusal, View, Write, plan, wants_job_events
+from controller.render import CONTAINER_NAME
 from runner.progress import last_progress
 
 log = structlog.stdlib.get_logger(__name__)
@@ -84,11 +77,12 @@ CONFIGS = Resource("ai.krateo.io", "v1", "inferenceconfigs", "InferenceConfig")
 BY_RUN_UID = "run-uid"
 BY_CONFIG = "config"
 
-ReadLog = Callable[[str, str, str, int], Awaitable[str]]
-
-# Terminal phases of a one-shot run: its children are never recreated.
-FINISHED = ("Succeeded", "Failed")
 PROGRESS_TAIL_LINES = 20
+# Observe -> plan -> apply rounds in one reconcile: children, then the status
+# that describes them. More would only mean the plan does not converge.
+MAX_ROUNDS = 4
+REFUSAL_BACKOFF = (5.0, 300.0)
+JOB_EVENTS_INTERVAL = 10.0
 
 
 @dataclass
@@ -100,86 +94,152 @@ class Caches:
     configmaps: Informer
     pods: Informer
 
+    def of(self, resource: Resource) -> Informer:
+        return {CONFIGMAPS: self.configmaps, JOBS: self.jobs, CRONJOBS: self.cronjobs}[resource]
+
+
+class _Requeue(Exception):
+    """A normal race: look again soon (rate-limited), not an error worth a stack trace."""
+
 
 @dataclass
 class Reconciler:
-    client: Any  # controller.kube.client.KubeClient (Any so tests may pass a recording fake)
+    client: Any  # controller.kube.client.KubeClient
     caches: Caches
     events: EventRecorder
-    read_log: ReadLog
     runner_service_account: str | None = None
     progress_interval: float = 10.0
+    # The namespaces the controller watches (empty: all); a config elsewhere is out of reach.
+    watch_namespaces: tuple[str, ...] = ()
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     _progress_seen: dict[str, tuple[float, Progress]] = field(default_factory=dict)
+    _job_events_seen: dict[str, tuple[float, str, list[tuple[str, str]]]] = field(
+        default_factory=dict
+    )
+    _refusals: dict[str, int] = field(default_factory=dict)
 
     async def reconcile(self, key: str) -> Result:
+        try:
+            return await self._reconcile(key)
+        except _Requeue as exc:
+            log.debug("looking again", why=str(exc))
+            return Result(requeue=True)
+        except ApiError as exc:
+            if exc.is_not_found or exc.is_conflict:
+                log.debug("looking again", why=str(exc))
+                return Result(requeue=True)
+            raise
+
+    def forget(self, key: str) -> None:
+        for state in (self._progress_seen, self._job_events_seen, self._refusals):
+            state.pop(key, None)
+
+    async def _reconcile(self, key: str) -> Result:
         raw = self.caches.runs.get_by_key(key)
-        if raw is None:
+        if raw is None or raw["metadata"].get("deletionTimestamp"):
             # Deleted: the garbage collector removes the children (owner references).
-            self._progress_seen.pop(key, None)
-            return Result()
-        if raw["metadata"].get("deletionTimestamp"):
+            self.forget(key)
             return Result()
         try:
             run = InferenceRun.model_validate(raw)
         except ValidationError as exc:
-            await self._invalid_run(raw, exc)
+            await self._invalid_run(key, raw, exc)
             return Result()
 
+        confirmed = False
+        refusal: Refusal | None = None
+        current = Plan()
+        for _ in range(MAX_ROUNDS):
+            view = await self._observe(key, run, confirmed=confirmed, refusal=refusal)
+            current = plan(view)
+            if current.confirm:
+                live = await self._confirm(key, raw)
+                if live is None:
+                    self.forget(key)
+                    return Result()
+                raw, run, confirmed = live, InferenceRun.model_validate(live), True
+                continue
+            if not current.writes:
+                break
+            refusal = await self._apply_writes(run, current.writes)
+        else:
+            log.warning("plan did not settle", rounds=MAX_ROUNDS)
+
+        status = current.status
+        assert status is not None
+        if current.status_changed and not await self._write_status(key, raw, status):
+            self.forget(key)
+            return Result()
+        for event in current.events:
+            self.events.record(_run_ref(run), event.type, event.reason, event.message)
+        if current.delete_run:
+            await self._delete_run(run)
+            return Result()
+        if refusal is not None:
+            return Result(requeue_after=self._refusal_backoff(key))
+        self._refusals.pop(key, None)
+        return Result(requeue_after=current.requeue_after)
+
+    def _refusal_backoff(self, key: str) -> float:
+        count = self._refusals.get(key, 0)
+        self._refusals[key] = count + 1
+        first, cap = REFUSAL_BACKOFF
+        return float(min(cap, first * 2**count))
+
+    # ---------------------------------------------------------------- observe
+
+    async def _observe(
+        self, key: str, run: InferenceRun, *, confirmed: bool, refusal: Refusal | None
+    ) -> View:
         config, problem = self._config(run)
-        warnings = run_config_warnings(run, config) if config is not None else []
-        children = self._children(run)
+        uid = run.metadata.uid
 
-        contract = None
-        if config is not None:
-            contract = contract_document(run, config)
-            try:
-                await self._ensure_children(run, config, children)
-            except Forbidden as exc:
-                # RBAC is missing a rule: say so on the run and wait for the next
-                # resync (or an edit) instead of hammering the API server.
-                problem = ("PermissionDenied", f"the controller is not allowed to: {exc.message}")
-            children = self._children(run)
+        def owned(informer: Informer) -> list[Obj]:
+            return [o for o in informer.by_index(BY_RUN_UID, uid) if _owned_by(o, uid)]
 
-        workload = children.get("CronJob" if run.spec.scheduled else "Job")
-        executions: list[Obj] = []
-        if run.spec.scheduled and workload is not None:
-            uid = workload["metadata"].get("uid")
-            executions = [
-                j
-                for j in self.caches.jobs.by_index(BY_RUN_UID, run.metadata.uid)
-                if any(o.get("uid") == uid for o in j["metadata"].get("ownerReferences") or [])
-            ]
-        pods = self.caches.pods.by_index(BY_RUN_UID, run.metadata.uid)
-        progress = await self._progress(key, run, pods)
-
-        observed = Observed(
+        cronjobs = owned(self.caches.cronjobs)
+        cron_uids = {c["metadata"].get("uid") for c in cronjobs}
+        all_jobs = self.caches.jobs.by_index(BY_RUN_UID, uid)
+        executions = [
+            j
+            for j in all_jobs
+            if any(o.get("uid") in cron_uids for o in j["metadata"].get("ownerReferences") or [])
+        ]
+        jobs = [j for j in all_jobs if _owned_by(j, uid)]
+        pods = self.caches.pods.by_index(BY_RUN_UID, uid)
+        now = self.clock()
+        job_events: list[tuple[str, str]] = []
+        if not run.spec.scheduled and jobs:
+            job = jobs[0]
+            if wants_job_events(job, pods, now):
+                job_events = await self._job_events(key, job)
+        return View(
             run=run,
-            now=self.clock(),
+            now=now,
+            config=config,
             config_problem=problem,
-            warnings=warnings,
-            contract=contract,
-            job=None if run.spec.scheduled else workload,
-            cronjob=workload if run.spec.scheduled else None,
+            configmaps=owned(self.caches.configmaps),
+            jobs=jobs,
+            cronjobs=cronjobs,
             executions=executions,
             pods=pods,
-            progress=progress,
+            progress=await self._progress(key, pods),
+            job_events=job_events,
+            refusal=refusal,
+            confirmed=confirmed,
+            runner_service_account=self.runner_service_account,
+            progress_interval=self.progress_interval,
         )
-        status = derive_status(observed)
-        await self._write_status(raw, run, status)
-        self._phase_events(raw, run.status, status, warnings)
-
-        if config is not None and await self._auto_delete(raw, run, config, status):
-            return Result()
-        running = status.phase == "Running" or (
-            status.last_execution is not None and status.last_execution.phase == "Running"
-        )
-        return Result(requeue_after=self.progress_interval if running else None)
-
-    # ------------------------------------------------------------------ reads
 
     def _config(self, run: InferenceRun) -> tuple[InferenceConfig | None, tuple[str, str] | None]:
         namespace, name = run.config_key
+        if self.watch_namespaces and namespace not in self.watch_namespaces:
+            return None, (
+                "ConfigOutOfReach",
+                f"InferenceConfig {namespace}/{name} is in a namespace the controller does not "
+                f"watch (it watches {', '.join(self.watch_namespaces)}): use a config in one of "
+                "those namespaces, or add the namespace to the controller's watchNamespaces",
+            )
         raw = self.caches.configs.get(namespace, name)
         if raw is None:
             return None, (
@@ -192,21 +252,7 @@ class Reconciler:
             reason, message = describe_invalid(exc)
             return None, (reason, f"InferenceConfig {namespace}/{name}: {message}")
 
-    def _children(self, run: InferenceRun) -> dict[str, Obj]:
-        """The run's current ConfigMap and Job or CronJob (by desired name) from the caches."""
-        name = child_name(run)
-        found: dict[str, Obj] = {}
-        for kind, informer in (
-            ("ConfigMap", self.caches.configmaps),
-            ("Job", self.caches.jobs),
-            ("CronJob", self.caches.cronjobs),
-        ):
-            obj = informer.get(run.metadata.namespace, name)
-            if obj is not None and _owned_by(obj, run):
-                found[kind] = obj
-        return found
-
-    async def _progress(self, key: str, run: InferenceRun, pods: list[Obj]) -> Progress | None:
+    async def _progress(self, key: str, pods: list[Obj]) -> Progress | None:
         """The newest progress line of a running runner pod, read at most every interval."""
         running = [p for p in pods if _runner_running(p)]
         if not running:
@@ -221,8 +267,11 @@ class Reconciler:
         for pod in running:  # every shard of an Indexed Job adds its share
             meta = pod["metadata"]
             try:
-                tail = await self.read_log(
-                    meta["namespace"], meta["name"], CONTAINER_NAME, PROGRESS_TAIL_LINES
+                tail = await self.client.read_pod_log(
+                    meta["namespace"],
+                    meta["name"],
+                    container=CONTAINER_NAME,
+                    tail_lines=PROGRESS_TAIL_LINES,
                 )
             except ApiError as exc:
                 log.debug("progress unavailable", pod=meta["name"], error=str(exc))
@@ -238,111 +287,149 @@ class Reconciler:
         self._progress_seen[key] = (now, result)
         return result
 
-    # ----------------------------------------------------------------- writes
-
-    async def _ensure_children(
-        self, run: InferenceRun, config: InferenceConfig, children: dict[str, Obj]
-    ) -> None:
-        await self._delete_strays(run)
-        wanted_kind = "CronJob" if run.spec.scheduled else "Job"
-        workload = children.get(wanted_kind)
-        if not run.spec.scheduled and workload is not None:
-            return  # a one-shot run's contract is fixed once its Job exists
-        if not run.spec.scheduled and run.status.phase in FINISHED:
-            return  # finished: the Job was collected or deleted; never run again
-        desired_cm = desired_configmap(run, config)
-        await self._apply(CONFIGMAPS, self.caches.configmaps, children.get("ConfigMap"), desired_cm)
-        desired = desired_workload(run, config, runner_service_account=self.runner_service_account)
-        resource = CRONJOBS if run.spec.scheduled else JOBS
-        informer = self.caches.cronjobs if run.spec.scheduled else self.caches.jobs
-        created = await self._apply(resource, informer, workload, desired)
-        if created:
-            self.events.normal(
-                _run_ref(run), "Created", f"created {wanted_kind} {desired['metadata']['name']}"
-            )
-
-    async def _apply(
-        self, resource: Resource, informer: Informer, current: Obj | None, desired: Obj
-    ) -> bool:
-        """Create ``desired`` or bring ``current`` in line; True when it was created."""
-        meta = desired["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
-        if current is None:
-            try:
-                created = await self.client.create(resource, namespace, desired)
-            except ApiError as exc:
-                if exc.is_already_exists:
-                    raise _Retry(f"{resource.kind} {name} appeared meanwhile") from exc
-                raise
-            informer.assume(created)
-            return True
-        want = meta["annotations"][DESIRED_HASH_ANNOTATION]
-        have = (current["metadata"].get("annotations") or {}).get(DESIRED_HASH_ANNOTATION)
-        if want == have:
-            return False
-        patch: dict[str, Any] = {
-            "metadata": {
-                "annotations": meta["annotations"],
-                "labels": meta["labels"],
-                "resourceVersion": current["metadata"]["resourceVersion"],
-            }
-        }
-        for part in ("data", "spec"):
-            if part in desired:
-                patch[part] = desired[part]
-        updated = await self.client.patch(resource, namespace, name, patch)
-        informer.assume(updated)
-        log.info("updated child", kind=resource.kind, name=name)
-        return False
-
-    async def _delete_strays(self, run: InferenceRun) -> None:
-        """Children left from an earlier shape of the run (name or kind changed)."""
-        name = child_name(run)
-        uid = run.metadata.uid
-        kinds: list[tuple[Resource, Informer]] = [
-            (CONFIGMAPS, self.caches.configmaps),
-            (CRONJOBS, self.caches.cronjobs),
-            (JOBS, self.caches.jobs),
-        ]
-        for resource, informer in kinds:
-            for obj in informer.by_index(BY_RUN_UID, uid):
-                meta = obj["metadata"]
-                if not _owned_by(obj, run):
-                    continue  # e.g. a Job owned by the run's CronJob
-                wrong_kind = (resource is CRONJOBS and not run.spec.scheduled) or (
-                    resource is JOBS and run.spec.scheduled
-                )
-                if meta["name"] == name and not wrong_kind:
-                    continue
-                try:
-                    await self.client.delete(
-                        resource, meta["namespace"], meta["name"], uid=meta.get("uid")
-                    )
-                except ApiError as exc:
-                    if not exc.is_not_found:
-                        raise
-                informer.assume_deleted(f"{meta['namespace']}/{meta['name']}")
-                log.info("deleted stale child", kind=resource.kind, name=meta["name"])
-
-    async def _write_status(self, raw: Obj, run: InferenceRun, status: InferenceRunStatus) -> None:
-        new = status.to_api()
-        if new != run.status.to_api():
-            await self._put_status(raw, new)
-
-    async def _put_status(self, raw: Obj, status: Obj) -> None:
-        """PUT ``status`` with the cached resourceVersion as precondition; cache the answer."""
-        meta = raw["metadata"]
+    async def _job_events(self, key: str, job: Obj) -> list[tuple[str, str]]:
+        """The Job's newest FailedCreate Events (why it has no pod), read at most every interval."""
+        uid = str(job["metadata"].get("uid"))
+        now = time.monotonic()
+        seen = self._job_events_seen.get(key)
+        if seen is not None and seen[1] == uid and now - seen[0] < JOB_EVENTS_INTERVAL:
+            return seen[2]
         try:
-            updated = await self.client.update_status(
-                RUNS, meta["namespace"], meta["name"], {**raw, "status": status}
+            answer = await self.client.list(
+                EVENTS,
+                job["metadata"]["namespace"],
+                field_selector=f"involvedObject.uid={uid},reason=FailedCreate",
             )
         except ApiError as exc:
-            if exc.is_conflict or exc.is_not_found:
-                raise _Retry(f"status of {meta['name']}: {exc.reason}") from exc
-            raise
-        self.caches.runs.assume(updated)
+            log.debug("job events unavailable", job=job["metadata"]["name"], error=str(exc))
+            return seen[2] if seen else []
+        items = sorted(
+            answer.get("items") or [],
+            key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "",
+            reverse=True,
+        )
+        found = [("FailedCreate", str(e.get("message") or "")) for e in items[:1]]
+        self._job_events_seen[key] = (now, uid, found)
+        return found
 
-    async def _invalid_run(self, raw: Obj, exc: ValidationError) -> None:
+    # ------------------------------------------------------------------ apply
+
+    async def _confirm(self, key: str, raw: Obj) -> Obj | None:
+        """The run as the API server has it now, or None when it is gone or going."""
+        meta = raw["metadata"]
+        try:
+            live: Obj = await self.client.get(RUNS, meta["namespace"], meta["name"])
+        except ApiError as exc:
+            if not exc.is_not_found:
+                raise
+            log.info("run is gone: nothing recreated", uid=meta.get("uid"))
+            self.caches.runs.assume_deleted(key)
+            return None
+        self.caches.runs.assume(live)
+        if live["metadata"].get("uid") != meta.get("uid"):
+            # Deleted and created again under the same name: a new run, planned afresh.
+            log.info("run was replaced", old_uid=meta.get("uid"), uid=live["metadata"].get("uid"))
+            raise _Requeue("the run was replaced by a new one of the same name")
+        if live["metadata"].get("deletionTimestamp"):
+            return None
+        return live
+
+    async def _apply_writes(self, run: InferenceRun, writes: list[Write]) -> Refusal | None:
+        """Make the writes in order; the refusal that stopped them, if any."""
+        for write in writes:
+            if isinstance(write, Create):
+                meta = write.obj["metadata"]
+                kind, name = write.obj["kind"], meta["name"]
+                try:
+                    done = await self.client.create(write.resource, meta["namespace"], write.obj)
+                except ApiError as exc:
+                    if exc.is_already_exists:
+                        return await self._name_taken(run, write.resource, meta["namespace"], name)
+                    return _refusal(exc, kind, name, "create")
+                log.info("created child", kind=kind, name=name)
+                if write.resource is not CONFIGMAPS:
+                    self.events.normal(_run_ref(run), "Created", f"created {kind} {name}")
+            else:
+                kind, name = write.resource.kind, write.name
+                try:
+                    done = await self.client.patch(
+                        write.resource, write.namespace, write.name, write.patch
+                    )
+                except ApiError as exc:
+                    return _refusal(exc, kind, name, "update")
+                log.info("updated child", kind=kind, name=name)
+            self.caches.of(write.resource).assume(done)
+        return None
+
+    async def _name_taken(
+        self, run: InferenceRun, resource: Resource, namespace: str, name: str
+    ) -> Refusal | None:
+        """AlreadyExists: our own child the cache has not shown yet, or someone else's object."""
+        try:
+            existing: Obj = await self.client.get(resource, namespace, name)
+        except ApiError as exc:
+            if exc.is_not_found:
+                raise _Requeue(f"{resource.kind} {name} appeared and went") from exc
+            raise
+        if _owned_by(existing, run.metadata.uid):
+            self.caches.of(resource).assume(existing)
+            return None
+        owner = next(
+            (
+                f"{r.get('kind')} {r.get('name')}"
+                for r in existing["metadata"].get("ownerReferences") or []
+                if r.get("controller")
+            ),
+            None,
+        )
+        whose = f"it belongs to {owner}" if owner else "it has no controlling owner"
+        return Refusal(
+            kind=resource.kind,
+            name=name,
+            reason="NameConflict",
+            message=(
+                f"{resource.kind} {namespace}/{name} exists and is not this run's ({whose}; "
+                "for example left by the upstream controller): delete it, or create the run "
+                "under another name"
+            ),
+        )
+
+    async def _write_status(self, key: str, raw: Obj, status: InferenceRunStatus) -> bool:
+        """PUT the status (cached resourceVersion as precondition); False when the run is gone."""
+        meta = raw["metadata"]
+        body = status.to_api()
+        for attempt in ("full", "small"):
+            try:
+                updated = await self.client.update_status(
+                    RUNS, meta["namespace"], meta["name"], {**raw, "status": body}
+                )
+            except ApiError as exc:
+                if exc.is_not_found:
+                    log.info("run is gone: status not written", uid=meta.get("uid"))
+                    self.caches.runs.assume_deleted(key)
+                    return False
+                if exc.is_conflict or attempt == "small" or not _too_large(exc):
+                    raise
+                # Whatever the spec holds, the status must be written: drop the
+                # copies (the ConfigMap keeps the contract) and say so.
+                log.warning("status too large, writing it without the contract", error=str(exc))
+                body = status.model_copy(update={"contract": None}).to_api()
+                continue
+            self.caches.runs.assume(updated)
+            return True
+        return True  # not reached
+
+    async def _delete_run(self, run: InferenceRun) -> None:
+        try:
+            await self.client.delete(
+                RUNS, run.metadata.namespace, run.metadata.name, uid=run.metadata.uid
+            )
+        except ApiError as exc:
+            if not (exc.is_not_found or exc.is_conflict):
+                raise
+        log.info("deleted run by its config's autoDeletePolicy", phase=run.status.phase)
+
+    async def _invalid_run(self, key: str, raw: Obj, exc: ValidationError) -> None:
         """A run the controller cannot use: say why once, wait for an edit."""
         reason, message = describe_invalid(exc)
         generation = raw["metadata"].get("generation") or None
@@ -369,79 +456,32 @@ class Reconciler:
         )
         if new.to_api() == old.to_api():
             return
-        await self._put_status(raw, new.to_api())
-        self.events.warning(raw, reason, message)
-
-    def _phase_events(
-        self,
-        raw: Obj,
-        old: InferenceRunStatus,
-        new: InferenceRunStatus,
-        warnings: list[tuple[str, str]],
-    ) -> None:
-        if new.phase != old.phase or new.reason != old.reason:
-            message = new.message or f"run is {new.phase}"
-            if new.phase in ("Failed", "Error"):
-                self.events.warning(raw, new.reason or new.phase or "Failed", message)
-            elif new.phase == "Succeeded" and new.result is not None:
-                r = new.result
-                self.events.normal(
-                    raw,
-                    "Succeeded",
-                    f"{r.predictions} predictions for {r.rows} rows in {r.duration_seconds:.1f}s",
-                )
-            elif new.reason == "Retrying":
-                self.events.warning(raw, "Retrying", message)
-            elif new.phase not in (None, "Pending"):  # "Created" already said it
-                self.events.normal(raw, new.phase, message)
-        old_last = old.last_execution
-        last = new.last_execution
-        if last is not None and (
-            old_last is None or (old_last.name, old_last.phase) != (last.name, last.phase)
-        ):
-            if last.phase == "Failed":
-                self.events.warning(
-                    raw, last.reason or "ExecutionFailed", f"{last.name}: {last.message or ''}"
-                )
-            elif last.phase == "Succeeded":
-                self.events.normal(raw, "ExecutionSucceeded", f"{last.name} succeeded")
-        # A warning is announced once, when it first appears on the run's Warning condition.
-        previous = next((c for c in old.conditions if c.type == CONDITION_WARNING), None)
-        known = set(previous.reason.split(",")) if previous is not None else set()
-        for reason, message in warnings:
-            if reason not in known:
-                self.events.warning(raw, reason, message)
-
-    async def _auto_delete(
-        self, raw: Obj, run: InferenceRun, config: InferenceConfig, status: InferenceRunStatus
-    ) -> bool:
-        """Delete a finished one-shot run when its config says so; True when deleted."""
-        if run.spec.scheduled:
-            return False
-        policy = config.spec.auto_delete_policy
-        delete = (
-            status.phase == "Succeeded" and policy in ("DeleteOnSuccess", "DeleteOnCompletion")
-        ) or (status.phase == "Failed" and policy == "DeleteOnCompletion")
-        if not delete:
-            return False
-        self.events.normal(raw, "AutoDelete", f"run {status.phase}: deleting it ({policy})")
-        try:
-            await self.client.delete(
-                RUNS, run.metadata.namespace, run.metadata.name, uid=run.metadata.uid
-            )
-        except ApiError as exc:
-            if not exc.is_not_found:
-                raise
-        return True
+        if await self._write_status(key, raw, new):
+            self.events.warning(raw, reason, message)
 
 
-class _Retry(Exception):
-    """A normal race: look again soon (rate-limited), not an error worth a stack trace."""
+def _refusal(exc: ApiError, kind: str, name: str, verb: str) -> Refusal:
+    """A refused write as the run's status shows it; races and outages are raised on."""
+    if exc.is_not_found or exc.is_conflict:
+        raise _Requeue(f"{verb} {kind} {name}: {exc.reason or exc.status}") from exc
+    if exc.is_transient:
+        raise exc
+    if exc.is_forbidden and "cannot" in exc.message:
+        reason, what = "PermissionDenied", "the controller is not allowed to"
+    else:
+        reason, what = f"{kind}Refused", f"the API server refused to {verb} {kind} {name}"
+    log.warning("write refused", kind=kind, name=name, status=exc.status, error=exc.message)
+    return Refusal(kind=kind, name=name, reason=reason, message=f"{what}: {exc.message}")
 
 
-def _owned_by(obj: Obj, run: InferenceRun) -> bool:
+def _too_large(exc: ApiError) -> bool:
+    text = exc.message.lower()
+    return exc.status == 413 or "too large" in text or "exceeds the maximum" in text
+
+
+def _owned_by(obj: Obj, uid: str) -> bool:
     return any(
-        ref.get("uid") == run.metadata.uid and ref.get("controller")
+        ref.get("uid") == uid and ref.get("controller")
         for ref in obj["metadata"].get("ownerReferences") or []
     )
 

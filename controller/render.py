@@ -18,7 +18,8 @@ render, and why:
   ``/tmp/contract.json`` (a subPath mount over a writable emptyDir ``/tmp``),
   ``pod_uid`` from the downward API, a security context that passes Pod
   Security "restricted", a small ``backoffLimit`` and a ``podFailurePolicy``
-  that fails the Job at once when the runner says the contract is bad (exit 2).
+  that fails the Job at once when the runner's exit code says that retrying
+  cannot help (a bad contract, or a request the storage or the model refused).
   There is no ``ttlSecondsAfterFinished``: finished runs are deleted by the
   controller (autoDeletePolicy), deleting their children through owner
   references, never by a TTL that makes the run start again.
@@ -53,8 +54,10 @@ CONTRACT_KEY = "contract.json"
 CONTRACT_DIR = "/tmp"
 CONTRACT_PATH = f"{CONTRACT_DIR}/{CONTRACT_KEY}"
 CONTAINER_NAME = "inference"
-# The runner's exit code for a contract it cannot use: retrying cannot help.
-BAD_CONTRACT_EXIT_CODE = 2
+# The runner's exit codes that mean "retrying cannot help" (runner/exitcodes.py):
+# a contract it cannot use (2), and input storage, model or output storage
+# refusing the request (6, 7, 8). The Job fails at once on them.
+PERMANENT_EXIT_CODES = (2, 6, 7, 8)
 # The distroless "nonroot" user the runner image runs as.
 RUNNER_UID = 65532
 
@@ -152,14 +155,20 @@ def child_name(run: InferenceRun) -> str:
     )
 
 
-def build_contract(run: InferenceRun, config: InferenceConfig) -> Contract:
-    """The contract as the runner's model (validated the way the runner will)."""
+def build_contract(
+    run: InferenceRun, config: InferenceConfig, *, name: str | None = None
+) -> Contract:
+    """The contract as the runner's model (validated the way the runner will).
+
+    ``name`` is the children's name when it was decided earlier (see
+    ``controller.plan``); by default the name the run's spec gives.
+    """
     if not run.metadata.uid:
         raise ValueError(f"run {run.metadata.name!r} has no uid yet: it must be read from the API")
     shards = run.spec.parallelism
     return Contract(
         job_id=run.metadata.uid,
-        job_name=child_name(run),
+        job_name=name or child_name(run),
         kserve=config.spec.effective_kserve(),
         input=config.spec.storage.input,
         output=config.spec.storage.output,
@@ -169,9 +178,11 @@ def build_contract(run: InferenceRun, config: InferenceConfig) -> Contract:
     )
 
 
-def contract_document(run: InferenceRun, config: InferenceConfig) -> dict[str, Any]:
+def contract_document(
+    run: InferenceRun, config: InferenceConfig, *, name: str | None = None
+) -> dict[str, Any]:
     """The contract as an ordered dict: exactly the keys and order of the file."""
-    contract = build_contract(run, config)
+    contract = build_contract(run, config, name=name)
     kserve = {k: v for k, v in contract.kserve.model_dump(by_alias=True).items() if v}
     doc: dict[str, Any] = {"jobId": contract.job_id, "jobName": contract.job_name, "kserve": kserve}
     if contract.input:
@@ -187,9 +198,9 @@ def contract_document(run: InferenceRun, config: InferenceConfig) -> dict[str, A
     return doc
 
 
-def render_contract(run: InferenceRun, config: InferenceConfig) -> str:
+def render_contract(run: InferenceRun, config: InferenceConfig, *, name: str | None = None) -> str:
     """The contract file's text (UTF-8), as upstream's controller would write it."""
-    return go_json(contract_document(run, config))
+    return go_json(contract_document(run, config, name=name))
 
 
 # --------------------------------------------------------------------------------------------
@@ -229,13 +240,16 @@ def _metadata(run: InferenceRun, name: str, payload: Any) -> dict[str, Any]:
     }
 
 
-def desired_configmap(run: InferenceRun, config: InferenceConfig) -> dict[str, Any]:
+def desired_configmap(
+    run: InferenceRun, config: InferenceConfig, *, name: str | None = None
+) -> dict[str, Any]:
     """The ConfigMap holding the contract, named like the Job/CronJob."""
-    data = {CONTRACT_KEY: render_contract(run, config)}
+    name = name or child_name(run)
+    data = {CONTRACT_KEY: render_contract(run, config, name=name)}
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(run, child_name(run), data),
+        "metadata": _metadata(run, name, data),
         "data": data,
     }
 
@@ -328,7 +342,7 @@ def _job_spec(
                     "onExitCodes": {
                         "containerName": CONTAINER_NAME,
                         "operator": "In",
-                        "values": [BAD_CONTRACT_EXIT_CODE],
+                        "values": list(PERMANENT_EXIT_CODES),
                     },
                 },
                 # An evicted or preempted pod is not the runner's failure.
@@ -346,7 +360,11 @@ def _job_spec(
 
 
 def desired_job(
-    run: InferenceRun, config: InferenceConfig, *, runner_service_account: str | None = None
+    run: InferenceRun,
+    config: InferenceConfig,
+    *,
+    runner_service_account: str | None = None,
+    name: str | None = None,
 ) -> dict[str, Any]:
     """The Job of a one-shot run.
 
@@ -355,7 +373,7 @@ def desired_job(
     """
     if run.spec.scheduled:
         raise ValueError(f"run {run.metadata.name!r} has a schedule: render its CronJob")
-    name = child_name(run)
+    name = name or child_name(run)
     spec = _job_spec(run, config, name, runner_service_account)
     spec["suspend"] = run.spec.suspend
     return {
@@ -367,12 +385,16 @@ def desired_job(
 
 
 def desired_cronjob(
-    run: InferenceRun, config: InferenceConfig, *, runner_service_account: str | None = None
+    run: InferenceRun,
+    config: InferenceConfig,
+    *,
+    runner_service_account: str | None = None,
+    name: str | None = None,
 ) -> dict[str, Any]:
     """The CronJob of a scheduled run; its job template is the one-shot Job's spec."""
     if run.spec.schedule is None:
         raise ValueError(f"run {run.metadata.name!r} has no schedule: render its Job")
-    name = child_name(run)
+    name = name or child_name(run)
     run_spec = run.spec
     spec: dict[str, Any] = {
         "schedule": run_spec.schedule,
@@ -399,8 +421,12 @@ def desired_cronjob(
 
 
 def desired_workload(
-    run: InferenceRun, config: InferenceConfig, *, runner_service_account: str | None = None
+    run: InferenceRun,
+    config: InferenceConfig,
+    *,
+    runner_service_account: str | None = None,
+    name: str | None = None,
 ) -> dict[str, Any]:
     """``desired_cronjob`` for a scheduled run, else ``desired_job``."""
     render = desired_cronjob if run.spec.scheduled else desired_job
-    return render(run, config, runner_service_account=runner_service_account)
+    return render(run, config, runner_service_account=runner_service_account, name=name)

@@ -65,6 +65,9 @@ EXIT_REASONS = {
     3: "InputFailed",
     4: "InferenceFailed",
     5: "OutputFailed",
+    6: "InputRejected",
+    7: "InferenceRejected",
+    8: "OutputRejected",
     137: "RunnerKilled",
     143: "RunnerTerminated",
 }
@@ -88,6 +91,8 @@ class Observed:
     executions: Sequence[Json] = ()  # scheduled: Jobs the CronJob started
     pods: Sequence[Json] = field(default_factory=list)  # pods of the job / newest execution
     progress: Progress | None = None  # from the running runner's log
+    # (reason, message) of the Job's newest FailedCreate Events: why it has no pod.
+    job_events: Sequence[tuple[str, str]] = ()
 
 
 def _conditions_of(obj: Json | None) -> dict[str, Json]:
@@ -100,7 +105,7 @@ def _conditions_of(obj: Json | None) -> dict[str, Json]:
     }
 
 
-def _parse_time(value: str | None) -> datetime | None:
+def parse_time(value: str | None) -> datetime | None:
     if not value:
         return None
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
@@ -165,7 +170,9 @@ def runner_result(pods: Sequence[Json]) -> RunResult | None:
     return RunResult(rows=rows, predictions=predictions, duration_seconds=duration)
 
 
-def _job_outcome(job: Json, pods: Sequence[Json]) -> tuple[Phase, str, str]:
+def _job_outcome(
+    job: Json, pods: Sequence[Json], job_events: Sequence[tuple[str, str]] = ()
+) -> tuple[Phase, str, str]:
     """``(phase, reason, message)`` of one Job, from its conditions and pods."""
     conditions = _conditions_of(job)
     for kind in ("Failed", "FailureTarget"):
@@ -195,7 +202,28 @@ def _job_outcome(job: Json, pods: Sequence[Json]) -> tuple[Phase, str, str]:
     if retrying is not None:
         # A pod failed and the Job will try again: say why, stay Pending.
         return "Pending", "Retrying", retrying[1]
+    stuck = pod_waiting(pods) or (job_events[0] if job_events else None)
+    if stuck is not None:
+        return "Pending", stuck[0], stuck[1]
     return "Pending", "Pending", ""
+
+
+# Waiting reasons that are a normal step of a pod's start, not a problem.
+_STARTING = frozenset({"ContainerCreating", "PodInitializing"})
+
+
+def pod_waiting(pods: Sequence[Json]) -> tuple[str, str] | None:
+    """``(reason, message)`` of a runner pod that cannot start: image, config, scheduling."""
+    for pod in pods:
+        waiting = (_runner_state(pod) or {}).get("waiting") or {}
+        reason = waiting.get("reason")
+        if reason and reason not in _STARTING:
+            return reason, _one_line(waiting.get("message") or reason)
+        for cond in (pod.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                reason = cond.get("reason") or "Unschedulable"
+                return reason, _one_line(cond.get("message") or reason)
+    return None
 
 
 def _reference(obj: Json) -> ObjectReference:
@@ -323,15 +351,15 @@ def _one_shot(status: InferenceRunStatus, observed: Observed) -> None:
         else:
             status.phase, status.reason, status.message = "Pending", "Creating", None
         return
-    phase, reason, message = _job_outcome(job, observed.pods)
+    phase, reason, message = _job_outcome(job, observed.pods, observed.job_events)
     status.phase, status.reason, status.message = phase, reason, message or None
     job_status = job.get("status") or {}
     if phase != "Pending":
         # The Job controller stamps startTime before any pod runs; taking it only
         # once the run leaves Pending saves a status write per run.
-        status.start_time = _parse_time(job_status.get("startTime")) or status.start_time
+        status.start_time = parse_time(job_status.get("startTime")) or status.start_time
     if phase == "Succeeded":
-        status.completion_time = _parse_time(job_status.get("completionTime")) or observed.now
+        status.completion_time = parse_time(job_status.get("completionTime")) or observed.now
         result = runner_result(observed.pods)
         if result is not None:
             status.result = result
@@ -339,7 +367,7 @@ def _one_shot(status: InferenceRunStatus, observed: Observed) -> None:
     elif phase == "Failed":
         failed = _conditions_of(job).get("Failed") or _conditions_of(job).get("FailureTarget") or {}
         status.completion_time = (
-            _parse_time(failed.get("lastTransitionTime")) or status.completion_time or observed.now
+            parse_time(failed.get("lastTransitionTime")) or status.completion_time or observed.now
         )
     elif phase == "Running" and observed.progress is not None:
         status.progress = observed.progress
@@ -353,7 +381,7 @@ def _scheduled(status: InferenceRunStatus, observed: Observed) -> None:
         return
     cron_status = cron.get("status") or {}
     status.last_schedule_time = (
-        _parse_time(cron_status.get("lastScheduleTime")) or status.last_schedule_time
+        parse_time(cron_status.get("lastScheduleTime")) or status.last_schedule_time
     )
     if observed.executions:
         newest = max(
@@ -371,7 +399,7 @@ def _scheduled(status: InferenceRunStatus, observed: Observed) -> None:
         job_status = newest.get("status") or {}
         completion = None
         if phase in ("Succeeded", "Failed"):
-            completion = _parse_time(job_status.get("completionTime"))
+            completion = parse_time(job_status.get("completionTime"))
             if completion is None:
                 with contextlib.suppress(StopIteration):
                     cond = next(
@@ -379,13 +407,13 @@ def _scheduled(status: InferenceRunStatus, observed: Observed) -> None:
                         for c in (job_status.get("conditions") or [])
                         if c["type"] in ("Failed", "FailureTarget") and c["status"] == "True"
                     )
-                    completion = _parse_time(cond.get("lastTransitionTime"))
+                    completion = parse_time(cond.get("lastTransitionTime"))
         status.last_execution = Execution(
             name=newest["metadata"]["name"],
             phase=phase,  # type: ignore[arg-type]
             reason=reason if phase not in ("Running", "Succeeded") else None,
             message=message or None,
-            start_time=_parse_time(job_status.get("startTime")),
+            start_time=parse_time(job_status.get("startTime")),
             completion_time=completion,
         )
         if phase == "Succeeded":

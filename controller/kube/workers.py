@@ -6,6 +6,9 @@ reconcileHandler, in asyncio):
 - ``reconcile(key)`` runs with ``run=<key>`` bound to every log line;
 - it returns :class:`Result` (or None): success, so the key's backoff is
   forgotten, and with ``requeue_after`` the key comes back after that delay;
+  with ``requeue=True`` it lost a normal race (AlreadyExists, Conflict,
+  NotFound): the key comes back rate-limited, as controller-runtime's
+  ``Requeue: true``, without counting an error;
 - it raises :class:`TerminalError`: retrying cannot help (say, an invalid
   spec that only an edit fixes), so the key is forgotten, not requeued;
 - it raises anything else: the key is requeued with per-key exponential
@@ -48,6 +51,8 @@ class Result:
     """What should happen next to a key that reconciled without error."""
 
     requeue_after: float | None = None
+    # Look again soon, rate-limited (a lost race, not an error).
+    requeue: bool = False
 
 
 class TerminalError(Exception):
@@ -128,7 +133,11 @@ class Workers:
                     )
                 else:
                     result_label = "success"
-                    self.queue.forget(key)
+                    if result is not None and result.requeue:
+                        result_label = "requeue"
+                        self.queue.add_rate_limited(key)
+                    else:
+                        self.queue.forget(key)
                     if result is not None and result.requeue_after is not None:
                         result_label = "requeue_after"
                         self.queue.add_after(key, result.requeue_after)

@@ -31,6 +31,11 @@ key=$(cat "$here/go.mod" "$here/go.sum" | sha256sum | cut -c1-12)
 cache_root=${KSC_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kserve-controller}
 out="$cache_root/controlplane/${k8s_version}-etcd${etcd_version}-${key}"
 
+# One build at a time per cache directory: tests, the demo and CI may all ask
+# at once, and a second build would pull the first one's directory away.
+mkdir -p "$(dirname "$out")"
+exec 9>"$out.lock"
+flock 9
 if has_all "$out"; then
   echo "controlplane: cached binaries in $out (no build)" >&2
   echo "$out"

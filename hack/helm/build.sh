@@ -28,6 +28,11 @@ key=$(cat "$here/go.mod" "$here/go.sum" | sha256sum | cut -c1-12)
 cache_root=${KSC_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kserve-controller}
 out="$cache_root/helm/${helm_version}-${key}"
 
+# One build at a time per cache directory: tests, the demo and CI may all ask
+# at once, and a second build would pull the first one's directory away.
+mkdir -p "$(dirname "$out")"
+exec 9>"$out.lock"
+flock 9
 if [ -x "$out/helm" ]; then
   echo "helm: cached binary in $out (no build)" >&2
   echo "$out/helm"

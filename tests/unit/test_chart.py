@@ -58,7 +58,7 @@ EXPECTED_CONTROLLER_RULES: dict[tuple[str, str], set[str]] = {
     ("", "configmaps"): {"get", "list", "watch", "create", "update", "patch", "delete"},
     ("", "pods"): {"get", "list", "watch"},
     ("", "pods/log"): {"get"},
-    ("", "events"): {"create", "patch"},
+    ("", "events"): {"create", "patch", "list"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
 LEASE_RULES = {("coordination.k8s.io", "leases"): {"create", "get", "update"}}

@@ -342,7 +342,11 @@ def test_job_shape() -> None:
     assert spec["podFailurePolicy"]["rules"] == [
         {
             "action": "FailJob",
-            "onExitCodes": {"containerName": "inference", "operator": "In", "values": [2]},
+            "onExitCodes": {
+                    "containerName": "inference",
+                    "operator": "In",
+                    "values": [2, 6, 7, 8],
+                },
         },
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
     ]

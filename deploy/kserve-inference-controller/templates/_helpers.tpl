@@ -148,7 +148,8 @@ controller never reads one (runners do, with their own identity).
   verbs: ["get"]
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  # list: a Job that cannot create its pods says why only in its FailedCreate Events.
+  verbs: ["create", "patch", "list"]
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]

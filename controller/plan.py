@@ -1,0 +1,436 @@
+"""What one reconcile of an InferenceRun should do, decided from what was seen. Pure.
+
+``plan(view)`` takes everything the reconciler observed about one run (the
+run, its config, its children from the caches, its pods, what the API server
+refused in this pass, whether the run was just confirmed by a live read) and
+returns a :class:`Plan`: the child writes to make, in order, the status the
+run should show, the Events to record and when to look again. It never calls
+the API server; ``controller.reconcile`` observes, asks for a plan and
+applies it.
+
+The rules that keep a stale or partial view from doing harm:
+
+- **A child's identity is decided once.** Children are found by the run's uid
+  label and their controller owner reference, never by recomputing a name: a
+  one-shot run's Job, once it exists, is never deleted, replaced or renamed
+  by an edit, whatever the run's name length. A new child takes the name the
+  run's status recorded (``status.jobStatus.name``) when there is one.
+- **Recreating needs a confirmed view.** When the status says a child existed
+  and the cache no longer shows one (deleted out of band, or the cache lags
+  behind a run the user deleted), the plan asks for a live read of the run
+  first (``confirm``); only a run that still exists with the same uid and no
+  deletionTimestamp gets children again.
+- **Nothing is deleted by an edit.** Adding or removing ``spec.schedule`` on a
+  run whose Job or CronJob exists is not applied (the CRD refuses it; older
+  objects get an ``Error`` saying so). Other edits to a one-shot run whose Job
+  exists only update ``suspend``; the rest is reported in a Warning condition.
+- **A refusal stops the writes of this pass** and shows in the status with the
+  API server's own words; the key comes back with backoff.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+import orjson
+
+from controller.api import (
+    InferenceConfig,
+    InferenceRun,
+    InferenceRunStatus,
+    Progress,
+    run_config_warnings,
+)
+from controller.kube.client import CONFIGMAPS, CRONJOBS, JOBS, Obj, Resource
+from controller.naming import DESIRED_HASH_ANNOTATION, RUN_SPEC_HASH_ANNOTATION
+from controller.render import (
+    child_name,
+    contract_document,
+    desired_configmap,
+    desired_workload,
+)
+from controller.status import CONDITION_WARNING, Observed, derive_status, parse_time
+
+FINISHED = ("Succeeded", "Failed")
+# A Job that has had no pod for this long may be unable to create one: its
+# FailedCreate events are read (throttled) so the run can say why.
+JOB_EVENTS_AFTER = timedelta(seconds=3)
+# While a run waits on something that changes without an event reaching us
+# (the Job's FailedCreate events), look again after this long.
+PENDING_RECHECK = 10.0
+# Strings in status.contract longer than this are cut: the status must stay
+# small whatever the spec holds (etcd's request limit is 1.5 MiB, and every
+# watcher of runs receives the whole object). The ConfigMap keeps the whole.
+MAX_STATUS_STRING = 1024
+
+REASON_SCHEDULE_CHANGE = "ScheduleChangeNotApplied"
+REASON_SPEC_CHANGE = "SpecChangeNotApplied"
+REASON_NAME_CONFLICT = "NameConflict"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The API server said no to a write of this pass (or a name is taken by another object)."""
+
+    kind: str
+    name: str
+    reason: str  # the run's status reason, e.g. JobRefused or NameConflict
+    message: str
+
+
+@dataclass(frozen=True)
+class Create:
+    resource: Resource
+    obj: Obj
+
+
+@dataclass(frozen=True)
+class Patch:
+    resource: Resource
+    namespace: str
+    name: str
+    patch: Obj
+
+
+Write = Create | Patch
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class View:
+    """What the reconciler observed about one run."""
+
+    run: InferenceRun
+    now: datetime
+    config: InferenceConfig | None = None
+    # (reason, message) when the config is missing, unusable or out of reach.
+    config_problem: tuple[str, str] | None = None
+    # The run's own children (controller owner reference = the run), from the caches.
+    configmaps: Sequence[Obj] = ()
+    jobs: Sequence[Obj] = ()
+    cronjobs: Sequence[Obj] = ()
+    # Scheduled runs: the Jobs the run's CronJob started.
+    executions: Sequence[Obj] = ()
+    pods: Sequence[Obj] = ()
+    progress: Progress | None = None
+    # (reason, message) of the newest FailedCreate Events of the run's Job.
+    job_events: Sequence[tuple[str, str]] = ()
+    refusal: Refusal | None = None
+    # The run was read live in this reconcile (same uid, not being deleted).
+    confirmed: bool = False
+    runner_service_account: str | None = None
+    # How often a running run's progress is looked at again.
+    progress_interval: float = 10.0
+
+
+@dataclass
+class Plan:
+    writes: list[Write] = field(default_factory=list)
+    # The run must be confirmed by a live read before anything else is done.
+    confirm: bool = False
+    status: InferenceRunStatus | None = None
+    status_changed: bool = False
+    events: list[Event] = field(default_factory=list)
+    delete_run: bool = False
+    requeue_after: float | None = None
+
+
+# ------------------------------------------------------------------------ children
+
+
+def _pick(objs: Sequence[Obj], name: str | None) -> Obj | None:
+    """The child named ``name`` if there is one, else the oldest (the first one made)."""
+    if not objs:
+        return None
+    for obj in objs:
+        if obj["metadata"]["name"] == name:
+            return obj
+    return min(
+        objs, key=lambda o: (o["metadata"].get("creationTimestamp") or "", o["metadata"]["name"])
+    )
+
+
+def recorded_name(run: InferenceRun) -> str | None:
+    ref = run.status.job_status
+    return ref.name if ref is not None and ref.name else None
+
+
+def workload_of(view: View) -> Obj | None:
+    """The run's Job (one-shot) or CronJob (scheduled), whatever its name."""
+    objs = view.cronjobs if view.run.spec.scheduled else view.jobs
+    return _pick(objs, recorded_name(view.run))
+
+
+def _wrong_kind(view: View) -> Obj | None:
+    objs = view.jobs if view.run.spec.scheduled else view.cronjobs
+    return objs[0] if objs else None
+
+
+def names_for(view: View) -> str:
+    """The name the run's children have or will have: decided once, then kept."""
+    workload = workload_of(view)
+    if workload is not None:
+        return str(workload["metadata"]["name"])
+    return recorded_name(view.run) or child_name(view.run)
+
+
+def run_spec_hash(run: InferenceRun) -> str:
+    """A hash of what the run asks for, less ``suspend`` (which an existing Job follows)."""
+    spec = run.spec.model_dump(mode="json", exclude={"suspend"})
+    return hashlib.sha256(orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+def wants_job_events(job: Obj | None, pods: Sequence[Obj], now: datetime) -> bool:
+    """Whether a one-shot run's Job may be failing to create pods (read its Events)."""
+    if job is None or pods:
+        return False
+    if _job_finished(job) or (job.get("spec") or {}).get("suspend"):
+        return False
+    created = parse_time(job["metadata"].get("creationTimestamp"))
+    return created is not None and now - created >= JOB_EVENTS_AFTER
+
+
+def _job_finished(job: Obj) -> bool:
+    return any(
+        c.get("type") in ("Complete", "Failed", "SuccessCriteriaMet", "FailureTarget")
+        and c.get("status") == "True"
+        for c in (job.get("status") or {}).get("conditions") or []
+    )
+
+
+def _differs(current: Obj, desired: Obj) -> bool:
+    want = desired["metadata"]["annotations"][DESIRED_HASH_ANNOTATION]
+    have = (current["metadata"].get("annotations") or {}).get(DESIRED_HASH_ANNOTATION)
+    return bool(want != have)
+
+
+def _update(resource: Resource, current: Obj, desired: Obj) -> Patch:
+    """A merge patch bringing ``current`` to ``desired`` (precondition: its resourceVersion)."""
+    meta = desired["metadata"]
+    patch: Obj = {
+        "metadata": {
+            "annotations": meta["annotations"],
+            "labels": meta["labels"],
+            "resourceVersion": current["metadata"]["resourceVersion"],
+        }
+    }
+    for part in ("data", "spec"):
+        if part in desired:
+            patch[part] = desired[part]
+    return Patch(resource, meta["namespace"], meta["name"], patch)
+
+
+@dataclass
+class _Children:
+    writes: list[Write] = field(default_factory=list)
+    confirm: bool = False
+    # (reason, message) that makes the run Error without touching anything.
+    blocked: tuple[str, str] | None = None
+    warnings: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _children(view: View) -> _Children:
+    run, config = view.run, view.config
+    out = _Children()
+    wrong = _wrong_kind(view)
+    if wrong is not None:
+        had, has = ("a Job", "added") if run.spec.scheduled else ("a CronJob", "removed")
+        out.blocked = (
+            REASON_SCHEDULE_CHANGE,
+            f"spec.schedule was {has} after the run got {had} "
+            f"({wrong['metadata']['name']}), which is kept as it is: "
+            "create a new InferenceRun for the other kind of run",
+        )
+        return out
+    if config is None or view.refusal is not None:
+        return out
+    workload = workload_of(view)
+    name = names_for(view)
+    configmap = _pick(view.configmaps, name)
+    if not run.spec.scheduled and workload is not None:
+        # A one-shot run's Job is never replaced: only suspend follows the run.
+        spec = workload.get("spec") or {}
+        if not _job_finished(workload) and bool(spec.get("suspend")) != run.spec.suspend:
+            meta = workload["metadata"]
+            out.writes.append(
+                Patch(
+                    JOBS,
+                    meta["namespace"],
+                    meta["name"],
+                    {
+                        "metadata": {"resourceVersion": meta["resourceVersion"]},
+                        "spec": {"suspend": run.spec.suspend},
+                    },
+                )
+            )
+        created_for = (workload["metadata"].get("annotations") or {}).get(RUN_SPEC_HASH_ANNOTATION)
+        if created_for is not None and created_for != run_spec_hash(run):
+            out.warnings.append(
+                (
+                    REASON_SPEC_CHANGE,
+                    f"the run's Job {name} was created from an earlier spec and is kept: "
+                    "edits other than suspend apply to new runs only",
+                )
+            )
+        return out
+    if not run.spec.scheduled and run.status.phase in FINISHED:
+        return out  # finished, and its Job collected or deleted since: never run again
+    desired_cm = desired_configmap(run, config, name=name)
+    if configmap is None:
+        out.writes.append(Create(CONFIGMAPS, desired_cm))
+    elif _differs(configmap, desired_cm):
+        out.writes.append(_update(CONFIGMAPS, configmap, desired_cm))
+    desired = desired_workload(
+        run, config, runner_service_account=view.runner_service_account, name=name
+    )
+    desired["metadata"]["annotations"][RUN_SPEC_HASH_ANNOTATION] = run_spec_hash(run)
+    resource = CRONJOBS if run.spec.scheduled else JOBS
+    if workload is None:
+        out.writes.append(Create(resource, desired))
+    elif _differs(workload, desired):
+        out.writes.append(_update(resource, workload, desired))
+    recreating = any(isinstance(w, Create) for w in out.writes) and recorded_name(run) is not None
+    if recreating and not view.confirmed:
+        # The run had children and the cache misses one: deleted out of band,
+        # or the cache lags behind a run that is gone. Look before recreating.
+        out.writes = []
+        out.confirm = True
+    return out
+
+
+# -------------------------------------------------------------------------- status
+
+
+def cap_strings(value: Any, limit: int = MAX_STATUS_STRING) -> Any:
+    """``value`` with every string longer than ``limit`` cut, saying how long it was."""
+    if isinstance(value, str):
+        if len(value) <= limit:
+            return value
+        return f"{value[: limit // 4]}… ({len(value.encode('utf-8'))} bytes, cut)"
+    if isinstance(value, dict):
+        return {k: cap_strings(v, limit) for k, v in value.items()}
+    if isinstance(value, list):
+        return [cap_strings(v, limit) for v in value]
+    return value
+
+
+def plan(view: View) -> Plan:
+    """Writes, status, events and requeue for one run, from what was observed."""
+    run = view.run
+    out = Plan()
+    children = _children(view)
+    if children.confirm:
+        out.confirm = True
+        return out
+    out.writes = children.writes
+
+    warnings = run_config_warnings(run, view.config) if view.config is not None else []
+    warnings += children.warnings
+    workload = workload_of(view)
+    contract = None
+    if view.config is not None:
+        contract = cap_strings(contract_document(run, view.config, name=names_for(view)))
+    problem = children.blocked or view.config_problem
+    if view.refusal is not None:
+        problem = (view.refusal.reason, view.refusal.message)
+    observed = Observed(
+        run=run,
+        now=view.now,
+        config_problem=problem,
+        warnings=warnings,
+        contract=contract,
+        job=None if run.spec.scheduled else workload,
+        cronjob=workload if run.spec.scheduled else None,
+        executions=view.executions,
+        pods=view.pods,
+        progress=view.progress,
+        job_events=view.job_events,
+    )
+    status = derive_status(observed)
+    out.status = status
+    out.status_changed = status.to_api() != run.status.to_api()
+    out.events = phase_events(run.status, status, warnings)
+
+    if view.config is not None and not run.spec.scheduled:
+        policy = view.config.spec.auto_delete_policy
+        out.delete_run = (
+            status.phase == "Succeeded" and policy in ("DeleteOnSuccess", "DeleteOnCompletion")
+        ) or (status.phase == "Failed" and policy == "DeleteOnCompletion")
+        if out.delete_run:
+            out.events.append(
+                Event("Normal", "AutoDelete", f"run {status.phase}: deleting it ({policy})")
+            )
+    out.requeue_after = _requeue_after(view, status, workload)
+    return out
+
+
+def _requeue_after(view: View, status: InferenceRunStatus, workload: Obj | None) -> float | None:
+    running = status.phase == "Running" or (
+        status.last_execution is not None and status.last_execution.phase == "Running"
+    )
+    if running:
+        return view.progress_interval
+    if status.phase == "Pending" and not view.run.spec.scheduled and workload is not None:
+        # Pod creation failures reach us only through Events we do not watch.
+        return PENDING_RECHECK
+    return None
+
+
+def phase_events(
+    old: InferenceRunStatus, new: InferenceRunStatus, warnings: Sequence[tuple[str, str]]
+) -> list[Event]:
+    """The Events a status change deserves: each one said once, when it happens."""
+    events: list[Event] = []
+    if new.phase != old.phase or new.reason != old.reason:
+        message = new.message or f"run is {new.phase}"
+        if new.phase in ("Failed", "Error"):
+            events.append(Event("Warning", new.reason or new.phase or "Failed", message))
+        elif new.phase == "Succeeded" and new.result is not None:
+            r = new.result
+            events.append(
+                Event(
+                    "Normal",
+                    "Succeeded",
+                    f"{r.predictions} predictions for {r.rows} rows in {r.duration_seconds:.1f}s",
+                )
+            )
+        elif new.phase == "Pending" and new.reason not in (None, "Pending", "Creating"):
+            # Retrying, or a pod that cannot start (ErrImagePull, FailedCreate, …).
+            events.append(Event("Warning", new.reason or "Pending", message))
+        elif new.phase not in (None, "Pending"):  # "Created" already said it
+            events.append(Event("Normal", new.phase, message))
+    old_last, last = old.last_execution, new.last_execution
+    if last is not None and (
+        old_last is None or (old_last.name, old_last.phase) != (last.name, last.phase)
+    ):
+        if last.phase == "Failed":
+            events.append(
+                Event(
+                    "Warning",
+                    last.reason or "ExecutionFailed",
+                    f"{last.name}: {last.message or ''}",
+                )
+            )
+        elif last.phase == "Succeeded":
+            events.append(Event("Normal", "ExecutionSucceeded", f"{last.name} succeeded"))
+    # A warning is announced once, when it first appears on the run's Warning condition.
+    previous = next((c for c in old.conditions if c.type == CONDITION_WARNING), None)
+    known = set(previous.reason.split(",")) if previous is not None else set()
+    for reason, message in warnings:
+        if reason not in known:
+            events.append(Event("Warning", reason, message))
+    return events
+
+
+def with_refusal(view: View, refusal: Refusal) -> View:
+    return replace(view, refusal=refusal)

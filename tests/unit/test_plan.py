@@ -1,0 +1,400 @@
+"""The pure reconcile plan: which writes, which status, which Events, from what was seen.
+
+Each test is one row of the decision table in ``controller/plan.py``: the
+cases an operator met on a live cluster (stale caches after an API server
+restart, edits of running and finished runs, refusals, pods that cannot
+start) decided without a cluster.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from controller.api import InferenceConfig, InferenceRun
+from controller.kube.client import CONFIGMAPS, CRONJOBS, JOBS
+from controller.naming import RUN_SPEC_HASH_ANNOTATION
+from controller.plan import (
+    MAX_STATUS_STRING,
+    Create,
+    Patch,
+    Refusal,
+    View,
+    cap_strings,
+    plan,
+    run_spec_hash,
+    wants_job_events,
+)
+from controller.render import child_name, desired_configmap, desired_workload
+
+NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+UID = "5be07ada-5fe0-4c9e-a8bc-aaae67d8d344"
+
+
+def make_run(name: str = "r", status: Any = None, **spec: Any) -> InferenceRun:
+    return InferenceRun.model_validate(
+        {
+            "metadata": {"name": name, "namespace": "ns", "uid": UID, "generation": 1},
+            "spec": {"configRef": {"name": "cfg"}, **spec},
+            "status": status or {},
+        }
+    )
+
+
+def make_config(policy: str = "None") -> InferenceConfig:
+    return InferenceConfig.model_validate(
+        {
+            "metadata": {"name": "cfg", "namespace": "ns", "uid": "cfg-uid"},
+            "spec": {
+                "image": "runner:1",
+                "autoDeletePolicy": policy,
+                "kserve": {"modelUrl": "127.0.0.1:1/v2/models/m/infer"},
+                "storage": {"input": {"http": {"url": "http://in"}}},
+            },
+        }
+    )
+
+
+def existing(obj: dict[str, Any], **status: Any) -> dict[str, Any]:
+    """A rendered child as the API server would return it."""
+    meta = {
+        **obj["metadata"],
+        "uid": f"{obj['kind']}-uid",
+        "resourceVersion": "7",
+        "creationTimestamp": "2026-11-23T11:59:00Z",
+    }
+    return {**obj, "metadata": meta, "status": status}
+
+
+def children_of(run: InferenceRun, config: InferenceConfig) -> tuple[Any, Any]:
+    cm = existing(desired_configmap(run, config))
+    workload = desired_workload(run, config)
+    workload["metadata"]["annotations"][RUN_SPEC_HASH_ANNOTATION] = run_spec_hash(run)
+    return cm, existing(workload)
+
+
+def view(run: InferenceRun, **kw: Any) -> View:
+    kw.setdefault("config", make_config())
+    return View(run=run, now=NOW, **kw)
+
+
+def recorded(name: str, phase: str = "Running") -> dict[str, Any]:
+    return {"phase": phase, "jobStatus": {"kind": "Job", "name": name, "uid": "Job-uid"}}
+
+
+def complete(job: dict[str, Any]) -> dict[str, Any]:
+    job["status"] = {
+        "conditions": [{"type": "Complete", "status": "True", "reason": "Completed"}],
+        "completionTime": "2026-11-23T11:59:30Z",
+    }
+    return job
+
+
+# ------------------------------------------------------------------- creating
+
+
+def test_a_new_one_shot_run_gets_its_configmap_then_its_job() -> None:
+    run = make_run()
+    out = plan(view(run))
+    assert not out.confirm
+    assert [(type(w), w.resource) for w in out.writes] == [(Create, CONFIGMAPS), (Create, JOBS)]
+    job = out.writes[1].obj  # type: ignore[union-attr]
+    assert job["metadata"]["name"] == child_name(run)
+    assert job["metadata"]["annotations"][RUN_SPEC_HASH_ANNOTATION] == run_spec_hash(run)
+    assert out.status is not None
+    assert out.status.phase == "Pending"
+
+
+def test_a_new_scheduled_run_gets_a_cronjob() -> None:
+    out = plan(view(make_run(schedule="0 * * * *")))
+    assert [w.resource for w in out.writes] == [CONFIGMAPS, CRONJOBS]
+
+
+def test_without_its_config_a_run_gets_nothing_and_says_why() -> None:
+    out = plan(view(make_run(), config=None, config_problem=("ConfigNotFound", "no cfg")))
+    assert out.writes == []
+    assert out.status is not None
+    assert (out.status.phase, out.status.reason) == ("Error", "ConfigNotFound")
+
+
+# ------------------------------------------------- stale views: confirm first
+
+
+@pytest.mark.parametrize("scheduled", [False, True])
+def test_a_child_that_existed_is_recreated_only_after_a_live_read(scheduled: bool) -> None:
+    """Defect 1: a deleted run read from a lagging cache had its Job recreated 70 times."""
+    spec = {"schedule": "0 * * * *"} if scheduled else {}
+    run = make_run(status=recorded("inf-r-5be07ada"), **spec)
+    out = plan(view(run))
+    assert out.confirm
+    assert out.writes == []
+    assert out.status is None  # nothing at all is written from the unconfirmed view
+
+    confirmed = plan(view(run, confirmed=True))
+    assert not confirmed.confirm
+    assert [w.resource for w in confirmed.writes] == [
+        CONFIGMAPS,
+        CRONJOBS if scheduled else JOBS,
+    ]
+
+
+def test_a_missing_configmap_of_a_scheduled_run_is_recreated_only_after_a_live_read() -> None:
+    run = make_run(schedule="0 * * * *", status=recorded("inf-r-5be07ada", "Scheduled"))
+    _, cron = children_of(run, make_config())
+    out = plan(view(run, cronjobs=[cron]))
+    assert out.confirm
+    assert out.writes == []
+    assert [w.resource for w in plan(view(run, cronjobs=[cron], confirmed=True)).writes] == [
+        CONFIGMAPS
+    ]
+
+
+def test_a_recreated_child_keeps_the_name_the_status_recorded() -> None:
+    run = make_run(status=recorded("inf-old-name-5be07ada"), parallelism=3)
+    out = plan(view(run, confirmed=True))
+    assert {w.obj["metadata"]["name"] for w in out.writes} == {  # type: ignore[union-attr]
+        "inf-old-name-5be07ada"
+    }
+    assert out.writes[0].obj["data"]["contract.json"].count("inf-old-name-5be07ada") == 1  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_a_finished_run_whose_job_is_gone_is_never_run_again(phase: str) -> None:
+    run = make_run(status=recorded("inf-r-5be07ada", phase))
+    out = plan(view(run, confirmed=True))
+    assert out.writes == []
+    assert not out.confirm
+
+
+# ----------------------------------------------------------------------- edits
+
+
+LONG = "a-run-name-that-is-long-enough-to-be-cut-by-parallelism"
+
+
+@pytest.mark.parametrize("phase", ["Running", "Succeeded"])
+def test_editing_parallelism_never_replaces_a_one_shot_job(phase: str) -> None:
+    """Defect 3: a parallelism edit renamed the child, deleted the Job and ran it twice."""
+    config = make_config()
+    before = make_run(LONG)
+    cm, job = children_of(before, config)
+    if phase == "Succeeded":
+        complete(job)
+    after = make_run(LONG, status=recorded(job["metadata"]["name"], phase), parallelism=2)
+    assert child_name(after) != job["metadata"]["name"]  # the name the spec alone would give
+    out = plan(view(after, configmaps=[cm], jobs=[job]))
+    assert out.writes == []
+    assert out.status is not None
+    assert out.status.job_status is not None
+    assert out.status.job_status.name == job["metadata"]["name"]
+    assert out.status.phase == ("Succeeded" if phase == "Succeeded" else "Pending")
+    warning = next(c for c in out.status.conditions if c.type == "Warning")
+    assert warning.reason == "SpecChangeNotApplied"
+    assert ("Warning", "SpecChangeNotApplied") in {(e.type, e.reason) for e in out.events}
+
+
+def test_suspend_follows_the_run_on_an_unfinished_job_only() -> None:
+    config = make_config()
+    run = make_run()
+    cm, job = children_of(run, config)
+    suspended = make_run(suspend=True)
+    (write,) = plan(view(suspended, configmaps=[cm], jobs=[job])).writes
+    assert isinstance(write, Patch)
+    assert write.patch["spec"] == {"suspend": True}
+    assert write.patch["metadata"]["resourceVersion"] == "7"
+    assert plan(view(suspended, configmaps=[cm], jobs=[complete(job)])).writes == []
+    warning = [c for c in plan(view(suspended, configmaps=[cm], jobs=[job])).status.conditions]  # type: ignore[union-attr]
+    assert all(c.type != "Warning" for c in warning)
+
+
+def test_adding_a_schedule_to_a_run_with_a_job_deletes_nothing_and_says_so() -> None:
+    config = make_config()
+    run = make_run()
+    cm, job = children_of(run, config)
+    edited = make_run(schedule="0 * * * *", status=recorded(job["metadata"]["name"]))
+    out = plan(view(edited, configmaps=[cm], jobs=[job]))
+    assert out.writes == []
+    assert not out.confirm
+    assert out.status is not None
+    assert (out.status.phase, out.status.reason) == ("Error", "ScheduleChangeNotApplied")
+
+
+def test_a_scheduled_run_follows_config_edits_under_its_existing_names() -> None:
+    run = make_run(LONG, schedule="0 * * * *")
+    cm, cron = children_of(run, make_config())
+    edited = make_run(LONG, schedule="*/5 * * * *", parallelism=2)
+    out = plan(view(edited, configmaps=[cm], cronjobs=[cron]))
+    assert [(type(w), w.resource) for w in out.writes] == [(Patch, CONFIGMAPS), (Patch, CRONJOBS)]
+    assert {w.name for w in out.writes} == {cron["metadata"]["name"]}  # type: ignore[union-attr]
+    assert out.writes[1].patch["spec"]["schedule"] == "*/5 * * * *"  # type: ignore[union-attr]
+
+
+def test_nothing_to_do_writes_nothing() -> None:
+    run = make_run()
+    cm, job = children_of(run, make_config())
+    first = plan(view(run, configmaps=[cm], jobs=[job]))
+    assert first.writes == []
+    settled = make_run(status=first.status.to_api())  # type: ignore[union-attr]
+    again = plan(view(settled, configmaps=[cm], jobs=[job]))
+    assert again.writes == []
+    assert not again.status_changed
+    assert again.events == []
+
+
+# -------------------------------------------------------------------- refusals
+
+
+def test_a_refused_write_shows_with_the_api_servers_words_and_stops_the_writes() -> None:
+    """Defect 4: refusals by the API server left runs silent."""
+    run = make_run()
+    refusal = Refusal("Job", "inf-r", "JobRefused", "the API server refused: spec.x: Invalid")
+    out = plan(view(run, refusal=refusal))
+    assert out.writes == []
+    assert out.status is not None
+    assert (out.status.phase, out.status.reason) == ("Error", "JobRefused")
+    assert out.status.message == refusal.message
+    ready = next(c for c in out.status.conditions if c.type == "Ready")
+    assert (ready.status, ready.reason) == ("False", "JobRefused")
+    assert ("Warning", "JobRefused") in {(e.type, e.reason) for e in out.events}
+
+
+def test_a_name_conflict_is_a_refusal_too() -> None:
+    refusal = Refusal("ConfigMap", "inf-r", "NameConflict", "ConfigMap ns/inf-r exists")
+    out = plan(view(make_run(), refusal=refusal))
+    assert out.status is not None
+    assert out.status.reason == "NameConflict"
+
+
+def test_status_repeats_at_most_a_bounded_part_of_huge_parameters() -> None:
+    big = "x" * 4000  # the CRD bounds a value; status repeats a quarter of the bound
+    out = plan(view(make_run(parameters={"blob": big, "small": "ok"})))
+    assert out.status is not None
+    assert out.status.contract is not None
+    params = out.status.contract["parameters"]
+    assert params["small"] == "ok"
+    assert len(params["blob"]) <= MAX_STATUS_STRING
+    assert "4000 bytes" in params["blob"]
+    # The ConfigMap carries the whole contract for the runner.
+    assert big in out.writes[0].obj["data"]["contract.json"]  # type: ignore[union-attr]
+
+
+def test_cap_strings_leaves_short_values_alone() -> None:
+    value = {"a": ["b", {"c": 1}], "d": None}
+    assert cap_strings(value) == value
+
+
+# ----------------------------------------------------- pods that cannot start
+
+
+def waiting_pod(reason: str, message: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p", "labels": {"job-name": "inf-r-5be07ada"}},
+        "status": {
+            "containerStatuses": [
+                {"name": "inference", "state": {"waiting": {"reason": reason, "message": message}}}
+            ]
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    "reason", ["ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"]
+)
+def test_a_runner_pod_that_cannot_start_says_why(reason: str) -> None:
+    """Defect 6: stuck in Pending with no reason."""
+    run = make_run()
+    cm, job = children_of(run, make_config())
+    out = plan(view(run, configmaps=[cm], jobs=[job], pods=[waiting_pod(reason, "no such image")]))
+    assert out.status is not None
+    assert (out.status.phase, out.status.reason, out.status.message) == (
+        "Pending",
+        reason,
+        "no such image",
+    )
+    assert ("Warning", reason) in {(e.type, e.reason) for e in out.events}
+
+
+def test_a_container_that_is_merely_being_created_is_plain_pending() -> None:
+    run = make_run()
+    cm, job = children_of(run, make_config())
+    pod = waiting_pod("ContainerCreating", "")
+    out = plan(view(run, configmaps=[cm], jobs=[job], pods=[pod]))
+    assert out.status is not None
+    assert out.status.reason == "Pending"
+
+
+def test_an_unschedulable_pod_says_why() -> None:
+    run = make_run()
+    cm, job = children_of(run, make_config())
+    pod = {
+        "metadata": {"name": "p"},
+        "status": {
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/3 nodes are available",
+                }
+            ]
+        },
+    }
+    out = plan(view(run, configmaps=[cm], jobs=[job], pods=[pod]))
+    assert out.status is not None
+    assert (out.status.reason, out.status.message) == ("Unschedulable", "0/3 nodes are available")
+
+
+def test_a_job_that_cannot_create_pods_says_why_and_is_looked_at_again() -> None:
+    run = make_run()
+    cm, job = children_of(run, make_config())
+    events = [("FailedCreate", 'serviceaccount "nope" not found')]
+    out = plan(view(run, configmaps=[cm], jobs=[job], job_events=events))
+    assert out.status is not None
+    assert (out.status.phase, out.status.reason) == ("Pending", "FailedCreate")
+    assert out.requeue_after is not None
+
+
+def test_job_events_are_read_only_for_a_podless_unfinished_job_after_a_while() -> None:
+    run = make_run()
+    _, job = children_of(run, make_config())
+    created = datetime(2026, 11, 23, 11, 59, tzinfo=UTC)
+    assert wants_job_events(job, [], created + timedelta(seconds=5))
+    assert not wants_job_events(job, [], created + timedelta(seconds=1))
+    assert not wants_job_events(job, [{"metadata": {"name": "p"}}], created + timedelta(seconds=5))
+    assert not wants_job_events(complete(job), [], created + timedelta(seconds=5))
+    assert not wants_job_events(None, [], created)
+
+
+# ----------------------------------------------------------------- auto-delete
+
+
+@pytest.mark.parametrize(
+    ("policy", "outcome", "deleted"),
+    [
+        ("None", "Complete", False),
+        ("DeleteOnSuccess", "Complete", True),
+        ("DeleteOnSuccess", "Failed", False),
+        ("DeleteOnCompletion", "Failed", True),
+        ("DeleteOnCompletion", "Complete", True),
+    ],
+)
+def test_auto_delete_policy(policy: str, outcome: str, deleted: bool) -> None:
+    config = make_config(policy)
+    run = make_run()
+    cm, job = children_of(run, config)
+    job["status"] = {
+        "conditions": [{"type": outcome, "status": "True", "reason": "X"}],
+    }
+    out = plan(view(run, config=config, configmaps=[cm], jobs=[job]))
+    assert out.delete_run is deleted
+    assert (("Normal", "AutoDelete") in {(e.type, e.reason) for e in out.events}) is deleted
+
+
+def test_scheduled_runs_are_never_auto_deleted() -> None:
+    config = make_config("DeleteOnCompletion")
+    run = make_run(schedule="0 * * * *")
+    cm, cron = children_of(run, config)
+    out = plan(view(run, config=config, configmaps=[cm], cronjobs=[cron]))
+    assert not out.delete_run
