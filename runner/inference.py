@@ -22,8 +22,8 @@ contract (``modelInputName``), else from the metadata, else ``input-0``/``FP32``
 
 **Errors.** Connection errors, timeouts, 5xx and 429 are :class:`~runner.batching.Transient`
 (with the ``Retry-After`` hint); any other non-2xx, or a 2xx that is not the
-answer it should be, is :class:`ModelRefused` carrying the server's own message,
-trimmed to one short line.
+answer it should be, is :class:`ModelRefused` carrying the server's own words,
+never the request's rows (:func:`runner.httputil.server_message`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from runner.batching import (
 )
 from runner.contract import Batching, KServe
 from runner.exitcodes import ContractError
-from runner.httputil import retry_after_seconds, trim
+from runner.httputil import retry_after_seconds, server_message, trim
 
 Protocol = Literal["v1", "v2"]
 
@@ -262,9 +262,7 @@ def parse_v2_response(body: bytes, rows: int) -> list[Any]:
     answer = _json(body)
     outputs = answer.get("outputs") if isinstance(answer, dict) else None
     if not isinstance(outputs, list) or not outputs or not isinstance(outputs[0], dict):
-        raise ModelRefused(
-            f"the model's answer has no outputs: {trim(body.decode(errors='replace'))}", status=200
-        )
+        raise ModelRefused(f"the model's answer has no outputs: {server_message(body)}", status=200)
     data = outputs[0].get("data")
     if not isinstance(data, list):
         raise ModelRefused("the model's outputs[0] has no data list", status=200)
@@ -276,7 +274,7 @@ def parse_v1_response(body: bytes, rows: int) -> list[Any]:
     predictions = answer.get("predictions") if isinstance(answer, dict) else None
     if not isinstance(predictions, list):
         raise ModelRefused(
-            f"the model's answer has no predictions: {trim(body.decode(errors='replace'))}",
+            f"the model's answer has no predictions: {server_message(body)}",
             status=200,
         )
     return _check_count(flatten(predictions), rows)
@@ -287,25 +285,9 @@ def _json(body: bytes) -> Any:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
         raise ModelRefused(
-            f"the model answered with something that is not JSON: "
-            f"{trim(body.decode(errors='replace'))}",
+            f"the model answered with something that is not JSON: {server_message(body)}",
             status=200,
         ) from None
-
-
-def server_message(body: bytes) -> str:
-    """The server's own words: ``{"error": ...}``, ``{"detail": ...}`` or the text."""
-    text = body.decode(errors="replace")
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return trim(text) or "(empty body)"
-    if isinstance(parsed, dict):
-        for key in ("error", "message", "detail"):
-            if key in parsed:
-                value = parsed[key]
-                return trim(value if isinstance(value, str) else orjson.dumps(value).decode())
-    return trim(text)
 
 
 def classify(status: int, body: bytes, retry_after: str | None) -> Exception:

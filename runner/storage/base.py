@@ -14,6 +14,8 @@ Retries (:func:`send`): reading the input is retried on connection errors,
 timeouts, 5xx and 429 (a read has no side effect). Writing the output is retried
 only when the connection could not be opened, since nothing reached the server;
 a write that may have arrived is never repeated, so it is never stored twice.
+An error answer is quoted by its own words, without the request's data
+(:func:`runner.httputil.server_message`).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import orjson
 from pydantic import ValidationError
 
 from runner.batching import Deadline, GaveUp, RetryPolicy, Transient, call_with_retries
-from runner.httputil import retry_after_seconds, trim
+from runner.httputil import retry_after_seconds, server_message, strip_data, trim
 from runner.secrets import SecretReader
 
 Role = Literal["input", "output"]
@@ -251,7 +253,7 @@ class Answer:
         return f"{self.method} {self.url}"
 
     def text(self, limit: int = BODY_IN_MESSAGE) -> str:
-        return trim(self.body.decode(errors="replace"), limit) or "(empty body)"
+        return trim(strip_data(self.body.decode(errors="replace")), limit) or "(empty body)"
 
     def json(self) -> Any:
         return orjson.loads(self.body)
@@ -327,7 +329,7 @@ async def send(
         )
         if 200 <= answer.status < 300:
             return answer
-        failure = f"{what} answered {answer.status}: {answer.text()}"
+        failure = f"{what} answered {answer.status}: {server_message(answer.body)}"
         if answer.status >= 500 or answer.status == 429:
             hint = retry_after_seconds(retry_after)
             raise _transient_or_final(failure, retry, hint)
