@@ -12,7 +12,10 @@ from runner import app, logs
 from runner.exitcodes import ExitCode
 
 EPILOG = """\
-exit codes: 0 done, 2 bad contract, 3 input, 4 inference, 5 output, 143 SIGTERM.
+exit codes: 0 done, 2 bad contract, 3 input, 4 inference, 5 output (another attempt
+may succeed), 6 input rejected, 7 inference rejected, 8 output rejected (the other
+side refused: a 4xx other than 408/429, or an answer that is not what it should be;
+no attempt can succeed), 143 SIGTERM.
 The termination message (TERMINATION_LOG_PATH, default /dev/termination-log) holds
 {"rows", "predictions", "durationSeconds"} on success, a one-line reason otherwise.
 Progress: JSON lines {"event": "progress", "rowsDone", "rowsTotal"} on stdout.

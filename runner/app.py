@@ -6,15 +6,18 @@ termination message and returns the exit code (:mod:`runner.exitcodes`). The
 Secret source is a parameter, so tests run real runs in-process against an
 in-memory one.
 
-Order of work, each step failing with its stage's exit code:
+Order of work, each step failing with its stage's exit code, the first when
+another attempt may succeed, the second when none can (the other side refused:
+a 4xx other than 408/429, or an answer that is not what it should be; the Job
+fails at once on those, see :mod:`runner.exitcodes`):
 
 1. contract (2): parse and validate the contract, the model URL, both storage
    entries and the sharding environment, before any I/O;
-2. input (3): read the input storage's Secret and rows;
+2. input (3, 6): read the input storage's Secret and rows;
 3. output credentials (5): read the output storage's Secret *before* predicting,
    so a missing Secret costs seconds, not a whole inference;
-4. inference (4): batches to the model, progress lines on stdout;
-5. output (5): store the predictions, only after every batch succeeded, so a
+4. inference (4, 7): batches to the model, progress lines on stdout;
+5. output (5, 8): store the predictions, only after every batch succeeded, so a
    failed run leaves no half-written predictions behind.
 
 Environment: ``CONTRACT_PATH``, ``TERMINATION_LOG_PATH``, ``NODE_AGENT_ROOT``
@@ -47,8 +50,11 @@ from runner.exitcodes import (
     ContractError,
     ExitCode,
     InferenceError,
+    InferenceRejected,
     InputError,
+    InputRejected,
     OutputError,
+    OutputRejected,
     RunnerError,
 )
 from runner.inference import (
@@ -72,7 +78,13 @@ from runner.secrets import (
     SecretReader,
     pod_namespace,
 )
-from runner.storage.base import StorageContext, StorageError, StorageProvider, explain
+from runner.storage.base import (
+    StorageContext,
+    StorageError,
+    StorageProvider,
+    StorageRejected,
+    explain,
+)
 from runner.termination import RunResult
 
 
@@ -205,9 +217,15 @@ async def execute(
         try:
             await work.input.prepare(ctx)
             rows = await work.input.load_rows(ctx)
+        except StorageRejected as error:
+            raise InputRejected(error.message) from None
+        except StorageError as error:
+            raise InputError(error.message) from None
+        try:
             check_rows(rows)
-        except (StorageError, ValueError) as error:
-            raise InputError(str(error)) from None
+        except ValueError as error:
+            # A ragged table is the same table on every attempt.
+            raise InputRejected(str(error)) from None
         total = len(rows)
         rows = shard(rows, work.shard_count, work.shard_index)
         log.info("input loaded", rows=total, shardRows=len(rows), provider=work.input.key)
@@ -229,8 +247,10 @@ async def execute(
         state.stage = "output"
         try:
             await work.output.store(ctx, predictions)
+        except StorageRejected as error:
+            raise OutputRejected(error.message) from None
         except StorageError as error:
-            raise OutputError(str(error)) from None
+            raise OutputError(error.message) from None
         finished = clock()
     log.info(
         "stage timings",
@@ -272,7 +292,7 @@ async def _infer(
     try:
         spec = resolve_tensor_spec(rows[0], work.contract.kserve.model_input_name, metadata)
     except ShapeMismatch as error:
-        raise InferenceError(str(error)) from None
+        raise InferenceRejected(str(error)) from None
     log.info(
         "inference started",
         url=client.endpoint.url,
@@ -303,7 +323,10 @@ async def _infer(
                 on_batch_done=tracker.advance,
                 on_retry=on_retry,
             )
-    except (ModelRefused, GaveUp) as error:
+    except ModelRefused as error:
+        failure = InferenceRejected if error.permanent else InferenceError
+        raise failure(error.message) from None
+    except GaveUp as error:
         raise InferenceError(error.message) from None
 
 

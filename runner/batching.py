@@ -4,10 +4,12 @@
   ``concurrency`` workers; :func:`map_ordered` returns the answers in batch order,
   whatever order they arrive in, and stops everything at the first failure.
 - A call that fails with a :class:`Transient` error (connection error, timeout,
-  5xx, 429) is retried by :func:`call_with_retries` with exponential backoff and
+  5xx, 429, 408) is retried by :func:`call_with_retries` with exponential backoff and
   jitter, or after the server's ``Retry-After`` when it sent one, at most
   ``max_retries`` times and never past the run's :class:`Deadline`. Any other
-  error fails at once.
+  error fails at once. When retries run out the stage exits with its retryable
+  code (3, 4 or 5: a later pod may find the other side back); a refusal exits
+  with its permanent one (6, 7 or 8, see :mod:`runner.exitcodes`).
 - Each attempt gets ``min(request timeout, time left before the deadline)``.
 - **Sharding.** When one run is spread over ``count`` pods, the pod with index
   ``index`` (``JOB_COMPLETION_INDEX`` of an Indexed Job) handles the rows whose

@@ -30,6 +30,8 @@ import orjson
 from runner.redact import REDACTOR
 
 MESSAGE_LIMIT = 500
+# The 4xx answers that another attempt may not get: Request Timeout, Too Many Requests.
+RETRYABLE_4XX = frozenset({408, 429})
 SERVER_MESSAGE_LIMIT = 300
 # A bracketed structure longer than this, inside an error text, is data, not words.
 STRUCTURE_LIMIT = 64

@@ -20,10 +20,16 @@ A shape the model declares and the data contradicts fails before any request,
 with both shapes in the message. The input's name and datatype come from the
 contract (``modelInputName``), else from the metadata, else ``input-0``/``FP32``.
 
-**Errors.** Connection errors, timeouts, 5xx and 429 are :class:`~runner.batching.Transient`
-(with the ``Retry-After`` hint); any other non-2xx, or a 2xx that is not the
-answer it should be, is :class:`ModelRefused` carrying the server's own words,
-never the request's rows (:func:`runner.httputil.server_message`).
+**Errors.** Connection errors, timeouts, 5xx, 429 and 408 are
+:class:`~runner.batching.Transient` (with the ``Retry-After`` hint): retried
+within the budget, then exit 4 (``INFERENCE``), which a later pod may get past.
+Any other 4xx (bad request, no such model, 422), a 2xx that is not the answer
+it should be, and rows that contradict the model's declared shape
+(:class:`ShapeMismatch`) are :class:`ModelRefused` with ``permanent`` set: no
+retry, exit 7 (``INFERENCE_REJECTED``), since every attempt would get the same
+answer. A TLS failure is refused too, not retried here, but exit 4: the
+certificates may be fixed. Messages quote the server's own words, never the
+request's rows (:func:`runner.httputil.server_message`).
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from runner.batching import (
 )
 from runner.contract import Batching, KServe
 from runner.exitcodes import ContractError
-from runner.httputil import retry_after_seconds, server_message, trim
+from runner.httputil import RETRYABLE_4XX, retry_after_seconds, server_message, trim
 
 Protocol = Literal["v1", "v2"]
 
@@ -63,16 +69,29 @@ _V1_PATH = re.compile(r"^(?P<prefix>.*)/v1/models/(?P<name>[^/:]+):predict/?$")
 
 
 class ModelRefused(Exception):
-    """The model answered, and the answer means this will not work: do not retry."""
+    """The model call failed in a way asking again at once cannot fix: do not retry.
+
+    ``permanent`` when no later attempt can succeed either: the model answered a
+    4xx other than 408/429 (``status``), or a 2xx that is not an answer.
+    """
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
 
+    @property
+    def permanent(self) -> bool:
+        return self.status is not None and (200 <= self.status < 300 or is_rejection(self.status))
+
+
+def is_rejection(status: int) -> bool:
+    """A 4xx that will be answered again to the same request (not 408, 429)."""
+    return 400 <= status < 500 and status not in RETRYABLE_4XX
+
 
 class ShapeMismatch(ValueError):
-    pass
+    """The rows contradict the model's declared input shape: permanent."""
 
 
 @dataclass(frozen=True)
@@ -291,9 +310,9 @@ def _json(body: bytes) -> Any:
 
 
 def classify(status: int, body: bytes, retry_after: str | None) -> Exception:
-    """The error for a non-2xx answer: transient (5xx, 429) or a refusal."""
+    """The error for a non-2xx answer: transient (5xx, 429, 408) or a refusal."""
     message = f"model answered {status}: {server_message(body)}"
-    if status >= 500 or status == 429:
+    if status >= 500 or status in RETRYABLE_4XX:
         return Transient(message, retry_after=retry_after_seconds(retry_after))
     return ModelRefused(message, status=status)
 

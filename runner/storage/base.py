@@ -4,17 +4,22 @@ A provider is a module of this package exposing
 ``from_settings(settings, role, parameters) -> StorageProvider`` (see
 :mod:`runner.storage`). It turns its contract entry into a provider object,
 or raises :class:`ValueError` (the contract is wrong: exit 2). At run time it
-raises :class:`StorageError` (exit 3 for the input, 5 for the output).
+raises :class:`StorageError` when another attempt may succeed (exit 3 for the
+input, 5 for the output), and :class:`StorageRejected` when none can (exit 6 for
+the input, 8 for the output; the Job is not retried): the storage answered a
+4xx other than 408/429, or a 2xx that is not what it should be (not rows, an
+error text instead of storing). :func:`send`, :func:`rows_from` and
+:func:`check_stored` make that distinction for every provider.
 
 Both HTTP providers send the same output body: ``job_uid``, ``pod_uid``,
 ``predictions`` and the run's parameters (:func:`output_body`); no parameter may
 reuse those names (:func:`check_parameters`, enforced before any I/O).
 
 Retries (:func:`send`): reading the input is retried on connection errors,
-timeouts, 5xx and 429 (a read has no side effect). Writing the output is retried
-only when the connection could not be opened, since nothing reached the server;
-a write that may have arrived is never repeated, so it is never stored twice.
-An error answer is quoted by its own words, without the request's data
+timeouts, 5xx, 429 and 408 (a read has no side effect). Writing the output is
+retried only when the connection could not be opened, since nothing reached the
+server; a write that may have arrived is never repeated, so it is never stored
+twice. An error answer is quoted by its own words, without the request's data
 (:func:`runner.httputil.server_message`).
 """
 
@@ -37,7 +42,7 @@ import orjson
 from pydantic import ValidationError
 
 from runner.batching import Deadline, GaveUp, RetryPolicy, Transient, call_with_retries
-from runner.httputil import retry_after_seconds, server_message, strip_data, trim
+from runner.httputil import RETRYABLE_4XX, retry_after_seconds, server_message, strip_data, trim
 from runner.secrets import SecretReader
 
 Role = Literal["input", "output"]
@@ -48,9 +53,15 @@ BODY_IN_MESSAGE = 500
 
 
 class StorageError(Exception):
+    """A storage failure that another attempt (another pod) may not meet."""
+
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class StorageRejected(StorageError):
+    """The storage refused the request, or answered what it should not: permanent."""
 
 
 @dataclass
@@ -330,9 +341,11 @@ async def send(
         if 200 <= answer.status < 300:
             return answer
         failure = f"{what} answered {answer.status}: {server_message(answer.body)}"
-        if answer.status >= 500 or answer.status == 429:
+        if answer.status >= 500 or answer.status in RETRYABLE_4XX:
             hint = retry_after_seconds(retry_after)
             raise _transient_or_final(failure, retry, hint)
+        if 400 <= answer.status < 500:
+            raise StorageRejected(failure)
         raise StorageError(failure)
 
     try:
@@ -359,36 +372,45 @@ def _transient_or_final(
 
 
 def rows_from(answer: Answer, field: str) -> list[Any]:
-    """The rows list at ``field`` (dotted path; empty = the body itself) of a JSON answer."""
+    """The rows list at ``field`` (dotted path; empty = the body itself) of a JSON answer.
+
+    Anything else is :class:`StorageRejected`: asking again gets the same answer
+    (finops-database-handler's error text for a missing table, say).
+    """
     try:
         value = answer.json()
     except orjson.JSONDecodeError:
-        raise StorageError(
+        raise StorageRejected(
             f"{answer.what} answered {answer.status} with a body that is not JSON: {answer.text()}"
         ) from None
     for part in field.split(".") if field else ():
         if not isinstance(value, dict) or part not in value:
-            raise StorageError(
+            raise StorageRejected(
                 f"{answer.what} answered {answer.status} without a {field!r} field: {answer.text()}"
             )
         value = value[part]
     if value is None:
         return []
     if not isinstance(value, list):
-        raise StorageError(
+        raise StorageRejected(
             f"{answer.what}: {field or 'the body'} is a {type(value).__name__}, not a list of rows"
         )
     return value
 
 
 def check_stored(answer: Answer) -> None:
-    """A store succeeded only if the 2xx body is empty or JSON (never an error text)."""
+    """A store succeeded only if the 2xx body is empty or JSON (never an error text).
+
+    An error text is :class:`StorageRejected`: finops-database-handler answers a
+    failed notebook (a bad table name, a missing argument) with 200 and the
+    exception, and the same write fails the same way again.
+    """
     if not answer.body.strip():
         return
     with contextlib.suppress(orjson.JSONDecodeError):
         answer.json()
         return
-    raise StorageError(
+    raise StorageRejected(
         f"{answer.what} answered {answer.status} with an error instead of storing: {answer.text()}"
     )
 

@@ -23,7 +23,9 @@ those names) plus ``predictions_offset`` when chunked.
 
 **Answers.** Any non-2xx fails. The input must be JSON with a list of rows at
 ``rowsField``. An output answer must be empty or JSON: a 2xx carrying an error
-text is a failure, never a success.
+text is a failure, never a success. A 4xx other than 408/429 and a 2xx that is
+not what it should be are rejections (exit 6 for the input, 8 for the output:
+the Job is not retried); the rest exit 3 or 5.
 
 Adding another backend is one more module like this one: see :mod:`runner.storage`.
 """
@@ -170,7 +172,8 @@ class HttpProvider:
                 check_stored(answer)
             except StorageError as error:
                 if len(pieces) > 1:
-                    raise StorageError(
+                    # Same class: a refused chunk is as permanent as a refused write.
+                    raise type(error)(
                         f"chunk {number} of {len(pieces)} (predictions from {offset}) failed, "
                         f"{number - 1} chunk(s) stored: {error.message}"
                     ) from None

@@ -28,7 +28,11 @@ text as the body. So a 2xx is a success only if it is what it should be:
 
 - input: a JSON content type and ``{"result": [[...], ...]}``;
 - output: a JSON content type and an empty (what the output notebooks print) or
-  JSON body. Anything else fails the run with the handler's text.
+  JSON body. Anything else fails the run with the handler's text, as a
+  rejection (exit 6 for the input, 8 for the output: the same request gets the
+  same answer, so the Job is not retried). So does a 4xx other than 408/429
+  (401 for a wrong password, 404 for an unknown notebook); connection errors,
+  timeouts, 5xx, 429 and 408 exit 3 or 5, and the Job may retry.
 
 **Output body.** ``job_uid`` (the contract's ``jobId``), ``pod_uid`` (env
 ``pod_uid``), ``predictions`` (the predictions as a JSON-encoded string, as
@@ -61,6 +65,7 @@ from runner.storage.base import (
     Role,
     StorageContext,
     StorageError,
+    StorageRejected,
     build_endpoint,
     check_parameters,
     check_stored,
@@ -158,7 +163,7 @@ class KrateoProvider:
             retry=retry,
         )
         if "json" not in answer.content_type.lower():
-            raise StorageError(
+            raise StorageRejected(
                 f"{answer.what} answered {answer.status} with content type "
                 f"{answer.content_type or '(none)'}, not JSON (finops-database-handler answers "
                 f"JSON only to 'Accept: application/json', exactly): {answer.text()}"
@@ -186,7 +191,8 @@ class KrateoProvider:
                 check_stored(answer)
             except StorageError as error:
                 if len(pieces) > 1:
-                    raise StorageError(
+                    # Same class: a refused chunk is as permanent as a refused write.
+                    raise type(error)(
                         f"chunk {number} of {len(pieces)} (predictions from {offset}) failed, "
                         f"{number - 1} chunk(s) stored: {error.message}"
                     ) from None

@@ -6,7 +6,7 @@
 - ``storage``: the finops-database-handler look-alike (``hack.storage_service``)
   on a fresh SQLite file, in the test's event loop.
 - ``FaultProxy``: a loopback proxy in front of the model server that answers
-  some requests itself with 500/503/429 or a reset connection.
+  some requests itself with 500/503/429 (or any status) or a reset connection.
 - ``InMemorySecrets``: the tests' Secret source, handed to the runner in code.
 - ``run_runner``: one in-process run of ``runner.app.run`` with a contract dict,
   returning the exit code, the termination message and everything printed.
@@ -167,8 +167,11 @@ async def run_runner(
 class FaultProxy:
     """Forwards to ``target``; answers a ``rate`` share of requests itself with a fault.
 
-    Faults cycle through 500, 503, 429 (with ``Retry-After: 0``) and a reset
-    connection. ``seen`` counts requests per path; ``faults`` counts faults by kind.
+    Faults cycle through ``kinds``: by default 500, 503, 429 (with ``Retry-After:
+    0``) and a reset connection; any other status given as a string is answered
+    as it is. A fault's body is ``{"error": "injected <kind>"}``; with ``echo`` the
+    error text goes on to quote the request's whole body, as some servers do.
+    ``seen`` counts requests per path; ``faults`` counts faults by kind.
     """
 
     KINDS = ("500", "503", "429", "reset")
@@ -176,6 +179,8 @@ class FaultProxy:
     def __init__(self, target: str, rate: float = 0.0, seed: int = 7) -> None:
         self.target = target.rstrip("/")
         self.rate = rate
+        self.kinds: tuple[str, ...] = self.KINDS
+        self.echo = False
         self.rng = random.Random(seed)
         self.seen: Counter[str] = Counter()
         self.faults: Counter[str] = Counter()
@@ -206,7 +211,7 @@ class FaultProxy:
         self.seen[request.path] += 1
         body = await request.read()
         if request.method == "POST" and self.rng.random() < self.rate:
-            kind = self.KINDS[sum(self.faults.values()) % len(self.KINDS)]
+            kind = self.kinds[sum(self.faults.values()) % len(self.kinds)]
             self.faults[kind] += 1
             if kind == "reset":
                 assert request.transport is not None
@@ -214,9 +219,10 @@ class FaultProxy:
                 # The client sees a dropped connection; aiohttp only needs an answer object.
                 return web.Response(status=500)
             headers = {"Retry-After": "0"} if kind == "429" else {}
-            return web.json_response(
-                {"error": f"injected {kind}"}, status=int(kind), headers=headers
-            )
+            error = f"injected {kind}"
+            if self.echo:
+                error += f": cannot process request {body.decode()}"
+            return web.json_response({"error": error}, status=int(kind), headers=headers)
         assert self._session is not None
         async with self._session.request(
             request.method,

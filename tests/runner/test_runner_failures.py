@@ -148,6 +148,8 @@ def test_the_cli_help_documents_exit_codes() -> None:
         check=True,
     )
     assert "exit codes: 0 done, 2 bad contract, 3 input, 4 inference, 5 output" in done.stdout
+    help_text = " ".join(done.stdout.split())
+    assert "6 input rejected, 7 inference rejected, 8 output rejected" in help_text
 
 
 async def test_storage_down_exits_3(
@@ -179,7 +181,7 @@ async def test_missing_input_secret_exits_3(
     assert outcome.termination == f"input: Secret {SECRET_NAMESPACE}/{STORAGE_SECRET} not found"
 
 
-async def test_input_notebook_failure_answered_200_exits_3(
+async def test_input_notebook_failure_answered_200_is_rejected_with_exit_6(
     tmp_path: Path,
     capfd: pytest.CaptureFixture[str],
     model_server: ModelServer,
@@ -189,7 +191,8 @@ async def test_input_notebook_failure_answered_200_exits_3(
 
     outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
 
-    assert outcome.exit_code == ExitCode.INPUT
+    # A missing table is missing for every pod: the Job must not retry it.
+    assert outcome.exit_code == ExitCode.INPUT_REJECTED
     assert "answered 200 with a body that is not JSON" in outcome.termination
     assert outcome.termination.endswith(
         "not JSON: sqlite3.OperationalError: no such table: no_such_table"
@@ -208,9 +211,11 @@ async def test_accept_header_that_is_not_exactly_json_is_explained(
 
     outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
 
-    assert outcome.exit_code == ExitCode.INPUT
+    assert outcome.exit_code == ExitCode.INPUT_REJECTED
     assert "with content type text/html" in outcome.termination
     assert "'Accept: application/json', exactly" in outcome.termination
+    # The body is the rows themselves: quoted as a collapsed structure, not as data.
+    assert outcome.termination.endswith("exactly): {…}")
 
 
 async def test_model_4xx_fails_at_once_with_the_servers_message(
@@ -224,7 +229,7 @@ async def test_model_4xx_fails_at_once_with_the_servers_message(
 
     outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
 
-    assert outcome.exit_code == ExitCode.INFERENCE
+    assert outcome.exit_code == ExitCode.INFERENCE_REJECTED
     assert outcome.termination == (
         "inference: model answered 404: Model with name nope does not exist."
     )
@@ -247,7 +252,7 @@ async def test_model_400_from_the_model_itself_is_passed_on(
 
     outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
 
-    assert outcome.exit_code == ExitCode.INFERENCE
+    assert outcome.exit_code == ExitCode.INFERENCE_REJECTED
     assert outcome.termination == (
         "inference: model answered 400: expected rows of 4 features, got an array of shape [10, 3]"
     )
@@ -265,7 +270,7 @@ async def test_rows_contradicting_the_models_metadata_fail_before_sending(
 
     outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
 
-    assert outcome.exit_code == ExitCode.INFERENCE
+    assert outcome.exit_code == ExitCode.INFERENCE_REJECTED
     assert outcome.termination == (
         "inference: the model declares input 'input-0' of shape [-1, 4], "
         "but the input's rows have shape [3]"
@@ -348,7 +353,7 @@ async def test_the_run_deadline_stops_retries(
     assert fault_proxy.seen[INFER] < 101
 
 
-async def test_output_notebook_failure_answered_200_exits_5(
+async def test_output_notebook_failure_answered_200_is_rejected_with_exit_8(
     tmp_path: Path,
     capfd: pytest.CaptureFixture[str],
     model_server: ModelServer,
@@ -359,7 +364,7 @@ async def test_output_notebook_failure_answered_200_exits_5(
 
     outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
 
-    assert outcome.exit_code == ExitCode.OUTPUT
+    assert outcome.exit_code == ExitCode.OUTPUT_REJECTED
     assert outcome.termination.startswith(
         f"output: POST {storage.url}/compute/sklearnoutput answered 200 with an error instead "
         "of storing: "

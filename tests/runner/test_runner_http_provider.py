@@ -133,8 +133,42 @@ async def test_a_200_with_an_error_text_is_an_output_failure(
         env={"POD_NAMESPACE": "apps"},
     )
 
-    assert outcome.exit_code == ExitCode.OUTPUT
+    assert outcome.exit_code == ExitCode.OUTPUT_REJECTED
     assert outcome.termination.endswith(
         "answered 200 with an error instead of storing: database is read-only"
     )
     assert isinstance(rows_api.received[0]["predictions"], str)
+
+
+async def test_an_output_422_echoing_the_predictions_is_rejected_without_them(
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    model_server: ModelServer,
+    rows_api: RowsApi,
+) -> None:
+    rows_api.tables["flowers"] = random_iris_rows(300)
+    # A FastAPI service refusing the body repeats it, predictions and all.
+    rows_api.store_answer = (
+        422,
+        '{"detail": [{"type": "string_type", "loc": ["body", "predictions"], '
+        '"msg": "Input should be a valid string", "input": ['
+        + ", ".join(["1.0", "0.0", "2.0"] * 100)
+        + "]}]}",
+    )
+    secrets = InMemorySecrets({("apps", "rows-api"): {"url": rows_api.url, "token": TOKEN}})
+
+    outcome = await run_runner(
+        tmp_path,
+        http_contract(model_server.infer_url(), chunkSize=100),
+        secrets,
+        capfd,
+        env={"POD_NAMESPACE": "apps"},
+    )
+
+    assert outcome.exit_code == ExitCode.OUTPUT_REJECTED
+    assert outcome.termination == (
+        "output: chunk 1 of 3 (predictions from 0) failed, 0 chunk(s) stored: "
+        f"POST {rows_api.url}/predictions answered 422: "
+        "body.predictions: Input should be a valid string"
+    )
+    assert len(rows_api.received) == 1

@@ -79,7 +79,8 @@ async def test_a_refused_password_is_reported_without_it(
     finally:
         await storage.stop()
 
-    assert outcome.exit_code == ExitCode.INPUT
+    # A wrong password stays wrong: the Job is failed at once, not retried.
+    assert outcome.exit_code == ExitCode.INPUT_REJECTED
     assert outcome.termination.endswith("answered 401: Unauthorized Access")
     for output in (outcome.stdout, outcome.stderr, outcome.termination):
         assert canary not in output
