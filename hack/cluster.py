@@ -82,6 +82,12 @@ STAND_IN_RUNNERS = {
         "-c",
         f"printf 'inference: model answered 503 Service Unavailable' > {_TERMINATION}; exit 4",
     ],
+    # The model refused the request (exit 7): retrying cannot help.
+    "test.local/fake-rejected*": [
+        "sh",
+        "-c",
+        f"printf 'inference: model answered 422: unsupported protocol v1' > {_TERMINATION}; exit 7",
+    ],
     "test.local/fake-slow*": [
         "sh",
         "-c",
