@@ -49,15 +49,15 @@ from controller.api import (
 )
 from controller.naming import DESIRED_HASH_ANNOTATION, child_labels, job_name
 from runner.contract import Contract, Sharding
+from runner.exitcodes import PERMANENT
 
 CONTRACT_KEY = "contract.json"
 CONTRACT_DIR = "/tmp"
 CONTRACT_PATH = f"{CONTRACT_DIR}/{CONTRACT_KEY}"
 CONTAINER_NAME = "inference"
-# The runner's exit codes that mean "retrying cannot help" (runner/exitcodes.py):
-# a contract it cannot use (2), and input storage, model or output storage
-# refusing the request (6, 7, 8). The Job fails at once on them.
-PERMANENT_EXIT_CODES = (2, 6, 7, 8)
+# The runner's exit codes that mean "retrying cannot help" (a bad contract, or a
+# request the storage or the model refused): the Job fails at once on them.
+PERMANENT_EXIT_CODES = sorted(int(code) for code in PERMANENT)
 # The distroless "nonroot" user the runner image runs as.
 RUNNER_UID = 65532
 

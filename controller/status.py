@@ -56,21 +56,14 @@ from controller.api import (
     set_condition,
 )
 from controller.render import CONTAINER_NAME
+from runner.exitcodes import REASONS, ExitCode
 
 CONDITION_WARNING = "Warning"
 
-# Exit codes of the runner (runner/exitcodes.py) -> the reason a run shows.
-EXIT_REASONS = {
-    2: "InvalidContract",
-    3: "InputFailed",
-    4: "InferenceFailed",
-    5: "OutputFailed",
-    6: "InputRejected",
-    7: "InferenceRejected",
-    8: "OutputRejected",
-    137: "RunnerKilled",
-    143: "RunnerTerminated",
-}
+# The runner's exit codes (runner/exitcodes.py, their one definition) -> the
+# reason a run shows; 137 is the kernel's, not the runner's.
+EXIT_REASONS = {int(code): reason for code, reason in REASONS.items() if code != ExitCode.DONE}
+EXIT_REASONS[137] = "RunnerKilled"
 MAX_MESSAGE = 1024
 
 Json = dict[str, Any]

@@ -319,8 +319,9 @@ async def test_storage_200_with_error_is_a_failure(
     # The output notebook fails on this table name; the handler still answers 200.
     await runs.create(iris_run("lost", "cfg", output="bad name;", backoffLimit=0))
     failed = await runs.wait_phase("lost", "Failed", within=90)
-    assert status(failed)["reason"] == "OutputFailed"
-    assert "runner exited with code 5" in status(failed)["message"]
+    # The storage answered the write with an error text: no retry can fix that.
+    assert status(failed)["reason"] == "OutputRejected"
+    assert "runner exited with code 8" in status(failed)["message"]
 
 
 async def test_bad_secret_reference_fails_clearly(
