@@ -9,14 +9,31 @@ client-go's reflector and indexer, in asyncio, on raw watch streams:
   bookmark advances the ``resourceVersion``; a watch the server ends normally
   is reopened at once from there, with no list.
 - **410 Gone** (as the watch's HTTP status or as an ``ERROR`` event with code
-  410): the ``resourceVersion`` is too old, so list again. The relist turns
-  into add/update/delete callbacks for whatever changed meanwhile (an object
-  that vanished is delivered to ``on_delete`` with its last known state).
-- **Errors** (connection, 5xx, 403 while RBAC settles, any other ``ERROR``
-  event, a watch that ends within a second without an event): wait with a
-  jittered exponential backoff, 0.8 s doubling to 30 s, reset by the first
-  good event, then watch again from the last ``resourceVersion`` (or list
-  again if the list itself failed).
+  410): the ``resourceVersion`` is too old, so list again, at once. The relist
+  turns into add/update/delete callbacks for whatever changed meanwhile (an
+  object that vanished is delivered to ``on_delete`` with its last known
+  state). Only a 410 that follows another with nothing but a list in between
+  (the list was stale at once) waits first, on a backoff of its own (0.8 s
+  doubling to 30 s, jittered) that anything else (an event, a watch the
+  server ends, a failed list or watch) resets: a 410 after a broken watch, as
+  after an API server restart, relists at once.
+- **Errors** (5xx, 403 while RBAC settles, 404 while a CRD is being served,
+  any other ``ERROR`` event, a watch that ends within a second without an
+  event) wait with a jittered exponential backoff, 0.8 s doubling to 30 s,
+  reset by a successful list and by the first event of a watch; then the
+  watch resumes from the last ``resourceVersion`` (or the list is retried if
+  it was the list that failed).
+- **The API server down or restarting.** A request that gets no HTTP answer
+  at all (connection refused or reset, TLS failure, timeout) is retried after
+  0.5-1 s, jittered, however long that lasts, and does not grow the backoff;
+  errors answered within 60 s of such a failure (a restarted server warming
+  up) are retried after 0.5-1 s too. So every informer is back (after the
+  410 a restart brings, relisted) within about a second of the server
+  answering again, while a server that is down sees one connection attempt a
+  second per informer and scope.
+- **Retry-After.** An error answer with a ``Retry-After`` header (429, some
+  503s) waits what the server asks, at least 0.1 s and at most 30 s, plus up
+  to 20 % jitter, whatever the backoff says.
 - **Scope.** All namespaces (one cluster-wide list+watch), or a set of
   namespaces (one list+watch each, sharing one cache), narrowed by a label
   and/or field selector.
@@ -28,7 +45,9 @@ client-go's reflector and indexer, in asyncio, on raw watch streams:
 - **Handlers** are plain synchronous callbacks (they enqueue keys); an
   exception in one is logged and does not stop the informer.
 - :meth:`Informer.has_synced` is true once every scope has finished its first
-  list and delivered it to the handlers.
+  list and delivered it to the handlers; :attr:`Informer.last_sync` is the
+  loop time (``time.monotonic()`` on the default loop) since which every
+  scope has completed a list, and :attr:`Informer.lists` counts lists.
 
 The API access goes through a :class:`ListWatch` (``KubeClient`` is one), so
 the unit tests drive the same code with a scripted fake.
@@ -44,7 +63,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from controller.kube.client import ApiError, Obj, Resource
+from controller.kube.client import ApiError, Obj, Resource, TransportError
 
 if TYPE_CHECKING:
     from controller.metrics import Metrics
@@ -56,6 +75,13 @@ MAX_WATCH_TIMEOUT = 600
 # A watch closed sooner than this without a single event counts as a failure,
 # so a server that hangs up at once cannot make the informer spin.
 MIN_HEALTHY_WATCH = 1.0
+# While the API server gives no answer, and for RECOVERY_WINDOW seconds after
+# it last gave none, failures are retried after RETRY_SOON/2 to RETRY_SOON.
+RETRY_SOON = 1.0
+RECOVERY_WINDOW = 60.0
+# Retry-After is honoured within these bounds.
+MIN_RETRY_AFTER = 0.1
+MAX_RETRY_AFTER = 30.0
 
 # Aliases, because Store.list and Informer.list shadow the builtin in their classes.
 ObjList = list[Obj]
@@ -278,6 +304,67 @@ class Backoff:
         self._steps = 0
 
 
+class Retries:
+    """How long one scope of an informer waits before trying again (see the module docstring).
+
+    Told every outcome of its lists and watches; :meth:`expired` and
+    :meth:`failed` answer the delay.
+    """
+
+    def __init__(self, rng: random.Random, clock: Callable[[], float]) -> None:
+        self._rng = rng
+        self._clock = clock
+        self.errors = Backoff(rng=rng)
+        self.expiries = Backoff(rng=rng)
+        self._expired_last = False
+        self._unanswered_at: float | None = None
+        self.failures = 0  # in a row, for the logs
+
+    def listed(self) -> None:
+        """A list succeeded."""
+        self.errors.reset()
+        self.failures = 0
+
+    def progressed(self) -> None:
+        """A watch delivered its first event."""
+        self.errors.reset()
+        self.failures = 0
+        self._end_expiries()
+
+    def watch_ended(self) -> None:
+        """The server ended a watch normally."""
+        self._end_expiries()
+
+    def expired(self) -> float:
+        """A 410: the wait before listing again, 0 unless the previous watch expired too."""
+        delay = self.expiries.next() if self._expired_last else 0.0
+        self._expired_last = True
+        return delay
+
+    def failed(self, exc: Exception) -> float:
+        """A list or a watch failed: the wait before trying again."""
+        self._end_expiries()
+        self.failures += 1
+        now = self._clock()
+        if isinstance(exc, TransportError):
+            self._unanswered_at = now
+            return self._soon()
+        retry_after = exc.retry_after if isinstance(exc, ApiError) else None
+        if retry_after is not None:
+            asked = max(MIN_RETRY_AFTER, retry_after) * (1.0 + 0.2 * self._rng.random())
+            return min(MAX_RETRY_AFTER, asked)
+        if self._unanswered_at is not None and now - self._unanswered_at < RECOVERY_WINDOW:
+            return self._soon()
+        return self.errors.next()
+
+    def _soon(self) -> float:
+        return RETRY_SOON * (0.5 + 0.5 * self._rng.random())
+
+    def _end_expiries(self) -> None:
+        self._expired_last = False
+        self.expiries.reset()
+
+
 class ListWatch(Protocol):
     """The API access an informer needs (implemented by KubeClient)."""
 
@@ -353,6 +440,8 @@ class Informer:
         self._synced_scopes: set[str | None] = set()
         self._synced = asyncio.Event()
         self._resource_versions: dict[str | None, str | None] = {}
+        self._listed_at: dict[str | None, float] = {}
+        self.lists = 0  # lists completed, every scope counted
         self._log = log.bind(informer=self.name)
 
     # ---------------------------------------------------------------- wiring
@@ -380,6 +469,17 @@ class Informer:
 
     async def wait_for_sync(self) -> None:
         await self._synced.wait()
+
+    @property
+    def last_sync(self) -> float | None:
+        """Loop time since which every scope has completed a list; None before the first sync.
+
+        The loop's clock is ``time.monotonic()`` on the default event loop, so
+        "relisted after the API server came back" is ``last_sync >= ready``.
+        """
+        if len(self._listed_at) < len(self._scopes):
+            return None
+        return min(self._listed_at.values())
 
     def get(self, namespace: str | None, name: str) -> Obj | None:
         return self.store.get(f"{namespace}/{name}" if namespace else name)
@@ -426,43 +526,47 @@ class Informer:
                 group.create_task(self._reflect(scope), name=f"informer {self.name} {scope or '*'}")
 
     async def _reflect(self, namespace: str | None) -> None:
-        backoff = Backoff(rng=self._rng)
+        retries = Retries(self._rng, asyncio.get_running_loop().time)
         rv: str | None = None
-        first_410 = True
         scope_log = self._log.bind(namespace=namespace or "*")
         while True:
             if rv is None:
                 try:
                     rv = await self._list(namespace)
                 except (ApiError, ValueError) as exc:
-                    reason = _reason(exc) if isinstance(exc, ApiError) else type(exc).__name__
-                    self._count_error("list_" + reason)
-                    delay = backoff.next()
-                    scope_log.warning("list failed", error=str(exc), retry_in=delay)
-                    await asyncio.sleep(delay)
+                    self._count_error("list_" + _error_reason(exc))
+                    await self._retry_after(retries, exc, scope_log, "list failed")
                     continue
+                retries.listed()
                 self._resource_versions[namespace] = rv
             try:
-                rv = await self._watch(namespace, rv, backoff)
-                first_410 = True
+                rv = await self._watch(namespace, rv, retries)
+                retries.watch_ended()
             except WatchExpired:
                 self._count_error("gone")
-                scope_log.info("watch expired, listing again", resource_version=rv)
+                delay = retries.expired()
+                scope_log.info("watch expired, listing again", resource_version=rv, wait=delay)
                 rv = None
-                # Relisting is the remedy, so the first 410 costs no wait; a
-                # string of them (list immediately stale) backs off like errors.
-                if not first_410:
-                    await asyncio.sleep(backoff.next())
-                first_410 = False
+                if delay:
+                    await asyncio.sleep(delay)
             except (ApiError, WatchFailed, ValueError) as exc:
                 # Resume after the last event the broken watch delivered.
                 rv = self._resource_versions.get(namespace) or rv
-                reason = _reason(exc) if isinstance(exc, ApiError) else type(exc).__name__
-                self._count_error(reason)
-                delay = backoff.next()
-                scope_log.warning("watch failed", error=str(exc), retry_in=delay)
-                await asyncio.sleep(delay)
+                self._count_error(_error_reason(exc))
+                await self._retry_after(retries, exc, scope_log, "watch failed")
             self._resource_versions[namespace] = rv
+
+    @staticmethod
+    async def _retry_after(
+        retries: Retries, exc: Exception, scope_log: structlog.stdlib.BoundLogger, message: str
+    ) -> None:
+        delay = retries.failed(exc)
+        # While the server is down failures come every second: log the 1st,
+        # 2nd, 4th, 8th... in a row as warnings, the others as debug.
+        n = retries.failures
+        emit = scope_log.warning if n & (n - 1) == 0 else scope_log.debug
+        emit(message, error=str(exc), failures=n, retry_in=delay)
+        await asyncio.sleep(delay)
 
     async def _list(self, namespace: str | None) -> str:
         items: list[Obj] = []
@@ -490,9 +594,11 @@ class Informer:
         # events do. Cached objects look the same whichever way they came.
         type_meta = {"apiVersion": self.resource.api_version, "kind": self.resource.kind}
         self.replace(namespace, [{**type_meta, **item} for item in items])
+        self._listed_at[namespace] = asyncio.get_running_loop().time()
+        self.lists += 1
         return rv
 
-    async def _watch(self, namespace: str | None, rv: str, backoff: Backoff) -> str:
+    async def _watch(self, namespace: str | None, rv: str, retries: Retries) -> str:
         """Watch from ``rv`` until the server ends it; the resourceVersion to resume from."""
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -513,7 +619,7 @@ class Informer:
                 self._resource_versions[namespace] = rv
                 if not got_event:
                     got_event = True
-                    backoff.reset()
+                    retries.progressed()
         except ApiError as exc:
             if exc.is_gone:
                 raise WatchExpired from exc
@@ -636,5 +742,8 @@ def _is_older(candidate: str | None, cached: str | None) -> bool:
         return False
 
 
-def _reason(exc: ApiError) -> str:
-    return str(exc.status) if exc.status else "transport"
+def _error_reason(exc: Exception) -> str:
+    """The ``reason`` label of informer_watch_errors_total."""
+    if isinstance(exc, ApiError):
+        return str(exc.status) if exc.status else "transport"
+    return type(exc).__name__

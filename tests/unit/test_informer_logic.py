@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from controller.kube.client import ApiError, Gone, Resource, TransportError
+from controller.kube.client import ApiError, Gone, Resource, TooManyRequests, TransportError
 from controller.kube.informer import (
     LAST_APPLIED,
     Backoff,
@@ -546,11 +546,11 @@ async def test_errors_back_off_jittered_and_resume_from_the_same_version(
     source.script_list(None, page([], "10"))
     source.script_watch(
         None,
-        [TransportError(0, "ClientConnectionError")],
         [ApiError(500, "InternalError")],
+        [ApiError(403, "Forbidden")],
         [error_event(500)],
-        [ev("ADDED", obj("a", "12")), TransportError(0, "reset")],
-        [TransportError(0, "refused")],
+        [ev("ADDED", obj("a", "12")), error_event(500)],
+        [ApiError(503, "ServiceUnavailable")],
     )
     informer = Informer(source, RUNS, rng=random.Random(3))
     start(informer, running)
@@ -564,6 +564,175 @@ async def test_errors_back_off_jittered_and_resume_from_the_same_version(
     assert 0.8 <= gaps[3] < 1.6  # an event reset the backoff
     assert 1.6 <= gaps[4] < 3.2
     assert len(source.list_calls) == 1
+
+
+@pytest.mark.looptime
+async def test_a_server_that_does_not_answer_is_retried_every_second_without_growing_the_backoff(
+    source: FakeSource, running: list[asyncio.Task[None]]
+) -> None:
+    metrics = Metrics()
+    source.script_list(None, page([], "10"))
+    refused = [[TransportError(0, "ClientConnectorError")] for _ in range(60)]
+    source.script_watch(
+        None,
+        [ev("ADDED", obj("a", "11")), TransportError(0, "ClientPayloadError")],
+        *refused,
+        [ev("MODIFIED", obj("a", "12")), HANG],
+    )
+    informer = Informer(source, RUNS, rng=random.Random(7), metrics=metrics)
+    start(informer, running)
+    await asyncio.sleep(120)
+    calls = source.watch_calls
+    assert len(calls) == 62
+    assert [c["resource_version"] for c in calls[1:]] == ["11"] * 61
+    gaps = [b["at"] - a["at"] for a, b in itertools.pairwise(calls)]
+    assert all(0.5 <= gap <= 1.0 for gap in gaps)
+    assert len(set(gaps)) > 50  # jittered
+    assert informer.get("ns", "a")["metadata"]["resourceVersion"] == "12"  # type: ignore[index]
+    assert len(source.list_calls) == 1
+    errors = metrics.registry.get_sample_value(
+        "informer_watch_errors_total",
+        {"resource": "inferenceruns.ai.krateo.io", "reason": "transport"},
+    )
+    assert errors == 61
+
+
+@pytest.mark.looptime
+async def test_an_api_server_restart_is_followed_by_a_relist_within_a_second_of_it_answering(
+    source: FakeSource, running: list[asyncio.Task[None]]
+) -> None:
+    # Down for a minute (the watch breaks, connections are refused), then
+    # warming up (403 while RBAC loads, 503, 404 while the CRD is served),
+    # then the watch's version is gone from the new server's cache.
+    outage = [[TransportError(0, "ClientConnectorError")] for _ in range(100)]
+    warming = [[ApiError(403, "Forbidden")], [ApiError(503, "Unavailable")], [ApiError(404)]]
+    source.script_list(None, page([obj("a", "1")], "10"), page([obj("b", "30")], "30"))
+    source.script_watch(
+        None,
+        [ev("ADDED", obj("z", "11")), TransportError(0, "ClientPayloadError")],
+        *outage,
+        *warming,
+        [Gone(410)],
+    )
+    informer = Informer(source, RUNS, rng=random.Random(8))
+    seen = Recorder(informer)
+    start(informer, running)
+    await asyncio.sleep(300)
+    calls = source.watch_calls
+    assert len(calls) == 1 + 100 + 3 + 1 + 1
+    broke, answered = calls[0]["at"], calls[101]["at"]
+    assert answered - broke > 60  # the outage lasted over a minute
+    gaps = [b["at"] - a["at"] for a, b in itertools.pairwise(calls[:-1])]
+    assert max(gaps) <= 1.0  # never more than a second between tries
+    relisted = source.list_calls[1]["at"]
+    assert relisted - answered <= 4 * 1.0  # three warm-up answers, each retried within 1 s
+    assert relisted == calls[-2]["at"]  # the 410 relisted at once
+    assert informer.last_sync == relisted
+    assert seen.calls[-3:] == [
+        ("add", "ns/b", "30"),
+        ("delete", "ns/a", "1"),
+        ("delete", "ns/z", "11"),
+    ]
+
+
+@pytest.mark.looptime
+async def test_after_the_recovery_window_errors_back_off_exponentially_again(
+    source: FakeSource, running: list[asyncio.Task[None]]
+) -> None:
+    source.script_list(None, page([], "10"))
+    source.script_watch(
+        None,
+        [TransportError(0, "ClientConnectorError")],
+        *([ApiError(500, "InternalError")] for _ in range(100)),
+    )
+    informer = Informer(source, RUNS, rng=random.Random(9))
+    start(informer, running)
+    await asyncio.sleep(120)
+    times = [c["at"] for c in source.watch_calls]
+    unanswered = times[0]
+    within = [b - a for a, b in itertools.pairwise(times) if a - unanswered < 60]
+    assert len(within) > 60
+    assert all(0.5 <= gap <= 1.0 for gap in within)
+    after = [b - a for a, b in itertools.pairwise(times) if a - unanswered >= 60]
+    assert 0.8 <= after[0] < 1.6  # the outage did not grow the backoff
+    assert 1.6 <= after[1] < 3.2
+    assert 3.2 <= after[2] < 6.4
+
+
+@pytest.mark.looptime
+async def test_a_410_after_a_broken_watch_relists_at_once(
+    source: FakeSource, running: list[asyncio.Task[None]]
+) -> None:
+    source.script_list(None, page([], "10"), page([], "20"), page([], "30"), page([], "40"))
+    source.script_watch(
+        None,
+        [Gone(410)],  # relisted at once
+        [ev("ADDED", obj("a", "21")), TransportError(0, "reset")],  # the watch breaks
+        [Gone(410)],  # so this 410 is a first one again
+        [ApiError(500, "InternalError")],
+        [Gone(410)],  # and so is this one
+    )
+    informer = Informer(source, RUNS, rng=random.Random(10))
+    start(informer, running)
+    await asyncio.sleep(60)
+    lists = [c["at"] for c in source.list_calls]
+    watches = [c["at"] for c in source.watch_calls]
+    assert len(lists) == 4
+    assert lists[1] == watches[0]
+    assert lists[2] == watches[2]
+    assert lists[3] == watches[4]
+    assert informer.lists == 4
+
+
+@pytest.mark.looptime
+async def test_a_successful_list_resets_the_backoff(
+    source: FakeSource, running: list[asyncio.Task[None]]
+) -> None:
+    forbidden = [ApiError(403, "Forbidden") for _ in range(5)]
+    source.script_list(None, *forbidden, page([], "10"))
+    source.script_watch(None, [ApiError(500, "InternalError")], [ApiError(500, "InternalError")])
+    informer = Informer(source, RUNS, rng=random.Random(12))
+    start(informer, running)
+    await asyncio.sleep(120)
+    lists = [c["at"] for c in source.list_calls]
+    assert lists[-1] - lists[-2] >= 12.8  # five failures grew the backoff
+    watches = [c["at"] for c in source.watch_calls]
+    assert watches[0] == lists[-1]
+    assert 0.8 <= watches[1] - watches[0] < 1.6  # from the start again
+    assert 1.6 <= watches[2] - watches[1] < 3.2
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize(
+    ("retry_after", "low", "high"),
+    [
+        pytest.param(7.0, 7.0, 8.4, id="as-asked"),
+        pytest.param(0.0, 0.1, 0.12, id="at-least-0.1s"),
+        pytest.param(3600.0, 30.0, 30.0, id="at-most-30s"),
+    ],
+)
+async def test_429_waits_what_retry_after_asks_within_bounds(
+    source: FakeSource,
+    running: list[asyncio.Task[None]],
+    retry_after: float,
+    low: float,
+    high: float,
+) -> None:
+    throttled = TooManyRequests(429, "TooManyRequests", retry_after=retry_after)
+    source.script_list(None, throttled, page([], "10"))
+    source.script_watch(
+        None,
+        [TooManyRequests(429, "TooManyRequests", retry_after=retry_after)],
+        [ApiError(500, "InternalError")],
+    )
+    informer = Informer(source, RUNS, rng=random.Random(13))
+    start(informer, running)
+    await asyncio.sleep(100)
+    lists = [c["at"] for c in source.list_calls]
+    watches = [c["at"] for c in source.watch_calls]
+    assert low <= lists[1] - lists[0] <= high
+    assert low <= watches[1] - watches[0] <= high
+    assert 0.8 <= watches[2] - watches[1] < 1.6  # Retry-After did not grow the backoff
 
 
 @pytest.mark.looptime
@@ -598,8 +767,10 @@ async def test_list_failures_back_off_and_sync_waits_for_a_list(
     await asyncio.wait_for(informer.wait_for_sync(), timeout=10)
     times = [c["at"] for c in source.list_calls]
     assert 0.8 <= times[1] - times[0] < 1.6
-    assert 1.6 <= times[2] - times[1] < 3.2
+    assert 0.5 <= times[2] - times[1] <= 1.0  # no answer at all: retried within a second
     assert informer.get("ns", "a") is not None
+    assert informer.last_sync == times[2]
+    assert informer.lists == 1
 
 
 @pytest.mark.looptime
@@ -631,6 +802,8 @@ async def test_not_synced_until_every_namespace_listed(
     start(informer, running)
     await asyncio.sleep(60)
     assert not informer.has_synced()
+    assert informer.last_sync is None  # not every scope has listed
+    assert informer.lists == 1
 
 
 @pytest.mark.looptime
