@@ -65,7 +65,13 @@ RECONCILE_BUCKETS: tuple[float, ...] = (
 
 # Kept in step with controller/kube/workers.py: the values of the ``result``
 # label of controller_runtime_reconcile_total.
-RECONCILE_RESULTS: tuple[str, ...] = ("success", "error", "requeue_after", "terminal_error")
+RECONCILE_RESULTS: tuple[str, ...] = (
+    "success",
+    "error",
+    "requeue",
+    "requeue_after",
+    "terminal_error",
+)
 
 
 class Metrics:

@@ -157,7 +157,11 @@ class Reconciler:
                 if live is None:
                     self.forget(key)
                     return Result()
-                raw, run, confirmed = live, InferenceRun.model_validate(live), True
+                try:
+                    run = InferenceRun.model_validate(live)
+                except ValidationError as exc:
+                    raise _Requeue("the run was edited meanwhile") from exc
+                raw, confirmed = live, True
                 continue
             if not current.writes:
                 break
