@@ -77,6 +77,22 @@ MAX_PARALLELISM = 1000
 MAX_SCHEDULE_LENGTH = 128
 # Condition messages stay short enough to read in `kubectl describe`.
 MAX_MESSAGE_LENGTH = 1024
+# timeoutSeconds (the Job's activeDeadlineSeconds) and startingDeadlineSeconds
+# become a Go time.Duration (int64 nanoseconds) in the Job and CronJob
+# controllers, which overflows past 2^63 ns (about 292 years): a Job with a
+# deadline of 1000 years fails at once with DeadlineExceeded. Ten years (of 365
+# days) is far below the overflow and far above any batch inference.
+MAX_DEADLINE_SECONDS = 10 * 365 * 24 * 3600
+# spec.parameters are copied into the contract (its ConfigMap holds at most
+# 1 MiB; the run's status.contract sits next to spec.parameters in one etcd
+# object of at most 1.5 MiB), and `kubectl apply` copies the whole run into an
+# annotation (all annotations: at most 256 KiB). Go's JSON encoding writes at
+# most 6 bytes per character (`<` is \u003c), so 32 Ki characters of names and
+# values take at most 192 KiB in each, whatever they hold.
+MAX_PARAMETERS = 64
+MAX_PARAMETER_NAME_LENGTH = 253
+MAX_PARAMETER_VALUE_LENGTH = 4096
+MAX_PARAMETERS_TOTAL_LENGTH = 32768
 
 # --------------------------------------------------------------------------------------------
 # Cron syntax. The same pattern is the CRD's CEL rule (a unit test checks the
@@ -87,7 +103,11 @@ MAX_MESSAGE_LENGTH = 1024
 # spaces; a `CRON_TZ=`/`TZ=` prefix is refused (use `timeZone`).
 
 CRON_DESCRIPTORS = ("yearly", "annually", "monthly", "weekly", "daily", "midnight", "hourly")
-_STEP = "(/[1-9][0-9]*)?"
+# Steps have at most 3 digits. robfig/cron reads a step with strconv.Atoi, so
+# `*/99999999999999999999` overflows and the CronJob is refused although
+# croniter runs it; a step past a field's range is fine in both (it fires at
+# the range's start only), so nothing a schedule can say is lost.
+_STEP = "(/[1-9][0-9]{0,2})?"
 _MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 _DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 
@@ -129,8 +149,9 @@ def check_schedule(schedule: str) -> None:
         raise PydanticCustomError(
             "InvalidSchedule",
             "'{schedule}' is not a cron schedule: use 5 space-separated fields "
-            "(minute hour day-of-month month day-of-week, e.g. '0 * * * *') "
-            "or one of @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly",
+            "(minute hour day-of-month month day-of-week, e.g. '0 * * * *', with steps of "
+            "at most 3 digits) or one of @yearly, @annually, @monthly, @weekly, @daily, "
+            "@midnight, @hourly",
             {"schedule": schedule},
         )
     if not schedule.startswith("@"):
@@ -379,15 +400,21 @@ _SCHEDULED_ONLY = (
 )
 
 
+ParameterName = Annotated[str, Field(max_length=MAX_PARAMETER_NAME_LENGTH)]
+ParameterValue = Annotated[str, Field(max_length=MAX_PARAMETER_VALUE_LENGTH)]
+
+
 class InferenceRunSpec(_Model):
     config_ref: ConfigRef
     # 0 keeps upstream's meaning: no deadline.
-    timeout_seconds: int | None = Field(default=None, ge=0)
+    timeout_seconds: int | None = Field(default=None, ge=0, le=MAX_DEADLINE_SECONDS)
     schedule: str | None = Field(default=None, max_length=MAX_SCHEDULE_LENGTH)
-    parameters: dict[str, str] | None = None
+    parameters: dict[ParameterName, ParameterValue] | None = Field(
+        default=None, max_length=MAX_PARAMETERS
+    )
     suspend: bool = False
     concurrency_policy: ConcurrencyPolicy | None = None
-    starting_deadline_seconds: int | None = Field(default=None, ge=0)
+    starting_deadline_seconds: int | None = Field(default=None, ge=0, le=MAX_DEADLINE_SECONDS)
     successful_jobs_history_limit: int | None = Field(default=None, ge=0)
     failed_jobs_history_limit: int | None = Field(default=None, ge=0)
     time_zone: str | None = None
@@ -399,6 +426,19 @@ class InferenceRunSpec(_Model):
     def _schedule(cls, value: str | None) -> str | None:
         if value is not None:
             check_schedule(value)
+        return value
+
+    @field_validator("parameters")
+    @classmethod
+    def _parameters(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        total = sum(len(k) + len(v) for k, v in (value or {}).items())
+        if total > MAX_PARAMETERS_TOTAL_LENGTH:
+            raise PydanticCustomError(
+                "InvalidSpec",
+                "parameter names and values total {total} characters, more than "
+                "{limit}: pass large data through the input storage instead",
+                {"total": total, "limit": MAX_PARAMETERS_TOTAL_LENGTH},
+            )
         return value
 
     @field_validator("time_zone")

@@ -15,6 +15,9 @@ import yaml
 from pydantic import ValidationError
 
 from controller.api import (
+    MAX_DEADLINE_SECONDS,
+    MAX_PARAMETER_VALUE_LENGTH,
+    MAX_PARAMETERS_TOTAL_LENGTH,
     Condition,
     Execution,
     InferenceConfig,
@@ -587,6 +590,61 @@ INVALID: list[tuple[str, dict[str, Any], list[str], bool]] = [
         ["spec.serviceAccountName: Invalid value"],
         False,
     ),
+    # What the API server or the Job/CronJob controllers would refuse at child creation.
+    (
+        "timeout-int64-max",
+        run_with(timeoutSeconds=2**63 - 1),
+        ["spec.timeoutSeconds", "at most 315360000 (10 years)"],
+        True,
+    ),
+    (
+        "timeout-1000-years",
+        run_with(timeoutSeconds=1000 * 365 * 86400),
+        ["spec.timeoutSeconds", "at most 315360000 (10 years)"],
+        True,
+    ),
+    (
+        "starting-deadline-int64-max",
+        run_with(schedule="@daily", startingDeadlineSeconds=2**63 - 1),
+        ["spec.startingDeadlineSeconds", "at most 315360000 (10 years)"],
+        True,
+    ),
+    (
+        "too-many-parameters",
+        run_with(parameters={f"p{i}": "v" for i in range(65)}),
+        ["spec.parameters: Too many: 65: must have at most 64 items"],
+        True,
+    ),
+    (
+        "long-parameter-value",
+        run_with(parameters={"query": "v" * 4097}),
+        ["spec.parameters.query: Too long", "4096"],
+        True,
+    ),
+    (
+        "long-parameter-name",
+        run_with(parameters={"k" * 254: "v"}),
+        ["spec.parameters", "parameter names must be at most 253 characters"],
+        True,
+    ),
+    (
+        "parameters-too-large",
+        run_with(parameters={f"p{i:02}": "v" * 4093 for i in range(9)}),
+        ["spec.parameters", "must total at most 32768 characters"],
+        True,
+    ),
+    (
+        "cron-step-overflow",
+        run_with(schedule="*/99999999999999999999 * * * *"),
+        ["spec.schedule", "steps of at most 3 digits"],
+        True,
+    ),
+    (
+        "time-zone-part-too-long",
+        run_with(schedule="@daily", timeZone="America/Abcdefghijklmno"),
+        ["spec.timeZone: Invalid value"],
+        True,
+    ),
 ]
 
 
@@ -616,6 +674,8 @@ def test_the_table_is_large_enough() -> None:
 ACCEPTED_SCHEDULES = [
     "0 * * * *",
     "*/15 8-18 * * MON-FRI",
+    "*/999 * * * *",
+    "0 0 */31 * *",
     "0 0 ? JAN-MAR sun",
     "5/10 * * * *",
     "0,30 1 1 1 0",
@@ -637,7 +697,10 @@ REFUSED_BY_CEL = [
     "@every 5m",
     "@HOURLY",
     "TZ=UTC @daily",
+    "*/1000 * * * *",
 ]
+# Schedules croniter runs but robfig/cron (strconv.Atoi) cannot parse.
+REFUSED_BY_CRONJOB = ["*/99999999999999999999 * * * *", "0 0 1/9223372036854775808 * *"]
 
 
 def cronjob(name: str, schedule: str) -> dict[str, Any]:
@@ -682,10 +745,73 @@ async def test_schedules_agree_with_cronjob_validation(crds: LocalCluster, scrat
         )
         assert run.returncode != 0, schedule
         assert "spec.schedule" in run.stderr
+    for i, schedule in enumerate(REFUSED_BY_CRONJOB):
+        assert create(crds, scratch, cronjob(f"overflow-{i}", schedule), dry_run=True).returncode
+        run = create(
+            crds,
+            scratch,
+            obj("InferenceRun", f"overflow-{i}", {**RUN_SPEC, "schedule": schedule}),
+            dry_run=True,
+        )
+        assert run.returncode != 0, schedule
+        assert "steps of at most 3 digits" in run.stderr
+        with pytest.raises(ValidationError, match="steps of at most 3 digits"):
+            InferenceRun.model_validate({**run_with(schedule=schedule), "metadata": {"name": "r"}})
     # A backwards range passes any regex; the CronJob would be refused, so the model refuses it.
     assert create(crds, scratch, cronjob("backwards", "5-1 * * * *"), dry_run=True).returncode != 0
     with pytest.raises(ValidationError, match="runs backwards"):
         InferenceRun.model_validate({**run_with(schedule="5-1 * * * *"), "metadata": {"name": "r"}})
+
+
+def job_with(name: str, resources: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    container = {"name": "c", "image": "example.com/idle:1", "resources": resources}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            **spec,
+            "template": {"spec": {"restartPolicy": "Never", "containers": [container]}},
+        },
+    }
+
+
+async def test_longest_deadline_is_one_a_job_accepts(crds: LocalCluster, scratch: str) -> None:
+    longest = run_with(
+        timeoutSeconds=MAX_DEADLINE_SECONDS,
+        schedule="@daily",
+        startingDeadlineSeconds=MAX_DEADLINE_SECONDS,
+    )
+    run = create(crds, scratch, longest, dry_run=True)
+    assert run.returncode == 0, run.stderr
+    job_body = job_with("deadline", {}, activeDeadlineSeconds=MAX_DEADLINE_SECONDS)
+    job = create(crds, scratch, job_body, dry_run=True)
+    assert job.returncode == 0, job.stderr
+
+
+async def test_largest_parameters_fit_the_run_and_its_configmap(
+    crds: LocalCluster, namespace: str
+) -> None:
+    # Every character one Go's JSON writes as \u003c, filling the total bound;
+    # applied client-side, so kubectl's last-applied annotation holds it too.
+    width = MAX_PARAMETER_VALUE_LENGTH - 3
+    count = MAX_PARAMETERS_TOTAL_LENGTH // MAX_PARAMETER_VALUE_LENGTH
+    params = {f"<{i:02}": "<" * width for i in range(count)}
+    assert sum(len(k) + len(v) for k, v in params.items()) == MAX_PARAMETERS_TOTAL_LENGTH
+    apply(crds, namespace, json.dumps(obj("InferenceConfig", "cfg", CONFIG_SPEC)))
+    apply(
+        crds, namespace, json.dumps(obj("InferenceRun", "run", {**RUN_SPEC, "parameters": params}))
+    )
+    config = InferenceConfig.model_validate(get_json(crds, namespace, "infcfg", "cfg"))
+    run = InferenceRun.model_validate(get_json(crds, namespace, "infrun", "run"))
+    assert run.spec.parameters == params
+    done = create(crds, namespace, desired_configmap(run, config))
+    assert done.returncode == 0, done.stderr
+    # The run's status carries the same contract next to spec.parameters.
+    contract = json.loads(render_contract(run, config))
+    patch_status(crds, namespace, "infrun", "run", {"contract": contract})
+    stored = get_json(crds, namespace, "infrun", "run")["status"]["contract"]
+    assert stored["parameters"] == params
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 import typing
+import zoneinfo
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from controller import api
+from controller import api, render
 from controller.api import (
     CRON_PATTERN,
     Condition,
@@ -210,6 +212,9 @@ VALID_SCHEDULES = [
     "5/10 * * * *",
     "0 23 31 12 6",
     " 0 1  2 3 4 ",
+    "*/60 * * * *",
+    "*/999 * * * *",
+    "0 0 */31 * *",
     "@hourly",
     "@daily",
     "@midnight",
@@ -230,6 +235,9 @@ INVALID_SCHEDULES = [
     "0 0 * 13 *",
     "0 0 * * 7",
     "*/0 * * * *",
+    "*/1000 * * * *",
+    "*/99999999999999999999 * * * *",
+    "0 0 1/9223372036854775808 * *",
     "5-1 * * * *",
     "0 0 * DEC-JAN *",
     "0 0 31 2 *",
@@ -264,6 +272,8 @@ def test_schedule_messages_say_what_to_do() -> None:
     assert "never fires" in never
     _, backwards = invalid(InferenceRun, run_raw(schedule="0 0 * DEC-JAN *"))
     assert "month range 'DEC-JAN' runs backwards" in backwards
+    _, step = invalid(InferenceRun, run_raw(schedule="*/99999999999999999999 * * * *"))
+    assert "steps of at most 3 digits" in step
 
 
 @pytest.mark.parametrize(
@@ -284,6 +294,62 @@ def test_scheduling_fields_need_a_schedule() -> None:
     reason, message = invalid(InferenceRun, run_raw(timeZone="UTC", concurrencyPolicy="Allow"))
     assert reason == "InvalidSpec"
     assert "timeZone, concurrencyPolicy only apply to scheduled runs" in message
+
+
+# --------------------------------------------------------------------------------------------
+# What the API server or the Job/CronJob controllers would refuse at child creation
+
+
+@pytest.mark.parametrize("field", ["timeoutSeconds", "startingDeadlineSeconds"])
+@pytest.mark.parametrize("seconds", [2**63 - 1, 1000 * 365 * 86400, api.MAX_DEADLINE_SECONDS + 1])
+def test_deadlines_a_duration_cannot_hold_are_refused(field: str, seconds: int) -> None:
+    reason, message = invalid(InferenceRun, run_raw(schedule="@daily", **{field: seconds}))
+    assert reason == "InvalidSpec"
+    assert message == (
+        f"spec.{field}: Input should be less than or equal to {api.MAX_DEADLINE_SECONDS} "
+        f"(got {seconds})"
+    )
+
+
+def test_ten_years_is_the_longest_deadline() -> None:
+    assert api.MAX_DEADLINE_SECONDS == 315_360_000
+    # Far below where time.Duration (int64 nanoseconds) overflows.
+    assert api.MAX_DEADLINE_SECONDS * 10**9 < (2**63 - 1) // 10
+    longest = run_raw(
+        schedule="@daily",
+        timeoutSeconds=api.MAX_DEADLINE_SECONDS,
+        startingDeadlineSeconds=api.MAX_DEADLINE_SECONDS,
+    )
+    assert InferenceRun.model_validate(longest).spec.deadline_seconds == api.MAX_DEADLINE_SECONDS
+
+
+def test_parameters_are_bounded() -> None:
+    most = {f"p{i:02}": "v" * 100 for i in range(api.MAX_PARAMETERS)}
+    assert InferenceRun.model_validate(run_raw(parameters=most)).spec.parameters == most
+    _, many = invalid(InferenceRun, run_raw(parameters={**most, "one-more": "v"}))
+    assert many.startswith("spec.parameters: Dictionary should have at most 64 items")
+    _, long_value = invalid(InferenceRun, run_raw(parameters={"p": "v" * 4097}))
+    assert long_value == "spec.parameters.p: String should have at most 4096 characters"
+    _, long_name = invalid(InferenceRun, run_raw(parameters={"k" * 254: "v"}))
+    assert "String should have at most 253 characters" in long_name
+    total = {f"p{i:02}": "v" * 4093 for i in range(9)}  # 9 * 4096 > 32768
+    reason, too_much = invalid(InferenceRun, run_raw(parameters=total))
+    assert reason == "InvalidSpec"
+    assert too_much.startswith("spec.parameters: parameter names and values total 36864")
+    InferenceRun.model_validate(run_raw(parameters=dict(list(total.items())[:8])))
+
+
+def test_maximal_parameters_fit_a_configmap() -> None:
+    # The worst case for size: every character one that Go's JSON writes as
+    # \u003c, filling the total bound exactly.
+    n = api.MAX_PARAMETERS_TOTAL_LENGTH // api.MAX_PARAMETER_VALUE_LENGTH
+    width = api.MAX_PARAMETER_VALUE_LENGTH - 3
+    params = {f"<{i:02}": "<" * width for i in range(n)}
+    assert sum(len(k) + len(v) for k, v in params.items()) == api.MAX_PARAMETERS_TOTAL_LENGTH
+    run = InferenceRun.model_validate(run_raw(parameters=params))
+    config = InferenceConfig.model_validate(config_raw())
+    size = len(json.dumps(render.desired_configmap(run, config)).encode())
+    assert 6 * api.MAX_PARAMETERS_TOTAL_LENGTH <= size < 1024 * 1024 // 4
 
 
 # --------------------------------------------------------------------------------------------
@@ -609,3 +675,34 @@ def test_schedule_rule_is_the_models_pattern() -> None:
     assert any(f"self.matches('{CRON_PATTERN}')" in rule["rule"] for rule in rules)
     assert "\\" not in CRON_PATTERN
     assert "'" not in CRON_PATTERN
+
+
+def rules_of(name: str, path: str) -> list[str]:
+    node = dict(walk(schema(name)))[path]
+    return [rule["rule"] for rule in node.get("x-kubernetes-validations", [])]
+
+
+def test_deadline_rules_are_the_models_bound() -> None:
+    for field in ("timeoutSeconds", "startingDeadlineSeconds"):
+        assert f"self <= {api.MAX_DEADLINE_SECONDS}" in rules_of("inferenceruns", f".spec.{field}")
+
+
+def test_parameter_rules_are_the_models_bounds() -> None:
+    node = dict(walk(schema("inferenceruns")))[".spec.parameters"]
+    assert node["maxProperties"] == api.MAX_PARAMETERS
+    assert node["additionalProperties"]["maxLength"] == api.MAX_PARAMETER_VALUE_LENGTH
+    rules = rules_of("inferenceruns", ".spec.parameters")
+    assert f"self.all(k, k.size() <= {api.MAX_PARAMETER_NAME_LENGTH})" in rules
+    assert f"self.map(k, k.size() + self[k].size()).sum() <= {api.MAX_PARAMETERS_TOTAL_LENGTH}" in (
+        rules
+    )
+
+
+def test_every_time_zone_passes_the_crd_pattern() -> None:
+    # The pattern holds each part to 14 characters, as CronJob validation does;
+    # no zone in the database is longer, so none is refused.
+    pattern = dict(walk(schema("inferenceruns")))[".spec.timeZone"]["pattern"]
+    zones = zoneinfo.available_timezones()
+    assert zones
+    assert [z for z in sorted(zones) if not re.fullmatch(pattern, z)] == []
+    assert not re.fullmatch(pattern, "America/Abcdefghijklmno")
