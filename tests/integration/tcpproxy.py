@@ -1,27 +1,74 @@
 """A TCP proxy in front of the API server whose link the test can cut: a network fault.
 
-The client speaks TLS straight through it to the real API server; cutting it
-aborts every open connection (watches included) and refuses new ones until
-``restore()``, as a partition between the controller and the API server would.
+Plain mode: the client speaks TLS straight through it to the real API server;
+cutting it aborts every open connection (watches included) and refuses new
+ones until ``restore()``, as a partition between the controller and the API
+server would.
+
+Watch-delay mode (``tls=`` and ``watch_delay=``): the proxy ends the client's
+TLS with the API server's own certificate (so the client's CA still verifies
+it) and opens its own TLS connection upstream, reads each HTTP/1.1 request
+head, and delays every byte of the answer to a watch request
+(``?watch=true``) by ``watch_delay`` seconds, spacing kept, while every other
+answer passes at once: a client whose caches lag while its writes land.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+_MAX_HEAD = 1 << 20
+
+
+@dataclass(frozen=True)
+class Tls:
+    """TLS ended at the proxy: ``server`` faces the client, ``client`` the upstream."""
+
+    server: ssl.SSLContext
+    client: ssl.SSLContext
+
+    @classmethod
+    def impersonating(cls, cert: Path, key: Path, ca: Path) -> Tls:
+        """Present the upstream's own ``cert``/``key``; verify the upstream against ``ca``."""
+        server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server.load_cert_chain(cert, key)
+        server.set_alpn_protocols(["http/1.1"])  # request heads are read as HTTP/1.1
+        client = ssl.create_default_context(cafile=str(ca))
+        client.set_alpn_protocols(["http/1.1"])
+        return cls(server=server, client=client)
 
 
 class TcpProxy:
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(
+        self,
+        target_host: str,
+        target_port: int,
+        *,
+        tls: Tls | None = None,
+        watch_delay: float = 0.0,
+    ) -> None:
+        if watch_delay and tls is None:
+            raise ValueError("telling watches from requests needs the proxy to end TLS (tls=)")
         self.target_host = target_host
         self.target_port = target_port
+        self.tls = tls
+        self.watch_delay = watch_delay
         self.port = 0
+        self.watches = 0  # watch requests seen (delay mode)
+        self.requests = 0  # other requests seen (delay mode)
         self._server: asyncio.Server | None = None
         self._transports: set[asyncio.WriteTransport] = set()
+        self._deliveries: set[asyncio.Task[None]] = set()
         self._cut = False
 
     async def start(self) -> int:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        server_ssl = self.tls.server if self.tls else None
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0, ssl=server_ssl)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
@@ -36,6 +83,8 @@ class TcpProxy:
 
     async def stop(self) -> None:
         self.cut()
+        for task in list(self._deliveries):
+            task.cancel()  # delayed bytes for connections that are gone
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -45,16 +94,36 @@ class TcpProxy:
             writer.transport.abort()
             return
         try:
-            up_reader, up_writer = await asyncio.open_connection(self.target_host, self.target_port)
+            up_reader, up_writer = await asyncio.open_connection(
+                self.target_host,
+                self.target_port,
+                ssl=self.tls.client if self.tls else None,
+                server_hostname=self.target_host if self.tls else None,
+            )
         except OSError:
             writer.transport.abort()
             return
         self._transports.update({writer.transport, up_writer.transport})
-        await asyncio.gather(
-            self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True
-        )
-        self._transports.discard(writer.transport)
-        self._transports.discard(up_writer.transport)
+        try:
+            if self.watch_delay:
+                exchange = _Exchange()
+                await asyncio.gather(
+                    self._requests(reader, up_writer, exchange),
+                    self._delayed(up_reader, writer, exchange),
+                    return_exceptions=True,
+                )
+            else:
+                await asyncio.gather(
+                    self._pipe(reader, up_writer),
+                    self._pipe(up_reader, writer),
+                    return_exceptions=True,
+                )
+        finally:
+            self._transports.discard(writer.transport)
+            self._transports.discard(up_writer.transport)
+            for w in (writer, up_writer):
+                with contextlib.suppress(Exception):
+                    w.close()
 
     @staticmethod
     async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -62,8 +131,106 @@ class TcpProxy:
             while data := await reader.read(65536):
                 writer.write(data)
                 await writer.drain()
-        except (ConnectionError, OSError):
+        except (ConnectionError, OSError, ssl.SSLError):
             pass
         finally:
             with contextlib.suppress(Exception):
                 writer.close()
+
+    # ------------------------------------------------------------ delay mode
+
+    async def _requests(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, exchange: _Exchange
+    ) -> None:
+        """Forward HTTP/1.1 requests one by one, noting whether each is a watch."""
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    return
+                if len(head) > _MAX_HEAD:
+                    return
+                lines = head.decode("latin-1").split("\r\n")
+                method, target, _version = [*lines[0].split(" ", 2), "", ""][:3]
+                headers = {
+                    k.strip().lower(): v.strip()
+                    for k, _, v in (line.partition(":") for line in lines[1:] if line)
+                }
+                # No pipelining in HTTP/1.1 clients: the answer bytes that come
+                # next belong to this request.
+                exchange.watch = method == "GET" and _is_watch(target)
+                if exchange.watch:
+                    self.watches += 1
+                else:
+                    self.requests += 1
+                writer.write(head)
+                if headers.get("transfer-encoding", "").lower() == "chunked":
+                    await _copy_chunked(reader, writer)
+                else:
+                    length = int(headers.get("content-length") or 0)
+                    if length:
+                        writer.write(await reader.readexactly(length))
+                await writer.drain()
+        except (ConnectionError, OSError, ssl.SSLError, asyncio.IncompleteReadError, ValueError):
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    async def _delayed(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, exchange: _Exchange
+    ) -> None:
+        """Answers to the client, in order: a watch's bytes ``watch_delay`` late, others at once."""
+        loop = asyncio.get_running_loop()
+        line: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
+
+        async def deliver() -> None:
+            try:
+                while (item := await line.get()) is not None:
+                    due, data = item
+                    if (wait := due - loop.time()) > 0:
+                        await asyncio.sleep(wait)
+                    writer.write(data)
+                    await writer.drain()
+            except (ConnectionError, OSError, ssl.SSLError):
+                pass
+            finally:
+                with contextlib.suppress(Exception):
+                    writer.close()
+
+        delivering = asyncio.create_task(deliver())
+        self._deliveries.add(delivering)
+        delivering.add_done_callback(self._deliveries.discard)
+        try:
+            while data := await reader.read(65536):
+                line.put_nowait((loop.time() + (self.watch_delay if exchange.watch else 0), data))
+        except (ConnectionError, OSError, ssl.SSLError):
+            pass
+        finally:
+            line.put_nowait(None)
+            await asyncio.wait({delivering})  # cancelled by stop(): no error here
+
+
+@dataclass
+class _Exchange:
+    watch: bool = False
+
+
+def _is_watch(target: str) -> bool:
+    query = parse_qs(urlsplit(target).query)
+    return any(v.lower() in ("true", "1") for v in query.get("watch", []))
+
+
+async def _copy_chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    while True:
+        size_line = await reader.readuntil(b"\r\n")
+        writer.write(size_line)
+        size = int(size_line.split(b";", 1)[0].strip(), 16)
+        if size == 0:
+            # Trailers, then the empty line.
+            while (trailer := await reader.readuntil(b"\r\n")) != b"\r\n":
+                writer.write(trailer)
+            writer.write(b"\r\n")
+            return
+        writer.write(await reader.readexactly(size + 2))
