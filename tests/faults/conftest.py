@@ -1,0 +1,176 @@
+"""Wiring shared by the fault tier (``tests/faults``, marker ``faults``).
+
+Every fault test runs on the session's one control plane, in its own
+namespace, and reads its invariants from the audit log
+(``tests/faults/invariants.py``). What this file adds:
+
+- ``audit``: the audit log from the start of the test, in its namespace;
+- ``apiserver_guard``: whatever a test does to kube-apiserver, it is running
+  again when the test ends (the cluster is shared with the rest of the suite);
+- ``seed``: the random seed of the test (``KSC_FAULT_SEED`` replays one); it
+  is printed in every failure message;
+- :class:`Timeline`: what the test did and when, for failure messages;
+- :func:`phases` / :func:`converge`: the state of every run in one list call;
+- :func:`retry`: API calls from the test right after an API server restart;
+- :func:`start_in_thread`: ``ControllerProcess.start`` (which blocks until
+  the controller is ready) without blocking the event loop, so the test can
+  kill the controller while it starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import pytest
+import yaml
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from hack.cluster import LocalCluster
+from tests.controllerproc import ControllerProcess
+from tests.faults.invariants import AuditLog, Ledger, now
+from tests.runs import GROUP, VERSION
+
+T = TypeVar("T")
+
+OK, FAIL, SLOW = "test.local/fake-ok:1", "test.local/fake-fail:1", "test.local/fake-slow:1"
+TERMINAL = ("Succeeded", "Failed")
+
+
+@pytest.fixture
+def audit(cluster: LocalCluster, namespace: str) -> AuditLog:
+    return AuditLog(cluster, namespace)
+
+
+@pytest.fixture
+def apiserver_guard(cluster: LocalCluster) -> Iterator[LocalCluster]:
+    """The cluster, with kube-apiserver started again after the test if the test left it down."""
+    try:
+        yield cluster
+    finally:
+        with contextlib.suppress(RuntimeError):  # "running already": nothing to restore
+            cluster.start_apiserver()
+
+
+@pytest.fixture
+def seed() -> int:
+    return int(os.environ.get("KSC_FAULT_SEED") or random.SystemRandom().randrange(2**32))
+
+
+class Timeline:
+    """What the test did, with wall-clock times comparable to the audit log's."""
+
+    def __init__(self, seed: int) -> None:
+        self.started = time.monotonic()
+        self.lines = [f"seed {seed} (KSC_FAULT_SEED={seed} replays the same choices)"]
+
+    def note(self, text: str) -> datetime:
+        at = now()
+        self.lines.append(f"{at:%H:%M:%S.%f} +{time.monotonic() - self.started:6.1f}s {text}")
+        return at
+
+
+def start_in_thread(proc: ControllerProcess) -> asyncio.Task[None]:
+    """``proc.start()`` in a thread; the task fails if the process dies before it is ready."""
+    return asyncio.create_task(asyncio.to_thread(proc.start, 60.0))
+
+
+async def wait_spawned(proc: ControllerProcess, previous: object, within: float = 10.0) -> None:
+    """Wait until :func:`start_in_thread` has replaced ``previous`` with a new process."""
+    deadline = time.monotonic() + within
+    while proc.proc is previous or proc.proc is None:
+        if time.monotonic() > deadline:
+            raise AssertionError("the controller process did not start")
+        await asyncio.sleep(0.01)
+
+
+def through(kubeconfig: Path, server: str) -> Path:
+    """Rewrite ``kubeconfig`` in place to talk to ``server`` (a proxy); returns it."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    for entry in config["clusters"]:
+        entry["cluster"]["server"] = server
+    kubeconfig.write_text(yaml.safe_dump(config))
+    return kubeconfig
+
+
+_TRANSIENT = (aiohttp.ClientError, OSError, asyncio.TimeoutError)
+
+
+async def retry(call: Callable[[], Awaitable[T]], *, within: float = 30.0) -> T:
+    """``call()`` until it is not refused for a transient reason (server just restarted)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return await call()
+        except ApiException as exc:
+            transient = exc.status >= 500 or exc.status in (0, 429)
+            if not transient or time.monotonic() > deadline:
+                raise
+        except _TRANSIENT:
+            if time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.2)
+
+
+async def phases(api: client.ApiClient, namespace: str) -> dict[str, dict[str, Any]]:
+    """name -> the run (one list call): ``status(run)['phase']`` and friends."""
+    listed = await client.CustomObjectsApi(api).list_namespaced_custom_object(
+        GROUP, VERSION, namespace, "inferenceruns"
+    )
+    return {item["metadata"]["name"]: item for item in listed["items"]}
+
+
+def _phase(run: dict[str, Any]) -> str | None:
+    return (run.get("status") or {}).get("phase")
+
+
+async def converge(
+    api: client.ApiClient, namespace: str, ledger: Ledger, *, within: float = 120.0
+) -> dict[str, dict[str, Any]]:
+    """Wait until every run is in the phase it must end in and every deleted run is gone.
+
+    A liveness bound, not a timing assertion: the message lists what had not
+    converged, with each run's status reason and message.
+    """
+    deadline = time.monotonic() + within
+    while True:
+        current = await retry(lambda: phases(api, namespace))
+        behind = []
+        for run in ledger:
+            found = current.get(run.name)
+            if run.deleted:
+                if found is not None:
+                    behind.append(f"{run.name}: deleted but still there")
+            elif run.expect is not None and (found is None or _phase(found) != run.expect):
+                st = (found or {}).get("status") or {}
+                behind.append(
+                    f"{run.name}: {_phase(found) if found else 'gone'} (want {run.expect}; "
+                    f"reason {st.get('reason')!r}, message {st.get('message')!r})"
+                )
+        if not behind:
+            return current
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"{len(behind)} run(s) did not converge within {within:.0f}s:\n  "
+                + "\n  ".join(behind)
+            )
+        await asyncio.sleep(0.5)
+
+
+def log_excerpt(proc: ControllerProcess, *needles: str, limit: int = 60) -> list[str]:
+    """Controller log lines holding any of ``needles`` (the last ``limit`` of them)."""
+    lines = [
+        line
+        for line in proc.output().splitlines()
+        if any(n in line for n in needles) and line.strip()
+    ]
+    return [f"  log: {line[:300]}" for line in lines[-limit:]]

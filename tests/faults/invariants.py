@@ -1,0 +1,410 @@
+"""The fault tier's invariants, read from the API server's audit log.
+
+The audit log is the one witness that survives every fault the tier causes:
+a killed controller forgets what it did, a restarted API server forgets its
+watch cache, but ``--audit-log-mode=blocking`` puts every request on disk
+before its answer. Each test takes a :class:`AuditLog` mark when it starts,
+reads the requests made in its namespace since then, and checks them with
+the functions below. Each check returns its violations as readable lines
+(the audit lines that prove them included), so a failing test says what
+happened, not only that something did.
+
+The invariants (DESIGN.md §3 and §6):
+
+- :func:`duplicate_creates`: a child (Job, ConfigMap, CronJob) is created
+  once in its lifetime: no create of a name that was created before, unless
+  the test itself deleted that object out of band in between and said a
+  re-create is allowed (a Job deleted under a run that has not finished);
+- :func:`children_per_run`: one Job (or CronJob) per run uid, and exactly one
+  for every one-shot run that ran;
+- :func:`created_after_delete`: nothing created for a run after the request
+  that deleted it completed;
+- :func:`writes_after`: nothing written to a run after a moment (a settled
+  run after a restart);
+- :func:`controller_deleted`: a one-shot run's Job is never deleted by the
+  controller.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from controller.naming import job_name, uid_part
+from hack.chart import CONTROLLER_SERVICE_ACCOUNT
+from hack.cluster import LocalCluster
+
+CHILDREN = ("jobs", "configmaps", "cronjobs")
+CREDENTIAL_ID = "authentication.kubernetes.io/credential-id"
+
+
+def controller_user(namespace: str) -> str:
+    """The audit log's username of a controller started by ``tests.controllerproc``."""
+    return f"system:serviceaccount:{namespace}:{CONTROLLER_SERVICE_ACCOUNT}"
+
+
+def now() -> datetime:
+    """The wall clock, comparable with audit timestamps (same host, UTC)."""
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One finished request (``ResponseComplete``) of the audit log."""
+
+    received: datetime  # requestReceivedTimestamp
+    completed: datetime  # stageTimestamp of ResponseComplete
+    user: str
+    credential: str  # the token's id: tells two replicas of one ServiceAccount apart
+    verb: str
+    resource: str  # "jobs", "inferenceruns/status", ...
+    namespace: str
+    name: str
+    code: int
+    stage: str = "ResponseComplete"
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.code < 300
+
+    def __str__(self) -> str:
+        who = self.user.rsplit(":", 1)[-1]
+        if self.credential:
+            who += f"[{self.credential[-6:]}]"
+        return (
+            f"{self.received:%H:%M:%S.%f} {self.verb} {self.resource} {self.name} "
+            f"-> {self.code} ({who})"
+        )
+
+
+class AuditLog:
+    """The audit log of one test: requests in one namespace after a mark."""
+
+    def __init__(self, cluster: LocalCluster, namespace: str) -> None:
+        self.path: Path = cluster.audit_log
+        self.namespace = namespace
+        self.offset = self.path.stat().st_size if self.path.exists() else 0
+
+    def requests(self, stages: Sequence[str] = ("ResponseComplete",)) -> list[Request]:
+        """Requests in the namespace since the mark, by arrival; finished ones unless ``stages``.
+
+        ``ResponseStarted`` is the moment a watch was established (its
+        ``ResponseComplete`` comes when it ends).
+        """
+        found: list[Request] = []
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            for line in f:
+                if self.namespace.encode() not in line:
+                    continue  # cheap filter before parsing
+                request = _parse(json.loads(line), stages)
+                if request is not None and request.namespace == self.namespace:
+                    found.append(request)
+        found.sort(key=lambda r: r.received)
+        return found
+
+
+def _parse(event: dict[str, Any], stages: Sequence[str]) -> Request | None:
+    if event.get("stage") not in stages:
+        return None
+    ref = event.get("objectRef") or {}
+    resource = ref.get("resource") or ""
+    if ref.get("subresource"):
+        resource += "/" + ref["subresource"]
+    user = event.get("user") or {}
+    credential = ((user.get("extra") or {}).get(CREDENTIAL_ID) or [""])[0]
+    return Request(
+        received=_time(event["requestReceivedTimestamp"]),
+        completed=_time(event["stageTimestamp"]),
+        user=user.get("username", ""),
+        credential=credential,
+        verb=event.get("verb", ""),
+        resource=resource,
+        namespace=ref.get("namespace") or "",
+        name=ref.get("name") or "",
+        code=int((event.get("responseStatus") or {}).get("code") or 0),
+        stage=event["stage"],
+    )
+
+
+def _time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+# ------------------------------------------------------------------ the runs
+
+
+@dataclass
+class Run:
+    """A run the test made, and what became of it."""
+
+    name: str
+    uid: str
+    scheduled: bool = False
+    expect: str | None = None  # the phase it must end in; None once deleted
+    deleted: bool = False
+
+    @property
+    def child(self) -> str:
+        """The name of its ConfigMap and Job/CronJob (upstream's algorithm)."""
+        return job_name(self.name, self.uid, self.scheduled)
+
+    @property
+    def workload(self) -> str:
+        return "cronjobs" if self.scheduled else "jobs"
+
+
+@dataclass
+class Ledger:
+    """Every run of one test, by name."""
+
+    by_name: dict[str, Run] = field(default_factory=dict)
+
+    def add(self, created: dict[str, Any], expect: str | None) -> Run:
+        meta = created["metadata"]
+        run = Run(
+            name=meta["name"],
+            uid=meta["uid"],
+            scheduled=bool((created.get("spec") or {}).get("schedule")),
+            expect=expect,
+        )
+        self.by_name[run.name] = run
+        return run
+
+    def __iter__(self) -> Any:
+        return iter(self.by_name.values())
+
+    def owner_of(self, child: str) -> Run | None:
+        """The run a child name belongs to (its last 8 characters are the run's uid part)."""
+        for run in self.by_name.values():
+            if child == run.child or child.endswith("-" + uid_part(run.uid)):
+                return run
+        return None
+
+
+# ---------------------------------------------------------------- the checks
+
+
+def _creates(requests: Iterable[Request], user: str, resources: Sequence[str]) -> list[Request]:
+    return [
+        r for r in requests if r.user == user and r.verb == "create" and r.resource in resources
+    ]
+
+
+def history(requests: Iterable[Request], name: str, limit: int = 12) -> list[str]:
+    """The audit lines about one object name (the first ``limit``), for a violation's evidence."""
+    lines = [f"    {r}" for r in requests if r.name == name]
+    if len(lines) > limit:
+        lines = [*lines[:limit], f"    ... {len(lines) - limit} more"]
+    return lines
+
+
+def _summary(what: str, found: list[Request], samples: int = 3) -> list[str]:
+    """One line for a group of offending requests, then a few of them."""
+    codes = Counter(r.code for r in found)
+    spread = f"{found[0].received:%H:%M:%S.%f} .. {found[-1].received:%H:%M:%S.%f}"
+    lines = [f"{what}: {len(found)} ({dict(codes)}) from {spread}"]
+    lines += [f"    {r}" for r in found[:samples]]
+    if len(found) > samples:
+        lines.append(f"    ... {len(found) - samples} more")
+    return lines
+
+
+def duplicate_creates(
+    requests: Sequence[Request],
+    user: str,
+    *,
+    resources: Sequence[str] = CHILDREN,
+    recreatable: Iterable[str] = (),
+) -> list[str]:
+    """Creates of an object whose name had been created before.
+
+    Any create after the first successful one counts: a 2xx is a second
+    object; a 409 shows the controller acting on a view that did not have
+    its own child. For names in ``recreatable`` one successful create is
+    allowed after each out-of-band delete (by a user other than ``user``).
+    """
+    allowed = set(recreatable)
+    found: dict[tuple[str, str], list[Request]] = defaultdict(list)
+    seen: dict[tuple[str, str], bool] = {}  # (resource, name) -> exists since its create
+    for r in requests:
+        key = (r.resource, r.name)
+        if r.resource not in resources:
+            continue
+        if r.verb == "delete" and r.user != user and r.ok and r.name in allowed:
+            seen[key] = False
+            continue
+        if r.user != user or r.verb != "create":
+            continue
+        if seen.get(key):
+            found[key].append(r)
+        elif r.ok:
+            seen[key] = True
+    violations: list[str] = []
+    for (resource, name), again in found.items():
+        violations += _summary(f"{resource} {name} created again after its first create", again)
+    return [*violations, *_evidence(requests, {name for _, name in found})]
+
+
+def children_per_run(requests: Sequence[Request], user: str, runs: Ledger) -> list[str]:
+    """One workload name per run uid; exactly one create for each one-shot run that ran."""
+    violations: list[str] = []
+    shown: set[str] = set()
+    names: dict[str, set[str]] = defaultdict(set)
+    count: dict[str, int] = defaultdict(int)
+    for r in _creates(requests, user, ("jobs", "cronjobs")):
+        if not r.ok:
+            continue
+        owner = runs.owner_of(r.name)
+        if owner is None:
+            violations.append(f"a {r.resource} object for no run of this test: {r}")
+            shown.add(r.name)
+            continue
+        names[owner.name].add(r.name)
+        if r.name == owner.child:
+            count[owner.name] += 1
+    for run in runs:
+        if len(names[run.name]) > 1:
+            violations.append(f"run {run.name} ({run.uid}) got {sorted(names[run.name])}")
+            shown |= names[run.name]
+        if run.expect is not None and not run.scheduled and count[run.name] != 1:
+            violations.append(
+                f"one-shot run {run.name}: its Job {run.child} created {count[run.name]} times"
+            )
+            shown.add(run.child)
+    return [*violations, *_evidence(requests, shown)]
+
+
+def delete_times(requests: Sequence[Request], user: str, runs: Ledger) -> dict[str, datetime]:
+    """When each deleted run's delete request completed (the test's own delete, by ``user``)."""
+    found: dict[str, datetime] = {}
+    for r in requests:
+        if (
+            r.user == user
+            and r.verb == "delete"
+            and r.resource == "inferenceruns"
+            and r.ok
+            and r.name in runs.by_name
+        ):
+            found.setdefault(r.name, r.completed)
+    return found
+
+
+def created_after_delete(
+    requests: Sequence[Request], user: str, runs: Ledger, deleted_at: dict[str, datetime]
+) -> list[str]:
+    """Children created (2xx) for a run after its delete completed.
+
+    Creates that failed made nothing: they are shown with the others, not counted.
+    """
+    found: dict[str, list[Request]] = defaultdict(list)
+    for r in _creates(requests, user, CHILDREN):
+        owner = runs.owner_of(r.name)
+        if owner is not None and owner.name in deleted_at and r.received > deleted_at[owner.name]:
+            found[owner.name].append(r)
+    violations: list[str] = []
+    for name, late in found.items():
+        if not any(r.ok for r in late):
+            continue
+        at = deleted_at[name]
+        first = (late[0].received - at).total_seconds()
+        last = (late[-1].received - at).total_seconds()
+        kinds = dict(Counter(r.resource for r in late if r.ok))
+        violations += _summary(
+            f"run {name} deleted at {at:%H:%M:%S.%f}: children created afterwards {kinds}, "
+            f"+{first:.1f} s .. +{last:.1f} s; creates",
+            late,
+        )
+    return violations
+
+
+def writes_after(
+    requests: Sequence[Request], user: str, name: str, since: datetime, what: str
+) -> list[str]:
+    """Writes (update, patch) to run ``name`` or its status received after ``since``."""
+    found = [
+        r
+        for r in requests
+        if r.user == user
+        and r.name == name
+        and r.resource in ("inferenceruns", "inferenceruns/status")
+        and r.verb in ("update", "patch")
+        and r.received > since
+    ]
+    return _summary(what, found) if found else []
+
+
+def controller_deleted(requests: Sequence[Request], user: str, runs: Ledger) -> list[str]:
+    """Deletes of a one-shot run's Job by the controller (never replaced, never deleted)."""
+    violations = []
+    for r in requests:
+        if r.user == user and r.verb == "delete" and r.resource == "jobs":
+            owner = runs.owner_of(r.name)
+            if owner is not None and not owner.scheduled and r.name == owner.child:
+                violations.append(f"the controller deleted a one-shot run's Job: {r}")
+    return violations
+
+
+def _evidence(requests: Sequence[Request], names: set[str]) -> list[str]:
+    lines: list[str] = []
+    for name in sorted(names):
+        lines.append(f"  audit history of {name}:")
+        lines += history(requests, name)
+    return lines
+
+
+INFORMED = ("inferenceruns", "inferenceconfigs", "jobs", "cronjobs", "configmaps", "pods")
+
+
+def informers_back(
+    requests: Iterable[Request], user: str, since: datetime
+) -> dict[str, Request | None]:
+    """resource -> the first successful list, or established watch, of ``user`` after ``since``.
+
+    Needs ``ResponseStarted`` requests (see :meth:`AuditLog.requests`): a
+    watch is back when it starts, not when it ends.
+    """
+    back: dict[str, Request | None] = dict.fromkeys(INFORMED)
+    for r in requests:
+        if r.user != user or r.received <= since or r.resource not in back or not r.ok:
+            continue
+        is_list = r.verb == "list" and r.stage == "ResponseComplete"
+        is_watch = r.verb == "watch" and r.stage == "ResponseStarted"
+        if (is_list or is_watch) and back[r.resource] is None:
+            back[r.resource] = r
+    return back
+
+
+def describe_informers_back(back: dict[str, Request | None], since: datetime) -> str:
+    parts = []
+    for resource, r in back.items():
+        if r is None:
+            parts.append(f"{resource}: not back")
+        else:
+            parts.append(f"{resource} +{(r.received - since).total_seconds():.1f}s ({r.verb})")
+    return ", ".join(parts)
+
+
+def count_by_verb(requests: Iterable[Request], user: str) -> dict[str, int]:
+    """``verb resource`` -> count for one user: the shape of what happened, for reports."""
+    counts: dict[str, int] = defaultdict(int)
+    for r in requests:
+        if r.user == user:
+            counts[f"{r.verb} {r.resource}"] += 1
+    return dict(sorted(counts.items()))
+
+
+def report(title: str, violations: list[str], context: Iterable[str] = ()) -> str:
+    """One assertion message: the violations, then what the test did and when."""
+    lines = [f"{title}: {sum(1 for v in violations if not v.startswith(' '))} violation(s)"]
+    lines += violations
+    context = list(context)
+    if context:
+        lines.append("what the test did:")
+        lines += [f"  {c}" for c in context]
+    return "\n".join(lines)
