@@ -31,7 +31,13 @@ __all__ = ["model_server"]  # a session fixture shared by runner and end-to-end 
 
 MARKER_ENV = "KSC_TEST_RUN"
 
-_DIR_MARKERS = {"unit": "unit", "integration": "integration", "runner": "integration", "e2e": "e2e", "faults": "faults"}
+_DIR_MARKERS = {
+    "unit": "unit",
+    "integration": "integration",
+    "runner": "integration",
+    "e2e": "e2e",
+    "faults": "faults",
+}
 
 
 def pytest_configure(config: pytest.Config) -> None:
