@@ -343,10 +343,10 @@ def test_job_shape() -> None:
         {
             "action": "FailJob",
             "onExitCodes": {
-                    "containerName": "inference",
-                    "operator": "In",
-                    "values": [2, 6, 7, 8],
-                },
+                "containerName": "inference",
+                "operator": "In",
+                "values": [2, 6, 7, 8],
+            },
         },
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
     ]
