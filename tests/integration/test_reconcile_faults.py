@@ -89,7 +89,7 @@ async def test_a_parallelism_edit_never_replaces_a_running_job(
     await _edit_parallelism_and_check(
         runs, cluster, namespace, client.BatchV1Api(api_client), running
     )
-    assert status(await runs.get(LONG))["phase"] == "Running"  # type: ignore[arg-type]
+    assert status(await runs.get(LONG))["phase"] == "Running"
     no_tracebacks(controller)
 
 
@@ -108,7 +108,7 @@ async def test_a_parallelism_edit_never_deletes_a_finished_job_or_its_pods(
     await _edit_parallelism_and_check(runs, cluster, namespace, client.BatchV1Api(api_client), done)
     after = (await core.list_namespaced_pod(namespace)).items
     assert {p.metadata.uid for p in after} == {p.metadata.uid for p in pods}
-    assert status(await runs.get(LONG))["phase"] == "Succeeded"  # type: ignore[arg-type]
+    assert status(await runs.get(LONG))["phase"] == "Succeeded"
     no_tracebacks(controller)
 
 
