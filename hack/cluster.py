@@ -270,11 +270,16 @@ class LocalCluster:
             stop_process(proc)
         self._procs.clear()
 
-    def stop_apiserver(self) -> None:
-        """Stop kube-apiserver alone (a control-plane outage); etcd, KCM and the node agent stay."""
+    def stop_apiserver(self, *, graceful: bool = False) -> None:
+        """Stop kube-apiserver alone (a control-plane outage); etcd, KCM and the node agent stay.
+
+        By default it is killed outright, as a crashed or OOM-killed API
+        server would be (and at once: on SIGTERM it keeps serving open watches
+        for its whole grace period); ``graceful`` sends SIGTERM first.
+        """
         for entry in list(self._procs):
             if entry[0] == "kube-apiserver":
-                stop_process(entry[1])
+                stop_process(entry[1], grace=10.0 if graceful else 0.0)
                 self._procs.remove(entry)
 
     def start_apiserver(self, timeout: float = 120.0) -> float:
@@ -324,7 +329,11 @@ class LocalCluster:
             return events
         with self.audit_log.open() as f:
             for line in f:
-                event = json.loads(line)
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # the last line of an API server killed mid-write
+
                 if name is None or event.get("user", {}).get("username") == name:
                     events.append(event)
         return events
