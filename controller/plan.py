@@ -186,7 +186,9 @@ def names_for(view: View) -> str:
 
 def run_spec_hash(run: InferenceRun) -> str:
     """A hash of what the run asks for, less ``suspend`` (which an existing Job follows)."""
-    spec = run.spec.model_dump(mode="json", exclude={"suspend"})
+    # Defaults left out, so a field a later version adds does not make every
+    # existing run look edited.
+    spec = run.spec.model_dump(mode="json", exclude={"suspend"}, exclude_defaults=True)
     return hashlib.sha256(orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
@@ -293,7 +295,8 @@ def _children(view: View) -> _Children:
     desired = desired_workload(
         run, config, runner_service_account=view.runner_service_account, name=name
     )
-    desired["metadata"]["annotations"][RUN_SPEC_HASH_ANNOTATION] = run_spec_hash(run)
+    if not run.spec.scheduled:
+        desired["metadata"]["annotations"][RUN_SPEC_HASH_ANNOTATION] = run_spec_hash(run)
     resource = CRONJOBS if run.spec.scheduled else JOBS
     if workload is None:
         out.writes.append(Create(resource, desired))

@@ -71,7 +71,8 @@ def existing(obj: dict[str, Any], **status: Any) -> dict[str, Any]:
 def children_of(run: InferenceRun, config: InferenceConfig) -> tuple[Any, Any]:
     cm = existing(desired_configmap(run, config))
     workload = desired_workload(run, config)
-    workload["metadata"]["annotations"][RUN_SPEC_HASH_ANNOTATION] = run_spec_hash(run)
+    if not run.spec.scheduled:
+        workload["metadata"]["annotations"][RUN_SPEC_HASH_ANNOTATION] = run_spec_hash(run)
     return cm, existing(workload)
 
 
@@ -398,3 +399,9 @@ def test_scheduled_runs_are_never_auto_deleted() -> None:
     cm, cron = children_of(run, config)
     out = plan(view(run, config=config, configmaps=[cm], cronjobs=[cron]))
     assert not out.delete_run
+
+
+def test_the_run_spec_hash_ignores_suspend_and_unset_defaults() -> None:
+    assert run_spec_hash(make_run()) == run_spec_hash(make_run(suspend=True))
+    assert run_spec_hash(make_run()) == run_spec_hash(make_run(parallelism=1, backoffLimit=2))
+    assert run_spec_hash(make_run()) != run_spec_hash(make_run(parallelism=2))
