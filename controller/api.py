@@ -10,9 +10,16 @@ newer CRD never breaks an older controller) and check the rest:
 - a schedule must also be one that ``croniter`` can step through (a range that
   runs backwards, or ``0 0 31 2 *`` which never fires, passes any regex);
 - ``timeZone`` must exist in the time-zone database;
-- storage settings must not carry a credential inline (they reach the
-  contract, a ConfigMap and the run's status, all readable by more people than
-  a Secret).
+- storage settings and the model URL must not carry a credential inline (they
+  reach the contract, a ConfigMap and the run's status, all readable by more
+  people than a Secret).
+
+They also repeat the CRD's rules for what the API server would refuse (or
+the Job and CronJob controllers mishandle) when the controller creates the
+children: deadlines a Go ``time.Duration`` can hold, cron steps robfig/cron can
+parse, bounded parameters, an image a Pod may have.
+An object the API server stored under an older CRD is then still refused
+before any child is made.
 
 A failed check is a ``pydantic.ValidationError``; ``describe_invalid`` turns it
 (or an ``InvalidObject``) into the ``(reason, message)`` pair of a condition.
@@ -260,6 +267,19 @@ def find_inline_credentials(value: Any, path: str = "") -> list[str]:
     return found
 
 
+# A model URL with a password in its userinfo: `http://user:pw@host/...`, or
+# `user:pw@host/...` to which the runner adds http://. The CRD's CEL rule on
+# kserve.modelUrl and modelUrl is this pattern (a unit test checks), so it uses
+# nothing RE2 and Python's `re` read differently.
+MODEL_URL_WITH_PASSWORD = "^([A-Za-z][A-Za-z0-9+.-]*://)?[^/?#@]*:[^/?#@]*@"
+_MODEL_URL_WITH_PASSWORD = re.compile(MODEL_URL_WITH_PASSWORD)
+
+
+def model_url_has_password(url: str | None) -> bool:
+    """Whether ``url`` carries ``user:password@`` before its host."""
+    return url is not None and _MODEL_URL_WITH_PASSWORD.match(url) is not None
+
+
 # --------------------------------------------------------------------------------------------
 # Models.
 
@@ -371,6 +391,16 @@ class InferenceConfigSpec(_Model):
             model_input_name=pick(nested.model_input_name, self.model_input_name),
         )
 
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str) -> str:
+        # Pod validation refuses it, so the Job would never get a pod.
+        if value != value.strip():
+            raise PydanticCustomError(
+                "InvalidSpec", "the image must not have leading or trailing whitespace"
+            )
+        return value
+
     @model_validator(mode="after")
     def _usable(self) -> Self:
         if not self.effective_kserve().model_url:
@@ -378,6 +408,21 @@ class InferenceConfigSpec(_Model):
                 "MissingModelUrl",
                 "kserve.modelUrl (or the flat modelUrl) is required: "
                 "the runner has no model to call without it",
+            )
+        urls = [
+            path
+            for path, url in (
+                ("kserve.modelUrl", self.kserve.model_url if self.kserve else None),
+                ("modelUrl", self.model_url),
+            )
+            if model_url_has_password(url)
+        ]
+        if urls:
+            raise PydanticCustomError(
+                "InlineCredentials",
+                "{paths} carries a password (user:password@host): the model URL reaches the "
+                "contract, a ConfigMap and the run's status, so it must not hold a credential",
+                {"paths": " and ".join(urls)},
             )
         leaks = find_inline_credentials(self.storage.to_api(), "storage")
         if leaks:

@@ -610,6 +610,24 @@ INVALID: list[tuple[str, dict[str, Any], list[str], bool]] = [
         True,
     ),
     (
+        "model-url-password",
+        config_with(kserve={"modelUrl": "http://user:s3cr3t@model.ns.svc/v2/models/m/infer"}),
+        ["spec.kserve.modelUrl", "must not carry a password"],
+        True,
+    ),
+    (
+        "model-url-password-no-scheme",
+        config_with(kserve={"modelUrl": "user:s3cr3t@model.ns.svc/v2/models/m/infer"}),
+        ["spec.kserve.modelUrl", "must not carry a password"],
+        True,
+    ),
+    (
+        "flat-model-url-password",
+        config_with(modelUrl="https://user:s3cr3t@model.ns.svc/v2/models/m/infer"),
+        ["spec.modelUrl", "must not carry a password"],
+        True,
+    ),
+    (
         "too-many-parameters",
         run_with(parameters={f"p{i}": "v" for i in range(65)}),
         ["spec.parameters: Too many: 65: must have at most 64 items"],
@@ -637,6 +655,12 @@ INVALID: list[tuple[str, dict[str, Any], list[str], bool]] = [
         "cron-step-overflow",
         run_with(schedule="*/99999999999999999999 * * * *"),
         ["spec.schedule", "steps of at most 3 digits"],
+        True,
+    ),
+    (
+        "image-whitespace",
+        config_with(image="ghcr.io/krateoplatformops/kserve-krateo-runner:0.1.0 "),
+        ["spec.image", "must not have leading or trailing whitespace"],
         True,
     ),
     (
@@ -774,6 +798,16 @@ def job_with(name: str, resources: dict[str, Any], **spec: Any) -> dict[str, Any
             "template": {"spec": {"restartPolicy": "Never", "containers": [container]}},
         },
     }
+
+
+async def test_model_url_password_is_not_echoed(crds: LocalCluster, scratch: str) -> None:
+    nested = config_with(kserve={"modelUrl": "http://user:s3cr3t@model/v2/models/m/infer"})
+    flat = config_with(modelUrl="user:s3cr3t@model/v2/models/m/infer")
+    for body in (nested, flat):
+        done = create(crds, scratch, body, dry_run=True)
+        assert done.returncode != 0
+        assert "must not carry a password" in done.stderr
+        assert "s3cr3t" not in done.stderr
 
 
 async def test_longest_deadline_is_one_a_job_accepts(crds: LocalCluster, scratch: str) -> None:

@@ -323,6 +323,48 @@ def test_ten_years_is_the_longest_deadline() -> None:
     assert InferenceRun.model_validate(longest).spec.deadline_seconds == api.MAX_DEADLINE_SECONDS
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"kserve": {"modelUrl": "http://user:s3cr3t@model.ns.svc/v2/models/m/infer"}},
+        {"kserve": {"modelUrl": "https://:s3cr3t@model.ns.svc"}},
+        {"kserve": {"modelUrl": "user:s3cr3t@model.ns.svc/v2/models/m/infer"}},
+        {"kserve": {"modelUrl": "http://m"}, "modelUrl": "http://user:s3cr3t@m/v2"},
+        {"kserve": None, "modelUrl": "HTTP://user:s3cr3t@m:8080/v2"},
+    ],
+)
+def test_model_url_with_a_password_is_refused(spec: dict[str, Any]) -> None:
+    reason, message = invalid(InferenceConfig, config_raw(**spec))
+    assert reason == "InlineCredentials"
+    assert "modelUrl carries a password" in message
+    assert "s3cr3t" not in message
+
+
+def test_model_url_credentials_name_the_field() -> None:
+    nested = config_raw(kserve={"modelUrl": "http://u:p@m"})
+    flat = config_raw(kserve={"modelUrl": "http://m"}, modelUrl="http://u:p@m")
+    both = config_raw(kserve={"modelUrl": "http://u:p@m"}, modelUrl="http://u:p@m")
+    assert invalid(InferenceConfig, nested)[1].startswith("spec: kserve.modelUrl carries")
+    assert invalid(InferenceConfig, flat)[1].startswith("spec: modelUrl carries")
+    assert invalid(InferenceConfig, both)[1].startswith("spec: kserve.modelUrl and modelUrl")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sklearn-iris-predictor.kserve-test.svc.cluster.local/v2/models/sklearn-iris/infer",
+        "http://model:8080/v2/models/m/infer",
+        "model.ns.svc:8080/v2/models/m/infer",
+        "http://model/v2/models/m@1/infer",
+        "http://model/v2/models/m/infer?user=a:b@c",
+        "http://token@model/v2",  # no password: nothing to leak that a URL does not already say
+    ],
+)
+def test_model_urls_without_a_password_are_accepted(url: str) -> None:
+    assert not api.model_url_has_password(url)
+    InferenceConfig.model_validate(config_raw(kserve={"modelUrl": url}, modelUrl=url))
+
+
 def test_parameters_are_bounded() -> None:
     most = {f"p{i:02}": "v" * 100 for i in range(api.MAX_PARAMETERS)}
     assert InferenceRun.model_validate(run_raw(parameters=most)).spec.parameters == most
@@ -350,6 +392,13 @@ def test_maximal_parameters_fit_a_configmap() -> None:
     config = InferenceConfig.model_validate(config_raw())
     size = len(json.dumps(render.desired_configmap(run, config)).encode())
     assert 6 * api.MAX_PARAMETERS_TOTAL_LENGTH <= size < 1024 * 1024 // 4
+
+
+@pytest.mark.parametrize("image", [" runner:1", "runner:1 ", "runner:1\n", "\trunner:1"])
+def test_image_with_surrounding_whitespace_is_refused(image: str) -> None:
+    reason, message = invalid(InferenceConfig, config_raw(image=image))
+    assert reason == "InvalidSpec"
+    assert message.startswith("spec.image: the image must not have leading or trailing whitespace")
 
 
 # --------------------------------------------------------------------------------------------
@@ -685,6 +734,14 @@ def rules_of(name: str, path: str) -> list[str]:
 def test_deadline_rules_are_the_models_bound() -> None:
     for field in ("timeoutSeconds", "startingDeadlineSeconds"):
         assert f"self <= {api.MAX_DEADLINE_SECONDS}" in rules_of("inferenceruns", f".spec.{field}")
+
+
+def test_model_url_rules_are_the_models_pattern() -> None:
+    expected = f"!has(self.modelUrl) || !self.modelUrl.matches('{api.MODEL_URL_WITH_PASSWORD}')"
+    assert expected in rules_of("inferenceconfigs", ".spec")
+    assert expected in rules_of("inferenceconfigs", ".spec.kserve")
+    assert "\\" not in api.MODEL_URL_WITH_PASSWORD
+    assert "'" not in api.MODEL_URL_WITH_PASSWORD
 
 
 def test_parameter_rules_are_the_models_bounds() -> None:
