@@ -628,6 +628,60 @@ INVALID: list[tuple[str, dict[str, Any], list[str], bool]] = [
         True,
     ),
     (
+        "negative-cpu",
+        config_with(resources={"limits": {"cpu": "-1"}}),
+        ["spec.resources.limits[cpu]", "not negative"],
+        True,
+    ),
+    (
+        "negative-memory-int",
+        config_with(resources={"requests": {"memory": -1}}),
+        ["spec.resources.requests[memory]", "not negative"],
+        True,
+    ),
+    (
+        "request-above-limit",
+        config_with(resources={"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}),
+        ["spec.resources", "requests must not exceed their limits"],
+        True,
+    ),
+    (
+        "unknown-resource-name",
+        config_with(resources={"limits": {"gpu": 1}}),
+        ["spec.resources.limits", "resource names must be cpu, memory"],
+        True,
+    ),
+    (
+        "invalid-resource-name",
+        config_with(resources={"requests": {"Example.com/GPU!": 1}}),
+        ["spec.resources.requests", "resource names must be cpu, memory"],
+        True,
+    ),
+    (
+        "fractional-gpu",
+        config_with(resources={"limits": {"nvidia.com/gpu": "0.5"}}),
+        ["spec.resources.limits", "must be whole numbers"],
+        True,
+    ),
+    (
+        "gpu-request-without-limit",
+        config_with(resources={"requests": {"nvidia.com/gpu": 1}}),
+        ["spec.resources", "need a limit equal to the request"],
+        True,
+    ),
+    (
+        "hugepages-without-cpu-or-memory",
+        config_with(resources={"limits": {"hugepages-2Mi": "4Mi"}}),
+        ["spec.resources", "hugepages need a cpu or memory request or limit"],
+        True,
+    ),
+    (
+        "hugepages-partial-page",
+        config_with(resources={"limits": {"hugepages-2Mi": "3Mi", "memory": "1Gi"}}),
+        ["spec.resources.limits", "whole multiple"],
+        True,
+    ),
+    (
         "too-many-parameters",
         run_with(parameters={f"p{i}": "v" for i in range(65)}),
         ["spec.parameters: Too many: 65: must have at most 64 items"],
@@ -798,6 +852,75 @@ def job_with(name: str, resources: dict[str, Any], **spec: Any) -> dict[str, Any
             "template": {"spec": {"restartPolicy": "Never", "containers": [container]}},
         },
     }
+
+
+# Runner resources the API server's Pod validation accepts or refuses; the CRD
+# and the model must say the same (the CRD and the model are stricter only on
+# absurd inputs: a GPU count of 0.9999999, quantities past 10^15 written with a
+# fraction, or more than 16 resources).
+RESOURCES_POD_ACCEPTS: list[dict[str, Any]] = [
+    {"limits": {"cpu": "500m", "memory": "1Gi"}},
+    {"limits": {"cpu": 1, "memory": "512Mi"}, "requests": {"cpu": "100m", "memory": "128Mi"}},
+    {"limits": {"cpu": "1"}, "requests": {"cpu": "1000m", "ephemeral-storage": "2Gi"}},
+    {"requests": {"cpu": "-0"}},
+    {"limits": {"nvidia.com/gpu": 1}},
+    {"limits": {"nvidia.com/gpu": "1000m"}},
+    {"limits": {"nvidia.com/gpu": "1.0"}},
+    {"limits": {"nvidia.com/gpu": "2"}, "requests": {"nvidia.com/gpu": 2}},
+    {"limits": {"example.com/foo_bar": "1k", "kubernetes.io/native": "0.5"}},
+    {"limits": {"a" * 244 + "/x": 1, "example.com/" + "x" * 63: 1}},
+    {"limits": {"hugepages-2Mi": "4Mi", "memory": "1Gi"}},
+    {"limits": {"hugepages-2Mi": "2048Ki", "hugepages-1Gi": "0"}, "requests": {"cpu": "1"}},
+    {"limits": {"hugepages-512Mi": "0.5Gi", "memory": "1Gi"}},
+    {"limits": {"memory": "1E", "cpu": "1e3"}},
+    {"limits": {"cpu": "0.0000000001"}},
+    {"limits": {}},
+]
+RESOURCES_POD_REFUSES: list[dict[str, Any]] = [
+    {"limits": {"cpu": "-1"}},
+    {"limits": {"cpu": -1}},
+    {"limits": {"cpu": "1e1.5"}},
+    {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}},
+    {"requests": {"memory": "1025Mi"}, "limits": {"memory": "1Gi"}},
+    {"requests": {"kubernetes.io/native": "2"}, "limits": {"kubernetes.io/native": "1"}},
+    {"limits": {"gpu": 1}},
+    {"limits": {"storage": "1Gi"}},
+    {"limits": {"pods": "1"}},
+    {"limits": {"Nvidia.com/gpu": 1}},
+    {"limits": {"requests.example.com/x": 1}},
+    {"limits": {"a/b/c": 1}},
+    {"limits": {"example.com/": 1}},
+    {"limits": {"a" * 245 + "/x": 1}},
+    {"limits": {"example.com/" + "x" * 64: 1}},
+    {"limits": {"nvidia.com/gpu": "0.5"}},
+    {"limits": {"nvidia.com/gpu": "1500m"}},
+    {"requests": {"nvidia.com/gpu": 1}},
+    {"requests": {"nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 2}},
+    {"limits": {"hugepages-2Mi": "4Mi"}},
+    {"limits": {"hugepages-2Mi": "3Mi", "memory": "1Gi"}},
+    {"limits": {"hugepages-2Mi": "4Mi", "memory": "1Gi"}, "requests": {"hugepages-2Mi": "2Mi"}},
+    {"limits": {"memory": "1Gi"}, "requests": {"hugepages-2Mi": "2Mi"}},
+    {"limits": {"hugepages-foo": "4Mi", "memory": "1Gi"}},
+    {"limits": {"hugepages-0": "0", "memory": "1Gi"}},
+    {"limits": {"hugepages-1.5": "3", "memory": "1Gi"}},
+]
+
+
+async def test_resources_agree_with_pod_validation(crds: LocalCluster, scratch: str) -> None:
+    cases = [(r, True) for r in RESOURCES_POD_ACCEPTS] + [(r, False) for r in RESOURCES_POD_REFUSES]
+    for i, (resources, accepted) in enumerate(cases):
+        job = create(crds, scratch, job_with(f"res-{i}", resources), dry_run=True)
+        assert (job.returncode == 0) is accepted, (resources, job.stderr)
+        config = create(crds, scratch, config_with(resources=resources), dry_run=True)
+        assert (config.returncode == 0) is accepted, (resources, config.stderr)
+        if not accepted:
+            assert "spec.resources" in config.stderr, config.stderr
+        body = {**config_with(resources=resources), "metadata": {"name": "c", "namespace": scratch}}
+        if accepted:
+            InferenceConfig.model_validate(body)
+        else:
+            with pytest.raises(ValidationError, match="InvalidResources"):
+                InferenceConfig.model_validate(body)
 
 
 async def test_model_url_password_is_not_echoed(crds: LocalCluster, scratch: str) -> None:

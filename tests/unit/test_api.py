@@ -7,6 +7,7 @@ import re
 import typing
 import zoneinfo
 from datetime import UTC, datetime, timedelta, timezone
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -363,6 +364,100 @@ def test_model_url_credentials_name_the_field() -> None:
 def test_model_urls_without_a_password_are_accepted(url: str) -> None:
     assert not api.model_url_has_password(url)
     InferenceConfig.model_validate(config_raw(kserve={"modelUrl": url}, modelUrl=url))
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("500m", "0.5"),
+        ("1Gi", "1073741824"),
+        ("1.5Mi", "1572864"),
+        ("2k", "2000"),
+        ("1e3", "1000"),
+        ("1E", "1000000000000000000"),
+        (".5", "0.5"),
+        ("1.", "1"),
+        ("+1", "1"),
+        ("-1", "-1"),
+        ("1n", "0.000000001"),
+        ("0.0000000001", "0.000000001"),  # rounded up to a billionth, as Go does
+        ("99999999999999999999", str(2**63 - 1)),  # capped, as Go does
+        (7, "7"),
+        ("1e1.5", None),
+        ("1e", None),
+        ("1K", None),
+        ("lots", None),
+        ("", None),
+        ("1e99999999999999999999", None),
+    ],
+)
+def test_parse_quantity(text: str | int, value: str | None) -> None:
+    parsed = api.parse_quantity(text)
+    assert parsed == (None if value is None else Decimal(value))
+
+
+VALID_RESOURCES: list[dict[str, Any]] = [
+    {"limits": {"cpu": "500m", "memory": "1Gi"}},
+    {"limits": {"cpu": 1, "memory": "512Mi"}, "requests": {"cpu": "100m", "memory": "128Mi"}},
+    {"limits": {"cpu": "1"}, "requests": {"cpu": "1000m"}},
+    {"requests": {"cpu": "-0", "ephemeral-storage": "1Gi"}},
+    {"limits": {"nvidia.com/gpu": 1}},
+    {"limits": {"nvidia.com/gpu": "2"}, "requests": {"nvidia.com/gpu": "2000m"}},
+    {"limits": {"example.com/foo_bar": "1k", "kubernetes.io/native": "0.5"}},
+    {"limits": {"hugepages-2Mi": "4Mi", "memory": "1Gi"}},
+    {"limits": {"hugepages-1Gi": "2Gi"}, "requests": {"hugepages-1Gi": "2Gi", "cpu": "1"}},
+    {"limits": {}, "requests": {}},
+]
+
+INVALID_RESOURCES: list[tuple[dict[str, Any], str]] = [
+    ({"limits": {"cpu": "-1"}}, "cpu must not be negative"),
+    ({"requests": {"memory": -1}}, "memory must not be negative"),
+    ({"limits": {"cpu": "1e1.5"}}, "cpu is not a quantity"),
+    ({"limits": {"cpu": "1" * 65}}, "longer than 64"),
+    ({"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}, "the cpu request must not exceed"),
+    ({"requests": {"memory": "1025Mi"}, "limits": {"memory": "1Gi"}}, "memory request"),
+    ({"limits": {"gpu": 1}}, "'gpu' is not a container resource"),
+    ({"limits": {"storage": "1Gi"}}, "'storage' is not a container resource"),
+    ({"limits": {"Nvidia.com/gpu": 1}}, "not a container resource"),
+    ({"limits": {"requests.example.com/x": 1}}, "not a container resource"),
+    ({"limits": {"a/b/c": 1}}, "not a container resource"),
+    ({"limits": {"a" * 245 + "/x": 1}}, "not a container resource"),
+    ({"limits": {"example.com/" + "x" * 64: 1}}, "not a container resource"),
+    ({"limits": {"nvidia.com/gpu": "0.5"}}, "nvidia.com/gpu is an extended resource"),
+    ({"limits": {"nvidia.com/gpu": "1500m"}}, "it must be a whole number"),
+    ({"requests": {"nvidia.com/gpu": 1}}, "nvidia.com/gpu needs a limit equal to its request"),
+    (
+        {"requests": {"nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 2}},
+        "the nvidia.com/gpu request must equal its limit",
+    ),
+    ({"limits": {"hugepages-2Mi": "4Mi"}}, "hugepages need a cpu or memory"),
+    ({"limits": {"hugepages-2Mi": "3Mi", "cpu": "1"}}, "whole multiple of its page size (2097152"),
+    ({"limits": {"hugepages-foo": "4Mi", "cpu": "1"}}, "does not name a page size"),
+    ({"limits": {"hugepages-1.5": "3", "cpu": "1"}}, "does not name a page size"),
+    ({"limits": {f"example.com/r{i}": 1 for i in range(17)}}, "at most 16 resources"),
+]
+
+
+@pytest.mark.parametrize("resources", VALID_RESOURCES)
+def test_valid_resources(resources: dict[str, Any]) -> None:
+    config = InferenceConfig.model_validate(config_raw(resources=resources))
+    assert config.spec.resources is not None
+
+
+@pytest.mark.parametrize(("resources", "expected"), INVALID_RESOURCES)
+def test_resources_a_pod_cannot_have_are_refused(resources: dict[str, Any], expected: str) -> None:
+    reason, message = invalid(InferenceConfig, config_raw(resources=resources))
+    assert reason == "InvalidResources"
+    assert message.startswith("spec.resources")
+    assert expected in message
+
+
+def test_the_examples_resources_are_valid() -> None:
+    # ttm.yaml is the example with resources: the check must leave it alone.
+    docs = list(yaml.safe_load_all((EXAMPLES / "ttm.yaml").read_text()))
+    (config,) = (d for d in docs if d["kind"] == "InferenceConfig")
+    assert config["spec"]["resources"]
+    assert api.resource_list_errors(config["spec"]["resources"].get("limits", {})) == []
 
 
 def test_parameters_are_bounded() -> None:
@@ -742,6 +837,18 @@ def test_model_url_rules_are_the_models_pattern() -> None:
     assert expected in rules_of("inferenceconfigs", ".spec.kserve")
     assert "\\" not in api.MODEL_URL_WITH_PASSWORD
     assert "'" not in api.MODEL_URL_WITH_PASSWORD
+
+
+def test_resource_rules_are_the_models_bounds() -> None:
+    nodes = dict(walk(schema("inferenceconfigs")))
+    for field in ("limits", "requests"):
+        node = nodes[f".spec.resources.{field}"]
+        assert node["maxProperties"] == api.MAX_RESOURCES
+        assert node["additionalProperties"]["maxLength"] == api.MAX_QUANTITY_LENGTH
+        rules = " ".join(rules_of("inferenceconfigs", f".spec.resources.{field}"))
+        assert f"k.matches('{api.RESOURCE_NAME_PATTERN}')" in rules
+        assert "<= 63" in rules
+        assert "<= 244" in rules
 
 
 def test_parameter_rules_are_the_models_bounds() -> None:
