@@ -1070,3 +1070,26 @@ async def test_longest_names_make_valid_sharded_pods(
             selector = f"batch.kubernetes.io/job-name={job}"
         # Index 11 gives the longest hostname "<job>-11"; all 12 pods must exist.
         await pods_of(crds, ns, selector, 12)
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [({}, {"schedule": "0 * * * *"}), ({"schedule": "0 * * * *"}, {"schedule": None})],
+)
+async def test_a_schedule_cannot_be_added_to_or_removed_from_a_run(
+    crds: LocalCluster, namespace: str, before: dict[str, Any], after: dict[str, Any]
+) -> None:
+    body = run_with(**before)
+    created = create(crds, namespace, body)
+    assert created.returncode == 0, created.stderr
+    edited = crds.kubectl(
+        "patch", "-n", namespace, "inferencerun", "bad", "--type=merge",
+        "-p", json.dumps({"spec": after}), check=False,
+    )  # fmt: skip
+    assert edited.returncode != 0
+    assert "spec.schedule cannot be added to or removed from an existing run" in edited.stderr
+    # Other edits stay possible.
+    crds.kubectl(
+        "patch", "-n", namespace, "inferencerun", "bad", "--type=merge",
+        "-p", json.dumps({"spec": {"timeoutSeconds": 7}}),
+    )  # fmt: skip
