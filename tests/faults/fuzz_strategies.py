@@ -267,7 +267,7 @@ MODEL_URLS = (
 IMAGES = (
     "test.local/fake-ok:1",
     "test.local/fake-fail:1",
-    "test.local/no-such-runner:1",
+    "test.local/absent-image:1",
     "UPPER/case:tag",
     "image with spaces",
     "registry.example/a:b:c",
@@ -733,7 +733,8 @@ def cases(max_mutations: int = 3, kinds: frozenset[str] | None = None) -> st.Sea
 BASE_IMAGE = "test.local/fake-ok:1"
 # Runs that would start many pods (parallelism) use an image the node agent cannot
 # run, so the pods wait (ErrImagePull) instead of churning through completions.
-IDLE_IMAGE = "test.local/no-such-runner:1"
+# (Not "*runner*": the node agent runs this checkout's runner for those.)
+IDLE_IMAGE = "test.local/absent-image:1"
 MANY_PODS = 4
 STORAGE = {
     "input": {
@@ -1119,6 +1120,7 @@ class AuditSummary:
     by_verb: Counter[str]
     per_case_max: int
     per_case_worst: str
+    per_case_worst_requests: Counter[str]
     unattributed: int
     over_budget: list[str]
 
@@ -1200,6 +1202,9 @@ class FuzzEngine:
         sub.created = time.monotonic()
         if created is not None:
             sub.run_uid = created["metadata"]["uid"]
+        # Keep what reports need, not the megabytes (bench: 10,000 cases).
+        objects.run = _brief(objects.run, 1100)
+        objects.config = _brief(objects.config, 1100) if objects.config is not None else None
         with self._lock:
             self.submitted.append(sub)
             self._live.append(sub)
@@ -1360,10 +1365,11 @@ class FuzzEngine:
         def size(s: Submitted) -> tuple[int, int]:
             return len(s.case.mutations), len(json.dumps(_brief(s.objects.run), default=str))
 
-        groups: dict[tuple[str, frozenset[str]], list[Submitted]] = defaultdict(list)
+        causes = self.causes()
+        groups: dict[tuple[str, frozenset[str], str], list[Submitted]] = defaultdict(list)
         for verdict, subs in self.status_failures.items():
             for s in subs:
-                groups[(verdict, s.case.kinds)].append(s)
+                groups[(verdict, s.case.kinds, causes.get(_run_name(s), ""))].append(s)
         reps = sorted((min(subs, key=size) for subs in groups.values()), key=size)[:max_classes]
         current = {id(r): r for r in reps}
         for _ in range(max_rounds):
@@ -1388,10 +1394,12 @@ class FuzzEngine:
             if not changed:
                 break
         merged: dict[str, Failure] = {}
+        causes = self.causes()
         for rep in reps:
             final = current[id(rep)]
             kinds = final.case.kinds
-            key = f"{final.verdict}: {' + '.join(sorted(kinds)) or 'no mutation'}"
+            cause = causes.get(_run_name(final)) or causes.get(_run_name(rep)) or "no error logged"
+            key = f"{final.verdict}: {' + '.join(sorted(kinds)) or 'no mutation'} ({cause})"
             count = sum(
                 1 for subs in self.status_failures.values() for s in subs if kinds <= s.case.kinds
             )
@@ -1399,6 +1407,21 @@ class FuzzEngine:
                 merged[key] = Failure(key, count, rep, _status_detail(final), reduced=final.case)
                 merged[key].log_lines = self.log_lines(final, 2)
         return sorted(merged.values(), key=lambda f: -f.count)
+
+    def causes(self) -> dict[str, str]:
+        """Run name -> the last error the controller logged for it, without names and values."""
+        out: dict[str, str] = {}
+        prefix = f'"run":"{self.namespace}/'
+        for line in self.controller_log().splitlines():
+            if prefix not in line or '"error"' not in line:
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            run = str(entry.get("run", "")).split("/", 1)[-1]
+            out[run] = normalise_error(str(entry["error"]), self.namespace)
+        return out
 
     def log_lines(self, sub: Submitted, limit: int = 4) -> list[str]:
         """The controller's log lines about a run (warnings and errors first)."""
@@ -1445,6 +1468,7 @@ class FuzzEngine:
             return None
 
         per_case: Counter[int] = Counter()
+        per_case_verbs: dict[int, Counter[str]] = defaultdict(Counter)
         per_minute: Counter[int] = Counter()
         verbs: Counter[str] = Counter()
         unattributed = 0
@@ -1477,6 +1501,7 @@ class FuzzEngine:
                     unattributed += 1
                 else:
                     per_case[sub.index] += 1
+                    per_case_verbs[sub.index][f"{event['verb']} {what}"] += 1
         minutes = max((time.time() - self.started) / 60, 1 / 60)
         worst_index, worst = per_case.most_common(1)[0] if per_case else (0, 0)
         by_index = {s.index: s for s in self.submitted}
@@ -1495,6 +1520,7 @@ class FuzzEngine:
             by_verb=verbs,
             per_case_max=worst,
             per_case_worst=worst_text,
+            per_case_worst_requests=per_case_verbs.get(worst_index, Counter()),
             unattributed=unattributed,
             over_budget=over,
         )
@@ -1514,11 +1540,17 @@ class FuzzEngine:
         return found
 
     def tracebacks(self) -> list[str]:
-        out = []
+        """Log lines with a Traceback, one per distinct (normalised) error."""
+        out: dict[str, str] = {}
         for line in self.controller_log().splitlines():
-            if "Traceback" in line:
-                out.append(line[:1500])
-        return out
+            if "Traceback" not in line:
+                continue
+            try:
+                error = str(json.loads(line).get("error", ""))
+            except ValueError:
+                error = ""
+            out.setdefault(normalise_error(error, self.namespace), line[:3000])
+        return [f"{k}: {v}" for k, v in out.items()]
 
     # ---------------------------------------------------------------- summary
 
@@ -1572,6 +1604,21 @@ def _smaller_cases(case: Case) -> list[Case]:
                 simpler = Mutation(m.kind, ((target, path, Big(smaller[-1])),))
                 out.append(Case((*case.mutations[:i], simpler, *case.mutations[i + 1 :])))
     return out
+
+
+def _run_name(sub: Submitted) -> str:
+    return str(sub.objects.run.get("metadata", {}).get("name", ""))
+
+
+def normalise_error(error: str, namespace: str) -> str:
+    """An error without the names, namespace and values that differ between examples."""
+    error = re.sub(rf"\b{re.escape(namespace)}/", "<ns>/", error)
+    error = error.replace(f"/namespaces/{namespace}/", "/namespaces/<ns>/")
+    error = re.sub(r'"(inf|fr|fc)[^"]*"', '"<name>"', error)
+    error = re.sub(r"\b(inf-)?f[rc]\d+[-\w]*", "<name>", error)
+    error = re.sub(r'Invalid value: (".*?"|\S+): ', "Invalid value: <v>: ", error)
+    error = re.sub(r"\b\d{4,}\b", "<n>", error)
+    return error[:240]
 
 
 def _status_detail(sub: Submitted) -> str:
@@ -1642,6 +1689,7 @@ class FuzzReport:
             f"per case max {a.per_case_max} (budget {self.budget_per_case}); "
             f"about no case {a.unattributed}"
         )
+        lines.append(f"costliest case: {a.per_case_worst} -> {_top(a.per_case_worst_requests, 10)}")
         lines.append("first status seen (phase/reason): " + _top(s["first_status"], 12))
         lines.append("refusals: " + _top(s["refusals"], 8))
         lines.append("refused fields: " + _top(s["refusal_fields"], 15))
