@@ -229,6 +229,9 @@ def _update(resource: Resource, current: Obj, desired: Obj) -> Patch:
     for part in ("data", "spec"):
         if part in desired:
             patch[part] = desired[part]
+    if "binaryData" in current:
+        # Upstream kept the contract in binaryData; a key may not be in both.
+        patch["binaryData"] = None
     return Patch(resource, meta["namespace"], meta["name"], patch)
 
 

@@ -63,7 +63,7 @@ from controller.kube.client import (
 from controller.kube.events import EventRecorder
 from controller.kube.informer import Informer
 from controller.kube.workers import Result
-from controller.naming import RUN_UID_LABEL
+from controller.naming import RUN_UID_LABEL, child_labels
 from controller.plan import Create, Plan, Refusal, View, Write, plan, wants_job_events
 from controller.render import CONTAINER_NAME
 from runner.progress import last_progress
@@ -376,6 +376,20 @@ class Reconciler:
                 raise _Requeue(f"{resource.kind} {name} appeared and went") from exc
             raise
         if _owned_by(existing, run.metadata.uid):
+            labels = existing["metadata"].get("labels") or {}
+            wanted = child_labels(run.metadata.name, run.metadata.uid, run.spec.config_ref.name)
+            if any(labels.get(k) != v for k, v in wanted.items()):
+                # The run's own child without our labels: left by the upstream
+                # controller, which names children the same way. Adopt it, so the
+                # label-selected caches see it from now on.
+                patch = {
+                    "metadata": {
+                        "labels": wanted,
+                        "resourceVersion": existing["metadata"]["resourceVersion"],
+                    }
+                }
+                existing = await self.client.patch(resource, namespace, name, patch)
+                log.info("adopted child", kind=resource.kind, name=name)
             self.caches.of(resource).assume(existing)
             return None
         owner = next(

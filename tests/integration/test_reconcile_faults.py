@@ -294,3 +294,65 @@ async def test_a_failure_that_can_never_succeed_is_not_retried(
     assert "422" in status(failed)["message"]
     pods = await client.CoreV1Api(api_client).list_namespaced_pod(namespace)
     assert len(pods.items) == 1  # one attempt: the pod failure policy failed the Job at once
+
+
+async def test_children_left_by_the_upstream_controller_are_adopted_not_duplicated(
+    api_client: client.ApiClient,
+    namespace: str,
+    controller: ControllerProcess,
+    cluster: LocalCluster,
+) -> None:
+    runs = Runs(api_client, namespace)
+    created = await runs.create(inference_run("r", "cfg"))  # no config yet: nothing is made
+    await runs.wait_phase("r", "Error")
+    uid = created["metadata"]["uid"]
+    name = f"inf-r-{''.join(c for c in uid if c.isalnum())[:8]}"
+    # What upstream made: the same name, a controller reference to the run, no labels.
+    owner = {
+        "apiVersion": "ai.krateo.io/v1",
+        "kind": "InferenceRun",
+        "name": "r",
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+    await core.create_namespaced_config_map(
+        namespace,
+        {
+            "metadata": {"name": name, "ownerReferences": [owner]},
+            "binaryData": {"contract.json": "e30="},
+        },
+    )
+    job = {
+        "metadata": {"name": name, "ownerReferences": [owner]},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "inference",
+                            "image": OK,
+                            "volumeMounts": [{"name": "contract", "mountPath": "/tmp"}],
+                        }
+                    ],
+                    "volumes": [{"name": "contract", "configMap": {"name": name}}],
+                }
+            },
+        },
+    }
+    upstream_job = await batch.create_namespaced_job(namespace, job)
+    await runs.create(inference_config("cfg", OK))
+    done = await runs.wait(
+        "r", lambda r: status(r).get("phase") in ("Succeeded", "Failed"), within=60
+    )
+    assert status(done)["phase"] == "Succeeded", status(done)
+    assert status(done)["jobStatus"]["uid"] == upstream_job.metadata.uid
+    adopted = await batch.read_namespaced_job(name, namespace)
+    assert adopted.metadata.labels["ai.krateo.io/run-uid"] == uid
+    writes = controller_writes(cluster, namespace, "jobs")
+    assert "create" not in writes, writes
+    assert "delete" not in writes, writes
+    no_tracebacks(controller)

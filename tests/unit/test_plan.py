@@ -405,3 +405,14 @@ def test_the_run_spec_hash_ignores_suspend_and_unset_defaults() -> None:
     assert run_spec_hash(make_run()) == run_spec_hash(make_run(suspend=True))
     assert run_spec_hash(make_run()) == run_spec_hash(make_run(parallelism=1, backoffLimit=2))
     assert run_spec_hash(make_run()) != run_spec_hash(make_run(parallelism=2))
+
+
+def test_an_adopted_upstream_configmap_loses_its_binary_data() -> None:
+    run = make_run(schedule="0 * * * *")
+    cm, cron = children_of(run, make_config())
+    upstream = {**cm, "binaryData": {"contract.json": "e30="}, "data": None}
+    upstream["metadata"] = {**cm["metadata"], "annotations": {}}
+    (write, *_) = plan(view(run, configmaps=[upstream], cronjobs=[cron])).writes
+    assert isinstance(write, Patch)
+    assert write.patch["binaryData"] is None
+    assert "contract.json" in write.patch["data"]
