@@ -80,7 +80,12 @@ class Timeline:
 
 
 def start_in_thread(proc: ControllerProcess) -> asyncio.Task[None]:
-    """``proc.start()`` in a thread; the task fails if the process dies before it is ready."""
+    """``proc.start()`` in a thread; the task fails if the process dies before it is ready.
+
+    The process dies with the executor thread that started it
+    (``PR_SET_PDEATHSIG``), at the latest when the test's event loop closes.
+    Never start a process that must outlive the test this way (kube-apiserver).
+    """
     return asyncio.create_task(asyncio.to_thread(proc.start, 60.0))
 
 

@@ -18,7 +18,8 @@ The invariants (DESIGN.md §3 and §6):
 - :func:`children_per_run`: one Job (or CronJob) per run uid, and exactly one
   for every one-shot run that ran;
 - :func:`created_after_delete`: nothing created for a run after the request
-  that deleted it completed;
+  that deleted it completed (one created within :data:`RACE`, 1 s, raced the
+  delete: no client can close that race, so it is reported, not counted);
 - :func:`writes_after`: nothing written to a run after a moment (a settled
   run after a restart);
 - :func:`controller_deleted`: a one-shot run's Job is never deleted by the
@@ -102,7 +103,11 @@ class AuditLog:
             for line in f:
                 if self.namespace.encode() not in line:
                     continue  # cheap filter before parsing
-                request = _parse(json.loads(line), stages)
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue  # a line a killed kube-apiserver left half-written
+                request = _parse(event, stages)
                 if request is not None and request.namespace == self.namespace:
                     found.append(request)
         found.sort(key=lambda r: r.received)
@@ -295,12 +300,28 @@ def delete_times(requests: Sequence[Request], user: str, runs: Ledger) -> dict[s
     return found
 
 
-def created_after_delete(
-    requests: Sequence[Request], user: str, runs: Ledger, deleted_at: dict[str, datetime]
-) -> list[str]:
-    """Children created (2xx) for a run after its delete completed.
+# A reconcile that confirmed a run just before the user deleted it may create
+# right after the delete: no Kubernetes request makes check-and-create atomic
+# (a finalizer would not either: the create would still land after the delete
+# request). A pass takes milliseconds, so a create this soon after the delete
+# is such a race and is reported as one; anything later was decided on a stale
+# view (the incident's creates came 10-30 s after the delete).
+RACE = 1.0
 
-    Creates that failed made nothing: they are shown with the others, not counted.
+
+def created_after_delete(
+    requests: Sequence[Request],
+    user: str,
+    runs: Ledger,
+    deleted_at: dict[str, datetime],
+    *,
+    race: float = RACE,
+) -> tuple[list[str], list[str]]:
+    """Children created (2xx) for a run after its delete completed: (violations, races).
+
+    A create received within ``race`` seconds of the delete is a race, not a
+    violation (see :data:`RACE`); creates that failed made nothing and are
+    shown with the others, not counted.
     """
     found: dict[str, list[Request]] = defaultdict(list)
     for r in _creates(requests, user, CHILDREN):
@@ -308,19 +329,29 @@ def created_after_delete(
         if owner is not None and owner.name in deleted_at and r.received > deleted_at[owner.name]:
             found[owner.name].append(r)
     violations: list[str] = []
+    races: list[str] = []
     for name, late in found.items():
-        if not any(r.ok for r in late):
-            continue
         at = deleted_at[name]
-        first = (late[0].received - at).total_seconds()
-        last = (late[-1].received - at).total_seconds()
-        kinds = dict(Counter(r.resource for r in late if r.ok))
+        stale = [r for r in late if (r.received - at).total_seconds() > race]
+        if not any(r.ok for r in stale):
+            races += [
+                f"raced the delete of run {name} at {at:%H:%M:%S.%f} "
+                f"(+{(r.received - at).total_seconds():.3f} s): {r}"
+                for r in late
+                if r.ok
+            ]
+            continue
+        first = (stale[0].received - at).total_seconds()
+        last = (stale[-1].received - at).total_seconds()
+        kinds = dict(Counter(r.resource for r in stale if r.ok))
         violations += _summary(
-            f"run {name} deleted at {at:%H:%M:%S.%f}: children created afterwards {kinds}, "
-            f"+{first:.1f} s .. +{last:.1f} s; creates",
-            late,
+            f"run {name} deleted at {at:%H:%M:%S.%f}: children created more than {race:.0f} s "
+            f"afterwards {kinds}, +{first:.1f} s .. +{last:.1f} s; creates",
+            stale,
         )
-    return violations
+        violations.append(f"  audit history of run {name}:")
+        violations += history(requests, name)
+    return violations, races
 
 
 def writes_after(
@@ -386,8 +417,19 @@ def describe_informers_back(back: dict[str, Request | None], since: datetime) ->
         if r is None:
             parts.append(f"{resource}: not back")
         else:
-            parts.append(f"{resource} +{(r.received - since).total_seconds():.1f}s ({r.verb})")
+            parts.append(f"{resource} {(r.received - since).total_seconds():+.1f}s ({r.verb})")
     return ", ".join(parts)
+
+
+def refused_creates(requests: Iterable[Request], user: str, limit: int = 10) -> list[str]:
+    """The user's creates of children that the API server refused, for context."""
+    refused = [
+        r for r in requests if r.user == user and r.verb == "create" and r.resource in CHILDREN
+    ]
+    refused = [r for r in refused if not r.ok]
+    lines = [f"refused creates of children: {len(refused)}"]
+    lines += [f"  {r}" for r in refused[:limit]]
+    return lines
 
 
 def count_by_verb(requests: Iterable[Request], user: str) -> dict[str, int]:
