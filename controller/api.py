@@ -75,6 +75,9 @@ CONDITION_READY = "Ready"
 CONDITION_COMPLETE = "Complete"
 CONDITION_FAILED = "Failed"
 CONDITION_SUSPENDED = "Suspended"
+# kstatus' conditions (cli-utils, read by Flux and kpt): abnormal-true polarity.
+CONDITION_RECONCILING = "Reconciling"
+CONDITION_STALLED = "Stalled"
 
 # Reason for every validation error that has no more specific one.
 REASON_INVALID_SPEC = "InvalidSpec"

@@ -66,6 +66,7 @@ from controller.kube.workers import Result
 from controller.naming import RUN_UID_LABEL, child_labels
 from controller.plan import Create, Plan, Refusal, View, Write, plan, wants_job_events
 from controller.render import CONTAINER_NAME
+from controller.status import kstatus_conditions
 from runner.progress import last_progress
 
 log = structlog.stdlib.get_logger(__name__)
@@ -472,6 +473,7 @@ class Reconciler:
                 "conditions": set_condition(old.conditions, ready),
             }
         )
+        new.conditions = kstatus_conditions(new.conditions, new, self.clock(), generation)
         if new.to_api() == old.to_api():
             return
         if await self._write_status(key, raw, new):

@@ -44,6 +44,8 @@ from controller.api import (
     CONDITION_COMPLETE,
     CONDITION_FAILED,
     CONDITION_READY,
+    CONDITION_RECONCILING,
+    CONDITION_STALLED,
     Condition,
     ConditionStatus,
     Execution,
@@ -287,7 +289,9 @@ def derive_status(observed: Observed) -> InferenceRunStatus:
         reason, message = observed.config_problem
         status.phase, status.reason, status.message = "Error", reason, message
         conditions = _cond(conditions, CONDITION_READY, "False", reason, message, observed)
-        status.conditions = conditions
+        status.conditions = kstatus_conditions(
+            conditions, status, observed.now, run.metadata.generation or None
+        )
         return status
 
     if run.spec.scheduled:
@@ -306,6 +310,10 @@ def derive_status(observed: Observed) -> InferenceRunStatus:
             "Creating",
             "creating the run's children",
             observed,
+        )
+    elif status.phase == "Failed":
+        conditions = _cond(
+            conditions, CONDITION_READY, "False", status.reason or "Failed", "", observed
         )
     else:
         conditions = _cond(conditions, CONDITION_READY, "True", "Available", "", observed)
@@ -331,8 +339,48 @@ def derive_status(observed: Observed) -> InferenceRunStatus:
         )
     else:
         conditions = _drop(_drop(conditions, CONDITION_COMPLETE), CONDITION_FAILED)
-    status.conditions = conditions
+    status.conditions = kstatus_conditions(
+        conditions, status, observed.now, run.metadata.generation or None
+    )
     return status
+
+
+# Phases in which a one-shot run is still on its way (kstatus: InProgress).
+_UNDER_WAY = ("Pending", "Running")
+# Phases that need someone to act (kstatus: Failed).
+_STALLED = ("Error", "Failed")
+
+
+def kstatus_conditions(
+    conditions: list[Condition],
+    status: InferenceRunStatus,
+    now: datetime,
+    generation: int | None,
+) -> list[Condition]:
+    """``Reconciling`` and ``Stalled`` as kstatus (Flux, kpt, cli-utils) reads them.
+
+    kstatus calls a resource InProgress while ``Reconciling`` is True or
+    ``observedGeneration`` lags, Failed while ``Stalled`` is True, else
+    Current. A one-shot run is Reconciling while Pending or Running; a
+    scheduled run is Current once its CronJob exists (its executions come and
+    go); an Error or Failed run is Stalled until an edit or a new run.
+    """
+    phase = status.phase
+    reconciling = phase in _UNDER_WAY and (status.last_execution is None or phase == "Pending")
+    stalled = phase in _STALLED
+    reason = status.reason or phase or "Unknown"
+    message = status.message or ""
+    for type_, on in ((CONDITION_RECONCILING, reconciling), (CONDITION_STALLED, stalled)):
+        new = Condition(
+            type=type_,
+            status="True" if on else "False",
+            reason=reason if on else ("Stalled" if stalled else "Reconciled"),
+            message=message if on else "",
+            last_transition_time=now,
+            observed_generation=generation,
+        )
+        conditions = set_condition(conditions, new)
+    return conditions
 
 
 def _one_shot(status: InferenceRunStatus, observed: Observed) -> None:

@@ -106,7 +106,10 @@ def test_one_shot_phase_from_job_conditions(
     assert status.reason == reason
     assert cond(status, "Complete").status == ("True" if phase == "Succeeded" else "False")
     assert cond(status, "Failed").status == ("True" if phase == "Failed" else "False")
-    assert cond(status, "Ready").status == "True"
+    # A Failed run is not Ready (kstatus and Argo CD read it as unhealthy).
+    assert cond(status, "Ready").status == ("False" if phase == "Failed" else "True")
+    assert cond(status, "Stalled").status == ("True" if phase == "Failed" else "False")
+    assert cond(status, "Reconciling").status == ("True" if phase == "Pending" else "False")
     assert status.job_status.name == "inf-r-u1000000"
     assert status.job_status.kind == "Job"
     assert status.observed_generation == 3
@@ -282,7 +285,7 @@ def test_scheduled_run_reports_schedule_and_last_execution() -> None:
     assert status.last_execution.phase == "Succeeded"
     assert status.result.rows == 3
     assert status.job_status.kind == "CronJob"
-    assert {c.type for c in status.conditions} == {"Ready"}
+    assert {c.type for c in status.conditions} == {"Ready", "Reconciling", "Stalled"}
 
 
 def test_scheduled_run_last_execution_failure_and_states() -> None:
@@ -326,3 +329,48 @@ def test_a_runner_done_before_the_job_says_complete_keeps_the_run_running() -> N
         pods=[pod(terminated(0, "")), pod({"waiting": {"reason": "ContainerCreating"}})],
     )
     assert shard_done_other_pending.phase == "Running"
+
+
+@pytest.mark.parametrize(
+    ("observed", "ready", "reconciling", "stalled"),
+    [
+        # kstatus: InProgress while Reconciling, Failed while Stalled, else Current.
+        ({}, "False", "True", "False"),  # creating the children
+        ({"job": job()}, "True", "True", "False"),  # Pending
+        ({"job": job(), "pods": [pod({"running": {}})]}, "True", "True", "False"),
+        ({"job": job(("Complete", "True", "X"))}, "True", "False", "False"),
+        ({"job": job(("Failed", "True", "BackoffLimitExceeded"))}, "False", "False", "True"),
+        ({"config_problem": ("ConfigNotFound", "no")}, "False", "False", "True"),
+        ({"job": job(suspend=True)}, "True", "False", "False"),
+    ],
+)
+def test_kstatus_conditions_of_a_one_shot_run(
+    observed: dict[str, Any], ready: str, reconciling: str, stalled: str
+) -> None:
+    status = derive(**observed)
+    assert cond(status, "Ready").status == ready
+    assert cond(status, "Reconciling").status == reconciling
+    assert cond(status, "Stalled").status == stalled
+    assert cond(status, "Stalled").observed_generation == 3
+    if stalled == "True":
+        assert cond(status, "Stalled").reason == status.reason
+
+
+def test_a_scheduled_run_with_a_running_execution_is_current_for_kstatus() -> None:
+    cron = {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": "inf-r-u1000000", "namespace": "ns", "uid": "cron-uid"},
+        "status": {"active": [{"name": "a"}]},
+    }
+    execution = job()
+    execution["metadata"] = {**execution["metadata"], "name": "a"}
+    status = derive(
+        run=make_run(schedule="@hourly"),
+        cronjob=cron,
+        executions=[execution],
+        pods=[pod({"running": {}}, "a")],
+    )
+    assert status.phase == "Running"
+    assert cond(status, "Reconciling").status == "False"
+    assert cond(status, "Stalled").status == "False"
