@@ -393,22 +393,29 @@ INFORMED = ("inferenceruns", "inferenceconfigs", "jobs", "cronjobs", "configmaps
 
 
 def informers_back(
-    requests: Iterable[Request], user: str, since: datetime
+    requests: Iterable[Request], user: str, since: datetime, relist_within: float = 60.0
 ) -> dict[str, Request | None]:
-    """resource -> the first successful list, or established watch, of ``user`` after ``since``.
+    """resource -> when each informer of ``user`` was back after ``since``.
 
-    Needs ``ResponseStarted`` requests (see :meth:`AuditLog.requests`): a
-    watch is back when it starts, not when it ends.
+    Back means its first successful list (``ResponseComplete``) within
+    ``relist_within`` seconds; an informer that did not relist is back with
+    its first re-opened watch (``ResponseStarted``). A watch resumed from a
+    resourceVersion the restarted server no longer has starts with 200 and
+    then ends in a 410, so the list that follows, not that watch, is when
+    the cache is whole again. Needs ``ResponseStarted`` requests (see
+    :meth:`AuditLog.requests`).
     """
-    back: dict[str, Request | None] = dict.fromkeys(INFORMED)
+    lists: dict[str, Request] = {}
+    watches: dict[str, Request] = {}
     for r in requests:
-        if r.user != user or r.received <= since or r.resource not in back or not r.ok:
+        if r.user != user or r.received <= since or r.resource not in INFORMED or not r.ok:
             continue
-        is_list = r.verb == "list" and r.stage == "ResponseComplete"
-        is_watch = r.verb == "watch" and r.stage == "ResponseStarted"
-        if (is_list or is_watch) and back[r.resource] is None:
-            back[r.resource] = r
-    return back
+        if r.verb == "list" and r.stage == "ResponseComplete":
+            if (r.received - since).total_seconds() <= relist_within:
+                lists.setdefault(r.resource, r)
+        elif r.verb == "watch" and r.stage == "ResponseStarted":
+            watches.setdefault(r.resource, r)
+    return {k: lists.get(k) or watches.get(k) for k in INFORMED}
 
 
 def describe_informers_back(back: dict[str, Request | None], since: datetime) -> str:
