@@ -39,11 +39,16 @@ from typing import Any, Literal
 import orjson
 
 from controller.api import (
+    CONDITION_READY,
+    CONDITION_RECONCILING,
+    CONDITION_STALLED,
+    Condition,
     InferenceConfig,
     InferenceRun,
     InferenceRunStatus,
     Progress,
     run_config_warnings,
+    set_condition,
 )
 from controller.kube.client import CONFIGMAPS, CRONJOBS, JOBS, Obj, Resource
 from controller.naming import DESIRED_HASH_ANNOTATION, RUN_SPEC_HASH_ANNOTATION
@@ -70,6 +75,11 @@ MAX_STATUS_STRING = 1024
 REASON_SCHEDULE_CHANGE = "ScheduleChangeNotApplied"
 REASON_SPEC_CHANGE = "SpecChangeNotApplied"
 REASON_NAME_CONFLICT = "NameConflict"
+# A run applied in one file with its config is often seen first: its config is
+# missing for a moment. For this long after the run's creation that is
+# "waiting", not an error with a Warning Event.
+CONFIG_GRACE = timedelta(seconds=10)
+WAITING = "WaitingForConfig"
 
 
 @dataclass(frozen=True)
@@ -347,6 +357,9 @@ def plan(view: View) -> Plan:
     if view.config is not None:
         contract = cap_strings(contract_document(run, view.config, name=names_for(view)))
     problem = children.blocked or view.config_problem
+    waiting = _config_grace_left(view)
+    if waiting is not None and problem is view.config_problem:
+        problem = None
     if view.refusal is not None:
         problem = (view.refusal.reason, view.refusal.message)
     observed = Observed(
@@ -363,6 +376,10 @@ def plan(view: View) -> Plan:
         job_events=view.job_events,
     )
     status = derive_status(observed)
+    if waiting is not None and view.config_problem is not None and workload is None:
+        status.phase, status.reason = "Pending", WAITING
+        status.message = view.config_problem[1]
+        status.conditions = _waiting_conditions(status, view)
     out.status = status
     out.status_changed = status.to_api() != run.status.to_api()
     out.events = phase_events(run.status, status, warnings)
@@ -377,7 +394,44 @@ def plan(view: View) -> Plan:
                 Event("Normal", "AutoDelete", f"run {status.phase}: deleting it ({policy})")
             )
     out.requeue_after = _requeue_after(view, status, workload)
+    if waiting is not None and view.config_problem is not None:
+        out.requeue_after = waiting
     return out
+
+
+def _config_grace_left(view: View) -> float | None:
+    """Seconds left of a new run's grace for a missing config, or None."""
+    if view.config_problem is None or view.config_problem[0] != "ConfigNotFound":
+        return None
+    if view.run.status.phase not in (None, "Pending"):
+        return None  # it was past that already
+    created = view.run.metadata.creation_timestamp
+    if created is None:
+        return None
+    left = (created + CONFIG_GRACE - view.now).total_seconds()
+    return left if left > 0 else None
+
+
+def _waiting_conditions(status: InferenceRunStatus, view: View) -> list[Condition]:
+    generation = view.run.metadata.generation or None
+    conditions = status.conditions
+    for type_, value, reason in (
+        (CONDITION_READY, "False", WAITING),
+        (CONDITION_RECONCILING, "True", WAITING),
+        (CONDITION_STALLED, "False", "Reconciled"),
+    ):
+        conditions = set_condition(
+            conditions,
+            Condition(
+                type=type_,
+                status=value,  # type: ignore[arg-type]
+                reason=reason,
+                message="" if type_ == CONDITION_STALLED else (status.message or ""),
+                last_transition_time=view.now,
+                observed_generation=generation,
+            ),
+        )
+    return conditions
 
 
 def _requeue_after(view: View, status: InferenceRunStatus, workload: Obj | None) -> float | None:
@@ -410,10 +464,14 @@ def phase_events(
                     f"{r.predictions} predictions for {r.rows} rows in {r.duration_seconds:.1f}s",
                 )
             )
-        elif new.phase == "Pending" and new.reason not in (None, "Pending", "Creating"):
-            # Retrying, or a pod that cannot start (ErrImagePull, FailedCreate, …).
+        elif new.reason == "Retrying" or (
+            new.phase == "Pending" and new.reason not in (None, "Pending", "Creating", WAITING)
+        ):
+            # A retry, or a pod that cannot start (ErrImagePull, FailedCreate, …).
             events.append(Event("Warning", new.reason or "Pending", message))
-        elif new.phase not in (None, "Pending"):  # "Created" already said it
+        elif new.phase == "Pending":
+            pass  # "Created" already said it
+        elif new.phase is not None:
             events.append(Event("Normal", new.phase, message))
     old_last, last = old.last_execution, new.last_execution
     if last is not None and (

@@ -79,6 +79,8 @@ BY_RUN_UID = "run-uid"
 BY_CONFIG = "config"
 
 PROGRESS_TAIL_LINES = 20
+# The label the Job controller puts on each pod of an Indexed Job.
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 # Observe -> plan -> apply rounds in one reconcile: children, then the status
 # that describes them. More would only mean the plan does not converge.
 MAX_ROUNDS = 4
@@ -113,7 +115,8 @@ class Reconciler:
     # The namespaces the controller watches (empty: all); a config elsewhere is out of reach.
     watch_namespaces: tuple[str, ...] = ()
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
-    _progress_seen: dict[str, tuple[float, Progress]] = field(default_factory=dict)
+    # Per run: when the logs were last read, and the furthest progress per shard.
+    _progress_seen: dict[str, tuple[float, dict[str, Progress]]] = field(default_factory=dict)
     _job_events_seen: dict[str, tuple[float, str, list[tuple[str, str]]]] = field(
         default_factory=dict
     )
@@ -172,6 +175,8 @@ class Reconciler:
 
         status = current.status
         assert status is not None
+        if status.phase in ("Succeeded", "Failed") and not run.spec.scheduled:
+            self._progress_seen.pop(key, None)
         if current.status_changed and not await self._write_status(key, raw, status):
             self.forget(key)
             return Result()
@@ -258,18 +263,23 @@ class Reconciler:
             return None, (reason, f"InferenceConfig {namespace}/{name}: {message}")
 
     async def _progress(self, key: str, pods: list[Obj]) -> Progress | None:
-        """The newest progress line of a running runner pod, read at most every interval."""
+        """Rows done so far, read from running runners' log tails at most every interval.
+
+        Each shard (completion index) counts with the furthest any of its
+        attempts got, so a retried pod starting over, or a shard that has
+        finished and stopped logging, never makes the run's progress go back.
+        """
         running = [p for p in pods if _runner_running(p)]
-        if not running:
-            self._progress_seen.pop(key, None)
-            return None
-        now = time.monotonic()
         seen = self._progress_seen.get(key)
+        if not running:
+            if seen is None:
+                return None
+            return _total(seen[1])
+        now = time.monotonic()
         if seen is not None and now - seen[0] < self.progress_interval:
-            return seen[1]
-        done = total = 0
-        found = False
-        for pod in running:  # every shard of an Indexed Job adds its share
+            return _total(seen[1])
+        shards: dict[str, Progress] = dict(seen[1]) if seen else {}
+        for pod in running:
             meta = pod["metadata"]
             try:
                 tail = await self.client.read_pod_log(
@@ -282,15 +292,16 @@ class Reconciler:
                 log.debug("progress unavailable", pod=meta["name"], error=str(exc))
                 continue
             progress = last_progress(tail)
-            if progress is not None:
-                found = True
-                done += progress.rows_done
-                total += progress.rows_total
-        if not found:
-            return seen[1] if seen else None
-        result = Progress(rows_done=done, rows_total=total)
-        self._progress_seen[key] = (now, result)
-        return result
+            if progress is None:
+                continue
+            index = (meta.get("labels") or {}).get(COMPLETION_INDEX_LABEL, "0")
+            best = shards.get(index)
+            if best is None or progress.rows_done >= best.rows_done:
+                shards[index] = Progress(
+                    rows_done=progress.rows_done, rows_total=progress.rows_total
+                )
+        self._progress_seen[key] = (now, shards)
+        return _total(shards)
 
     async def _job_events(self, key: str, job: Obj) -> list[tuple[str, str]]:
         """The Job's newest FailedCreate Events (why it has no pod), read at most every interval."""
@@ -517,6 +528,16 @@ def _run_ref(run: InferenceRun) -> Obj:
             "resourceVersion": run.metadata.resource_version,
         },
     }
+
+
+def _total(shards: dict[str, Progress]) -> Progress | None:
+    if not shards:
+        return None
+    totals = [p.rows_total for p in shards.values()]
+    return Progress(
+        rows_done=sum(p.rows_done for p in shards.values()),
+        rows_total=None if any(t is None for t in totals) else sum(t or 0 for t in totals),
+    )
 
 
 def _runner_running(pod: Obj) -> bool:

@@ -195,8 +195,9 @@ def _job_outcome(
         return "Running", "Running", ""
     retrying = runner_failure(pods)
     if retrying is not None:
-        # A pod failed and the Job will try again: say why, stay Pending.
-        return "Pending", "Retrying", retrying[1]
+        # A pod failed and the Job will try again: the run is under way (no
+        # Running -> Pending -> Running flap between attempts); say why.
+        return "Running", "Retrying", retrying[1]
     stuck = pod_waiting(pods) or (job_events[0] if job_events else None)
     if stuck is not None:
         return "Pending", stuck[0], stuck[1]

@@ -416,3 +416,46 @@ def test_an_adopted_upstream_configmap_loses_its_binary_data() -> None:
     assert isinstance(write, Patch)
     assert write.patch["binaryData"] is None
     assert "contract.json" in write.patch["data"]
+
+
+def test_a_new_run_waits_a_grace_for_its_config_before_warning() -> None:
+    """Applied in one file, a run is often seen before its config: no false alarm."""
+    problem = ("ConfigNotFound", "InferenceConfig ns/cfg not found")
+    created = NOW - timedelta(seconds=2)
+    run = make_run()
+    run.metadata.creation_timestamp = created
+    out = plan(view(run, config=None, config_problem=problem))
+    assert out.status is not None
+    assert (out.status.phase, out.status.reason) == ("Pending", "WaitingForConfig")
+    assert out.events == []
+    assert out.requeue_after == pytest.approx(8.0)
+    stalled = next(c for c in out.status.conditions if c.type == "Stalled")
+    assert stalled.status == "False"
+
+    later = make_run()
+    later.metadata.creation_timestamp = NOW - timedelta(seconds=11)
+    late = plan(view(later, config=None, config_problem=problem))
+    assert late.status is not None
+    assert (late.status.phase, late.status.reason) == ("Error", "ConfigNotFound")
+    assert ("Warning", "ConfigNotFound") in {(e.type, e.reason) for e in late.events}
+
+
+def test_a_retry_between_attempts_keeps_the_run_running_and_warns_once() -> None:
+    run = make_run(status={"phase": "Running", "reason": "Running"})
+    cm, job = children_of(run, make_config())
+    job["status"] = {"failed": 1}
+    failed_pod = {
+        "metadata": {"name": "p1"},
+        "status": {
+            "containerStatuses": [
+                {
+                    "name": "inference",
+                    "state": {"terminated": {"exitCode": 4, "message": "inference: 503"}},
+                }
+            ]
+        },
+    }
+    out = plan(view(run, configmaps=[cm], jobs=[job], pods=[failed_pod]))
+    assert out.status is not None
+    assert (out.status.phase, out.status.reason) == ("Running", "Retrying")
+    assert [(e.type, e.reason) for e in out.events] == [("Warning", "Retrying")]

@@ -161,9 +161,9 @@ def test_pod_failure_policy_on_bad_contract_names_the_contract() -> None:
     assert status.message == "runner exited with code 2: contract: jobId missing"
 
 
-def test_failed_pod_before_retry_keeps_the_run_pending_with_the_reason() -> None:
+def test_failed_pod_before_retry_keeps_the_run_running_with_the_reason() -> None:
     status = derive(job=job(failed=1), pods=[pod(terminated(5, "output: 200 with error"))])
-    assert status.phase == "Pending"
+    assert status.phase == "Running"
     assert status.reason == "Retrying"
     assert "output: 200 with error" in status.message
 
