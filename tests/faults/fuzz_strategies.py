@@ -389,7 +389,7 @@ _STORAGE_VALUES: tuple[Any, ...] = (
     {"input": {"krateo": {"api": {"password": SECRET}}}, "output": {}},
     {"input": {"http": {"url": f"http://user:{SECRET}@storage.example/in"}}, "output": {}},
     {"input": {"krateo": {"api": {"headers": [f"Authorization: Bearer {SECRET}"]}}}},
-    {"input": {"krateo": {"api": {"headers": [f"X-Custom: {SECRET}"]}}}},
+    {"input": {"krateo": {"api": {"headers": ["X-Custom: not-a-credential"]}}}},
     {"input": {"http": {"token": {"secretKeyRef": {"name": "s", "key": "t"}}}}},
     {"input": {"krateo": {"api": {"endpointRef": {"name": "UPPER", "namespace": 1}}}}},
 )
