@@ -13,11 +13,77 @@ back without seeing each other's samples.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import platform
+from importlib import metadata
+from urllib.parse import urlsplit
 
-# client-go's workqueue histograms: 10 ns .. 10 s in decades
-# (prometheus.ExponentialBuckets(10e-9, 10, 10)).
-WORKQUEUE_BUCKETS: tuple[float, ...] = tuple(10e-9 * 10**i for i in range(10))
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
+
+# No ``<counter>_created`` / ``<histogram>_created`` series: they double the
+# number of series, client-go and controller-runtime export none, and
+# dashboards never use them. (Process-wide; the same as the env variable
+# PROMETHEUS_DISABLE_CREATED_SERIES=True.)
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+# client-go's workqueue histograms: 10 ns .. 1000 s in decades
+# (prometheus.ExponentialBuckets(10e-9, 10, 12)).
+WORKQUEUE_BUCKETS: tuple[float, ...] = tuple(10e-9 * 10**i for i in range(12))
+
+# A batch inference run lasts from seconds to hours: 10 s .. 12 h.
+RUN_DURATION_BUCKETS: tuple[float, ...] = (
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1200.0,
+    1800.0,
+    3600.0,
+    7200.0,
+    10800.0,
+    21600.0,
+    43200.0,
+)
+
+# client-go's rest_client_request_duration_seconds buckets.
+REQUEST_DURATION_BUCKETS: tuple[float, ...] = (
+    0.005,
+    0.025,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.0,
+    4.0,
+    8.0,
+    15.0,
+    30.0,
+    60.0,
+)
+
+# The values of the ``result`` label of inference_runs_finished_total.
+RUN_RESULTS: tuple[str, ...] = ("Succeeded", "Failed")
+
+
+def _version() -> str:
+    try:
+        return metadata.version("kserve-inference-controller")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def api_host(url: str) -> str:
+    """client-go's ``host`` label: the API server's host[:port], no scheme or path."""
+    return urlsplit(url).netloc or url
+
 
 # controller-runtime's reconcile_time_seconds buckets.
 RECONCILE_BUCKETS: tuple[float, ...] = (
@@ -77,9 +143,20 @@ RECONCILE_RESULTS: tuple[str, ...] = (
 class Metrics:
     """The controller's metrics, registered on ``registry`` (a new one by default)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, process: bool = True) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
+
+        # --- the process (process_cpu_seconds_total, process_resident_memory_bytes, ...) ---
+        if process:
+            ProcessCollector(registry=r)
+        self.build_info = Gauge(
+            "kserve_inference_controller_build_info",
+            "Always 1; the labels say which version of the controller runs on which Python.",
+            ["version", "python_version"],
+            registry=r,
+        )
+        self.build_info.labels(version=_version(), python_version=platform.python_version()).set(1)
 
         # --- work queue (client-go names, labelled by queue name) ---
         self.workqueue_depth = Gauge(
@@ -141,6 +218,13 @@ class Metrics:
             ["controller"],
             registry=r,
         )
+        self.reconcile_panics_total = Counter(
+            "controller_runtime_reconcile_panics",
+            "Total number of reconciliation panics per controller (here: an unexpected "
+            "exception, not an API error, escaped reconcile)",
+            ["controller"],
+            registry=r,
+        )
         self.reconcile_time_seconds = Histogram(
             "controller_runtime_reconcile_time_seconds",
             "Length of time per reconciliation per controller",
@@ -168,6 +252,32 @@ class Metrics:
             ["phase"],
             registry=r,
         )
+        self.inference_runs_finished_total = Counter(
+            "inference_runs_finished",
+            "One-shot InferenceRuns whose phase turned Succeeded or Failed, by the run's "
+            "namespace and InferenceConfig",
+            ["namespace", "config", "result"],
+            registry=r,
+        )
+        self.inference_run_duration_seconds = Histogram(
+            "inference_run_duration_seconds",
+            "Duration of finished InferenceRuns, start to completion",
+            ["namespace", "config", "result"],
+            buckets=RUN_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.inference_rows_total = Counter(
+            "inference_rows",
+            "Input rows read by finished InferenceRuns (the runner's result)",
+            ["namespace", "config"],
+            registry=r,
+        )
+        self.inference_predictions_total = Counter(
+            "inference_predictions",
+            "Predictions written by finished InferenceRuns (the runner's result)",
+            ["namespace", "config"],
+            registry=r,
+        )
 
         # --- API client (client-go's name; verb is the Kubernetes verb, method the HTTP one) ---
         self.rest_client_requests_total = Counter(
@@ -175,6 +285,14 @@ class Metrics:
             "Number of HTTP requests, partitioned by Kubernetes verb, HTTP method and status "
             "code ('<error>' when no response came back).",
             ["verb", "method", "code"],
+            registry=r,
+        )
+        self.rest_client_request_duration_seconds = Histogram(
+            "rest_client_request_duration_seconds",
+            "Request latency in seconds until the response headers came back, by HTTP "
+            "method (client-go's 'verb') and API server host.",
+            ["verb", "host"],
+            buckets=REQUEST_DURATION_BUCKETS,
             registry=r,
         )
         self.rest_client_rate_limiter_wait_seconds = Histogram(
@@ -222,3 +340,69 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+
+    # ------------------------------------------------------------------ hooks
+
+    def init_controller(self, controller: str, workers: int) -> None:
+        """Create the reconcile series of ``controller``, errors at 0, before any reconcile.
+
+        A counter that appears only on its first increment hides that first
+        increment from ``rate()`` and ``increase()``, and an alert or panel on a
+        missing series shows nothing rather than 0.
+        """
+        self.max_concurrent_reconciles.labels(controller=controller).set(workers)
+        self.active_workers.labels(controller=controller).set(0)
+        for result in RECONCILE_RESULTS:
+            self.reconcile_total.labels(controller=controller, result=result)
+        self.reconcile_errors_total.labels(controller=controller)
+        self.terminal_reconcile_errors_total.labels(controller=controller)
+        self.reconcile_panics_total.labels(controller=controller)
+        self.reconcile_time_seconds.labels(controller=controller)
+
+    def leader_election_disabled(self, lease: str) -> None:
+        """Leader election is off: this replica is the leader of ``lease``, alone.
+
+        Exported as client-go's gauge at 1 with the same ``name`` label as when
+        election is on, so the NoLeader alert and the dashboard's variables
+        (label_values(leader_election_master_status, ...)) work in both modes.
+        """
+        self.leader_election_master_status.labels(name=lease).set(1)
+
+    def run_finished(
+        self,
+        namespace: str,
+        config: str,
+        result: str,
+        duration_seconds: float | None = None,
+        rows: int | None = None,
+        predictions: int | None = None,
+    ) -> None:
+        """Count a one-shot run whose phase just turned ``Succeeded`` or ``Failed``.
+
+        Call once per run, on the transition (the counters are not idempotent).
+        ``duration_seconds`` (start to completion), ``rows`` and ``predictions``
+        (the runner's result) are recorded when known. The other result's
+        counter of the same namespace/config is created at 0, so that its first
+        increment is seen by ``increase()``.
+        """
+        if result not in RUN_RESULTS:
+            raise ValueError(f"result must be one of {RUN_RESULTS}, got {result!r}")
+        for known in RUN_RESULTS:
+            self.inference_runs_finished_total.labels(
+                namespace=namespace, config=config, result=known
+            )
+        self.inference_runs_finished_total.labels(
+            namespace=namespace, config=config, result=result
+        ).inc()
+        if duration_seconds is not None and duration_seconds >= 0:
+            self.inference_run_duration_seconds.labels(
+                namespace=namespace, config=config, result=result
+            ).observe(duration_seconds)
+        rows_total = self.inference_rows_total.labels(namespace=namespace, config=config)
+        predictions_total = self.inference_predictions_total.labels(
+            namespace=namespace, config=config
+        )
+        if rows is not None and rows > 0:
+            rows_total.inc(rows)
+        if predictions is not None and predictions > 0:
+            predictions_total.inc(predictions)

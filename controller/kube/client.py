@@ -35,6 +35,8 @@ from aiolimiter import AsyncLimiter
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import Configuration
 
+from controller.metrics import api_host
+
 if TYPE_CHECKING:
     from controller.metrics import Metrics
 
@@ -621,11 +623,14 @@ class KubeClient:
             headers["Content-Type"] = content_type
         return headers
 
-    def _count(self, verb: str, method: str, code: str) -> None:
+    def _count(self, verb: str, method: str, code: str, seconds: float) -> None:
         if self._metrics is not None:
             self._metrics.rest_client_requests_total.labels(
                 verb=verb, method=method, code=code
             ).inc()
+            self._metrics.rest_client_request_duration_seconds.labels(
+                verb=method, host=api_host(self.host)
+            ).observe(seconds)
 
     async def _throttle(self, verb: str) -> None:
         loop_time = _loop_time()
@@ -665,6 +670,7 @@ class _Response:
         await client._throttle(self._verb)
         data = orjson.dumps(self._body) if self._body is not None else None
         headers = await client._headers(self._content_type if data is not None else None)
+        sent = _loop_time()
         try:
             response = await client._session_for_request().request(
                 self._method,
@@ -677,11 +683,11 @@ class _Response:
                 server_hostname=client.configuration.tls_server_name,
             )
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            client._count(self._verb, self._method, "<error>")
+            client._count(self._verb, self._method, "<error>", _loop_time() - sent)
             raise TransportError(
                 0, type(exc).__name__, str(exc), verb=self._verb, path=self._path
             ) from exc
-        client._count(self._verb, self._method, str(response.status))
+        client._count(self._verb, self._method, str(response.status), _loop_time() - sent)
         if response.status >= 400:
             try:
                 payload = await response.read()

@@ -22,6 +22,8 @@ reconcileHandler, in asyncio):
 Metrics: ``controller_runtime_reconcile_total{result}``,
 ``controller_runtime_reconcile_errors_total``,
 ``controller_runtime_terminal_reconcile_errors_total``,
+``controller_runtime_reconcile_panics_total`` (an exception that is not an
+:class:`ApiError`: a bug, not the API's weather),
 ``controller_runtime_reconcile_time_seconds``,
 ``controller_runtime_active_workers``,
 ``controller_runtime_max_concurrent_reconciles``.
@@ -90,8 +92,7 @@ class Workers:
         self.log_key = log_key
         self._metrics = metrics
         if metrics is not None:
-            metrics.max_concurrent_reconciles.labels(controller=name).set(workers)
-            metrics.active_workers.labels(controller=name).set(0)
+            metrics.init_controller(name, workers)
 
     async def run(self) -> None:
         """Run the workers until the queue is shut down and drained (or until cancelled)."""
@@ -123,6 +124,10 @@ class Workers:
                     log.error("reconcile failed for good", error=str(exc))
                 except Exception as exc:
                     result_label = "error"
+                    if not isinstance(exc, ApiError):
+                        # Not the API's weather but a bug: controller-runtime's
+                        # reconcile_panics_total counts its equivalent (a panic).
+                        self._panicked()
                     self.queue.add_rate_limited(key)
                     log.warning(
                         "reconcile failed, retrying",
@@ -149,6 +154,10 @@ class Workers:
             if result_label is not None:
                 self._observe(result_label, loop.time() - started)
         return True
+
+    def _panicked(self) -> None:
+        if self._metrics is not None:
+            self._metrics.reconcile_panics_total.labels(controller=self.name).inc()
 
     def _active(self, delta: int) -> None:
         if self._metrics is not None:
