@@ -509,3 +509,33 @@ def test_metrics_reference_lists_every_metric_and_alert(monitored_objects: list[
         assert f"`{name}`" in page, f"docs/metrics.md does not describe {name}"
     for alert in rule_expressions(monitored_objects):
         assert f"`{alert}`" in page, f"docs/metrics.md does not describe alert {alert}"
+
+
+def github_anchors(markdown: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    anchors = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", markdown, re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchors.add(slug)
+    return anchors
+
+
+def test_every_alert_has_a_runbook_url_to_a_section_that_exists(
+    monitored_objects: list[Obj],
+) -> None:
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    prefix = f"{chart['home']}/blob/main/docs/"
+    (rule_object,) = find(monitored_objects, "PrometheusRule")
+    alerts = [r for g in rule_object["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert len(alerts) >= 7
+    for alert in alerts:
+        url = alert["annotations"].get("runbook_url", "")
+        assert url.startswith(prefix), f"{alert['alert']}: runbook_url {url!r}"
+        page, _, anchor = url.removeprefix(prefix).partition("#")
+        assert anchor, f"{alert['alert']}: {url} names no section"
+        markdown = (REPO / "docs" / page).read_text()
+        assert anchor in github_anchors(markdown), (
+            f"{alert['alert']}: no section #{anchor} in {page}"
+        )
+        # The section is this alert's own runbook.
+        assert anchor == alert["alert"].lower()
