@@ -219,6 +219,11 @@ class EventRecorder:
                 series = await self._queue.get()
                 try:
                     await self._write(series)
+                except ApiError as exc:
+                    # The API server's weather (429 while it is busy, an outage):
+                    # the event is lost, not the controller; no stack trace.
+                    self._count("failed")
+                    log.warning("event write failed", reason=series.reason, error=str(exc))
                 except Exception:
                     self._count("failed")
                     log.exception("event write failed", reason=series.reason)
