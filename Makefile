@@ -30,6 +30,7 @@ setup: $(STAMP)
 binaries:
 	bash hack/controlplane/build.sh >/dev/null
 	bash hack/helm/build.sh >/dev/null
+	bash hack/kstatus/build.sh >/dev/null
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
