@@ -12,7 +12,10 @@ behaviour that matters to a client (``reference/upstream-behaviour.md`` §4):
 - the answer is the notebook's stdout, typed ``application/json`` **only if**
   ``Accept`` is exactly ``application/json`` (``text/html`` otherwise);
 - a notebook that fails answers **200** with its error text (a traceback); a
-  missing argument prints ``missing agument for call: <name>`` and fails.
+  missing argument prints ``missing agument for call: <name>`` and fails;
+- ``GET /compute/list`` answers the notebooks' names as the handler's notebook
+  table gives them, ``[["sklearninput"], ...]``, running none (what the runner's
+  ``--check`` asks); ``listings`` counts those calls apart from ``calls``.
 
 Notebooks, with upstream's semantics but parameterised SQL and validated
 identifiers (``[A-Za-z_][A-Za-z0-9_]*``, quoted):
@@ -200,7 +203,9 @@ class StorageService:
         self._user = user
         self._password = password
         self.calls: collections.Counter[str] = collections.Counter()
+        self.listings = 0
         self.app = web.Application(client_max_size=1 << 30)
+        self.app.router.add_get("/compute/list", self._list)
         self.app.router.add_post("/compute/{notebook}", self._compute)
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -239,13 +244,22 @@ class StorageService:
             password, self._password
         )
 
+    def _refusal(self) -> web.Response:
+        return web.Response(
+            status=401,
+            text="Unauthorized Access",
+            headers={"WWW-Authenticate": 'Basic realm="Authentication Required"'},
+        )
+
+    async def _list(self, request: web.Request) -> web.StreamResponse:
+        if not self._authorised(request):
+            return self._refusal()
+        self.listings += 1
+        return web.json_response([[name] for name in NOTEBOOKS])
+
     async def _compute(self, request: web.Request) -> web.StreamResponse:
         if not self._authorised(request):
-            return web.Response(
-                status=401,
-                text="Unauthorized Access",
-                headers={"WWW-Authenticate": 'Basic realm="Authentication Required"'},
-            )
+            return self._refusal()
         name = request.match_info["notebook"]
         self.calls[name] += 1
         notebook = NOTEBOOKS.get(name)

@@ -365,6 +365,68 @@ async def send(
         raise StorageError(error.message) from None
 
 
+PROBE_TIMEOUT_SECONDS = 10.0
+
+
+async def probe_request(
+    ctx: StorageContext,
+    endpoint: Endpoint,
+    *,
+    method: Literal["GET", "HEAD"],
+    path: str,
+    headers: Mapping[str, str],
+    time_limit: float = PROBE_TIMEOUT_SECONDS,
+) -> Answer:
+    """One request of ``python -m runner --check``: a read that moves no data, never retried.
+
+    A check is a snapshot: it asks once and says what it saw. No connection, a
+    timeout, TLS, a 5xx, 408 or 429 is :class:`StorageError` (exit 3/5); a 401 or
+    403 is :class:`StorageRejected` (exit 6/8: the credentials are refused). Any
+    other answer is returned, whatever its status: what it proves is the
+    provider's to say.
+    """
+    url = endpoint.url_for(path)
+    what = f"{method} {url}"
+    request_headers = {"Accept": "application/json", "X-Krateo-TraceId": uuid.uuid4().hex[:10]}
+    request_headers.update(headers)
+    if endpoint.authorization:
+        request_headers["Authorization"] = endpoint.authorization
+    limit = max(ctx.deadline.cap(time_limit), 0.001)
+    try:
+        async with ctx.session.request(
+            method,
+            url,
+            headers=request_headers,
+            ssl=endpoint.ssl,
+            proxy=endpoint.proxy,
+            allow_redirects=False,
+            timeout=aiohttp.ClientTimeout(total=limit),
+        ) as response:
+            answer = Answer(
+                method=method,
+                url=url,
+                status=response.status,
+                content_type=response.headers.get("Content-Type", ""),
+                body=await response.read(),
+            )
+    except aiohttp.ClientSSLError as error:
+        raise StorageError(f"{what}: TLS failed: {trim(str(error))}") from None
+    except aiohttp.ClientConnectorError as error:
+        raise StorageError(f"{what}: cannot connect: {error.os_error or error}") from None
+    except (aiohttp.ClientError, ConnectionError) as error:
+        raise StorageError(f"{what} failed: {type(error).__name__}: {trim(str(error))}") from None
+    except TimeoutError:
+        raise StorageError(f"{what} timed out after {limit:.1f}s") from None
+    if answer.status in (401, 403):
+        raise StorageRejected(
+            f"{what} answered {answer.status}: {server_message(answer.body)} "
+            "(the credentials are refused)"
+        )
+    if answer.status >= 500 or answer.status in RETRYABLE_4XX:
+        raise StorageError(f"{what} answered {answer.status}: {server_message(answer.body)}")
+    return answer
+
+
 def _transient_or_final(
     message: str, retry: Literal["all", "unsent"], hint: float | None = None
 ) -> Exception:

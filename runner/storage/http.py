@@ -27,6 +27,14 @@ text is a failure, never a success. A 4xx other than 408/429 and a 2xx that is
 not what it should be are rejections (exit 6 for the input, 8 for the output:
 the Job is not retried); the rest exit 3 or 5.
 
+**Probe** (``python -m runner --check``, :meth:`HttpProvider.probe`): ``HEAD`` of the
+Secret's ``url`` (the base, not ``path``) with the credentials and the contract's
+headers: a HEAD reads and writes nothing, and the base is not the data endpoint.
+A 401/403 is a rejection (exit 6/8); no connection, a timeout, TLS, a 5xx, 408
+or 429 exit 3/5; any other answer (a 404 or 405 included: the base need not be
+a resource) proves the server reachable, though only a server that checks
+credentials before routing proves them accepted.
+
 Adding another backend is one more module like this one: see :mod:`runner.storage`.
 """
 
@@ -53,6 +61,7 @@ from runner.storage.base import (
     output_body,
     parse_bool,
     parse_header_lines,
+    probe_request,
     rows_from,
     send,
 )
@@ -128,6 +137,15 @@ class HttpProvider:
             proxy_url=None,
             source=source,
         )
+
+    async def probe(self, ctx: StorageContext) -> str:
+        """A HEAD of the base URL: reachable, credentials not refused (see "Probe" above)."""
+        if self._endpoint is None:
+            raise RuntimeError("prepare() was not called")
+        answer = await probe_request(
+            ctx, self._endpoint, method="HEAD", path="", headers=self.headers
+        )
+        return f"{answer.what} answered {answer.status}"
 
     def _request(self, body: Mapping[str, Any]) -> dict[str, Any]:
         if self.settings.method in _QUERY_METHODS:

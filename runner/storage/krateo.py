@@ -47,6 +47,21 @@ chunk's first prediction) so that a notebook can keep its counter global
 their counter at 0 for every chunk). Chunks go one after the other and the first
 failure stops the run: the chunks already stored carry the run's ``job_uid`` and
 this pod's ``pod_uid``, so they can be told apart from a retry's.
+
+**Probe** (``python -m runner --check``, :meth:`KrateoProvider.probe`): ``GET
+<server-url>/compute/list`` with the Secret's credentials and the contract's
+headers, when ``path`` names a notebook (``[prefix/]compute/<notebook>``).
+finops-database-handler answers it with the names of its notebooks, read from its
+notebook table: no notebook runs, no table is read or written. The probe then
+requires the configured notebook among them. A 401/403 (no or refused
+credentials) is a rejection (exit 6/8), as is any other 4xx (``server-url`` does
+not lead to the handler's ``/compute`` API), a non-JSON answer, or a notebook
+the handler does not have; no connection, a timeout, a 5xx (the handler's
+database refused its query, a wrong password among other causes), 408 and 429
+exit 3/5. A ``path`` that names no notebook is probed with a ``GET`` of
+``server-url`` itself, where any answer but 401/403 and 5xx proves the server
+reachable (the handler answers its homepage there, without checking
+credentials).
 """
 
 from __future__ import annotations
@@ -74,6 +89,7 @@ from runner.storage.base import (
     output_body,
     parse_bool,
     parse_header_lines,
+    probe_request,
     rows_from,
     send,
 )
@@ -82,6 +98,8 @@ KEY = "krateo"
 ARGUMENT_LIMIT = 128 * 1024
 OFFSET_KEY = "predictions_offset"
 _VERBS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+# Notebook names quoted at most when the configured one is missing.
+NAMES_IN_MESSAGE = 20
 
 
 class _Settings(BaseModel):
@@ -199,6 +217,57 @@ class KrateoProvider:
                 raise
             if len(pieces) > 1:
                 ctx.log.info("predictions chunk stored", chunk=number, chunks=len(pieces))
+
+    async def probe(self, ctx: StorageContext) -> str:
+        """Reachable, credentials accepted, notebook present: see "Probe" above. No data moves."""
+        path, notebook = probe_target(self.settings.api.path)
+        answer = await probe_request(
+            ctx, self.endpoint, method="GET", path=path, headers=self.headers
+        )
+        if notebook is None:
+            return f"{answer.what} answered {answer.status}"
+        if not 200 <= answer.status < 300:
+            raise StorageRejected(
+                f"{answer.what} answered {answer.status}: {answer.text()} (server-url does not "
+                "lead to finops-database-handler's /compute API)"
+            )
+        try:
+            names = notebook_names(answer.json())
+        except orjson.JSONDecodeError:
+            raise StorageRejected(
+                f"{answer.what} answered {answer.status} with something that is not JSON: "
+                f"{answer.text()}"
+            ) from None
+        if notebook not in names:
+            shown = ", ".join(sorted(names)[:NAMES_IN_MESSAGE]) or "none"
+            if len(names) > NAMES_IN_MESSAGE:
+                shown += f", and {len(names) - NAMES_IN_MESSAGE} more"
+            raise StorageRejected(
+                f"finops-database-handler at {self.endpoint.base_url} has no notebook "
+                f"{notebook!r} (it has: {shown})"
+            )
+        return f"{answer.what} lists notebook {notebook}"
+
+
+def probe_target(path: str) -> tuple[str, str | None]:
+    """What the probe GETs for an ``api.path``, and the notebook it must find there."""
+    parts = [part for part in path.strip().split("/") if part]
+    if len(parts) >= 2 and parts[-2] == "compute" and parts[-1] != "list":
+        return "/".join([*parts[:-1], "list"]), parts[-1]
+    return "", None
+
+
+def notebook_names(listing: Any) -> set[str]:
+    """The names in finops-database-handler's ``/compute/list`` answer (rows of ``[name]``)."""
+    names: set[str] = set()
+    for entry in listing if isinstance(listing, list) else []:
+        if isinstance(entry, str):
+            names.add(entry)
+        elif isinstance(entry, list) and entry and isinstance(entry[0], str):
+            names.add(entry[0])
+        elif isinstance(entry, dict):
+            names.update(value for value in entry.values() if isinstance(value, str))
+    return names
 
 
 def endpoint_from_secret(data: Mapping[str, str], source: str) -> Endpoint:
