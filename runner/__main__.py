@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from runner import app, logs
+from runner import app, check, logs
 from runner.exitcodes import ExitCode
 
 EPILOG = """\
@@ -22,6 +22,8 @@ Progress: JSON lines {"event": "progress", "rowsDone", "rowsTotal"} on stdout.
 Environment: CONTRACT_PATH, TERMINATION_LOG_PATH, NODE_AGENT_ROOT, pod_uid,
 POD_NAMESPACE, JOB_COMPLETION_INDEX, RUNNER_DEADLINE_SECONDS, LOG_LEVEL,
 KUBECONFIG (outside a cluster).
+--check: probe the contract's Secrets, storages and model metadata, moving no data
+(runner/check.py); exit codes as above, {"check": "ok", "model", "inputs"} on success.
 """
 
 
@@ -44,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("LOG_LEVEL", "info"),
         help="debug, info, warning or error (default: $LOG_LEVEL or info)",
     )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="probe Secrets, storages and the model's metadata; send and store no data",
+    )
     args = parser.parse_args(argv)
     try:
         logs.configure(args.log_level)
@@ -54,10 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         environ["CONTRACT_PATH"] = args.contract
     if args.termination_log:
         environ["TERMINATION_LOG_PATH"] = args.termination_log
-    return asyncio.run(_run_until_sigterm(environ))
+    return asyncio.run(_run_until_sigterm(environ, probe_only=args.check))
 
 
-async def _run_until_sigterm(environ: dict[str, str]) -> int:
+async def _run_until_sigterm(environ: dict[str, str], probe_only: bool = False) -> int:
     # SIGTERM (activeDeadlineSeconds, pod deletion) cancels the run, which then
     # still writes a termination message saying where it was stopped.
     task = asyncio.current_task()
@@ -65,7 +72,7 @@ async def _run_until_sigterm(environ: dict[str, str]) -> int:
     if task is not None:
         loop.add_signal_handler(signal.SIGTERM, task.cancel)
     try:
-        return await app.run(environ)
+        return await (check.run(environ) if probe_only else app.run(environ))
     except asyncio.CancelledError:
         return int(ExitCode.TERMINATED)
     finally:
