@@ -25,6 +25,7 @@ cluster in the foreground (see docs/development.md).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import ctypes
 import json
@@ -136,6 +137,13 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+# PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, not the
+# process: a child started from a short-lived thread (asyncio.to_thread, whose
+# pool is shut down with its event loop) would be killed with that thread. So
+# one thread that lives as long as the process forks every child.
+_SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="spawner")
+
+
 def spawn(
     args: Sequence[str],
     log: Path,
@@ -144,6 +152,16 @@ def spawn(
     cwd: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start a child that logs to ``log`` and cannot outlive this process."""
+    return _SPAWNER.submit(_spawn, args, log, env=env, cwd=cwd).result()
+
+
+def _spawn(
+    args: Sequence[str],
+    log: Path,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.Popen[bytes]:
     log.parent.mkdir(parents=True, exist_ok=True)
     out: IO[bytes] = log.open("ab")
     try:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import subprocess
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from hack.cluster import LocalCluster
+from hack.cluster import LocalCluster, spawn, stop_process
 from tests.kubehelpers import eventually, job_condition
 
 
@@ -208,3 +212,18 @@ async def test_users_are_authenticated_and_audited(cluster: LocalCluster, namesp
     assert 'User "kserve-inference-controller" cannot list resource "pods"' in denied.stderr
     events = cluster.audit_events("controller")
     assert any(e["verb"] == "list" and e["objectRef"]["namespace"] == namespace for e in events)
+
+
+def test_a_child_spawned_from_a_short_lived_thread_outlives_that_thread(tmp_path: Path) -> None:
+    """PR_SET_PDEATHSIG follows the forking thread: an API server restarted from
+    asyncio.to_thread died with the event loop's executor and took the suite down."""
+
+    async def start() -> subprocess.Popen[bytes]:
+        return await asyncio.to_thread(spawn, ["sleep", "30"], tmp_path / "sleep.log")
+
+    child = asyncio.run(start())  # the loop's executor thread ends here
+    try:
+        time.sleep(0.5)
+        assert child.poll() is None, f"the child died with its thread: {child.returncode}"
+    finally:
+        stop_process(child, grace=0)
