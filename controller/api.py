@@ -78,6 +78,8 @@ CONDITION_SUSPENDED = "Suspended"
 # kstatus' conditions (cli-utils, read by Flux and kpt): abnormal-true polarity.
 CONDITION_RECONCILING = "Reconciling"
 CONDITION_STALLED = "Stalled"
+# An InferenceConfig's live check (controller/probe.py).
+CONDITION_PROBED = "Probed"
 
 # Reason for every validation error that has no more specific one.
 REASON_INVALID_SPEC = "InvalidSpec"
@@ -783,6 +785,7 @@ class InferenceRunStatus(_Model):
 class InferenceConfigStatus(_Model):
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = None
+    last_probe_time: KubeTime | None = None
 
 
 def _lenient(value: Any, handler: ValidatorFunctionWrapHandler, empty: BaseModel) -> Any:
@@ -911,6 +914,16 @@ def run_config_warnings(run: InferenceRun, config: InferenceConfig) -> list[tupl
                 "AutoDeleteIgnored",
                 f"autoDeletePolicy {config.spec.auto_delete_policy} does not apply to "
                 "scheduled runs: the run and its CronJob are kept",
+            )
+        )
+    probed = find_condition(config.status.conditions, CONDITION_PROBED)
+    finished = run.status.phase in ("Succeeded", "Failed")  # nothing left to warn about
+    if probed is not None and probed.status == "False" and not finished:
+        warnings.append(
+            (
+                "ConfigProbeFailed",
+                f"the probe of InferenceConfig {config.metadata.namespace}/"
+                f"{config.metadata.name} failed ({probed.reason}): {probed.message}",
             )
         )
     spec = config.spec

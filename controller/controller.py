@@ -25,6 +25,7 @@ from typing import Any, get_args
 import structlog
 
 from controller.api import Phase
+from controller.config_reconcile import BY_CONFIG_UID, ConfigReconciler, config_uid_index
 from controller.kube.client import CONFIGMAPS, CRONJOBS, JOBS, PODS, KubeClient, Obj
 from controller.kube.events import EventRecorder
 from controller.kube.informer import Informer, object_key
@@ -68,10 +69,10 @@ class Controller:
         def informer(resource: Any, **kwargs: Any) -> Informer:
             return Informer(client, resource, namespaces=namespaces, metrics=metrics, **kwargs)
 
-        children = {BY_RUN_UID: run_uid_index}
+        children = {BY_RUN_UID: run_uid_index, BY_CONFIG_UID: config_uid_index}
         self.caches = Caches(
             runs=informer(RUNS, indexers={BY_CONFIG: config_index, BY_UID: _uid_index}),
-            configs=informer(CONFIGS),
+            configs=informer(CONFIGS, indexers={BY_UID: _uid_index}),
             jobs=informer(JOBS, label_selector=selector, indexers=children),
             cronjobs=informer(CRONJOBS, label_selector=selector, indexers=children),
             configmaps=informer(CONFIGMAPS, label_selector=selector, indexers=children),
@@ -108,6 +109,35 @@ class Controller:
             metrics=metrics,
             resync_period=settings.polling_interval,
             should_resync=lambda key: self.caches.runs.get_by_key(key) is not None,
+        )
+        # Configs have their own queue: a burst of runs never delays a config's
+        # status, and a config's probe never holds a run's worker.
+        self.config_queue: WorkQueue[str] = WorkQueue(
+            "inferenceconfigs",
+            metrics=metrics,
+            rate_limiter=default_rate_limiter(
+                settings.effective_queue_qps, settings.effective_queue_burst
+            ),
+        )
+        self.config_reconciler = ConfigReconciler(
+            client=client,
+            configs=self.caches.configs,
+            jobs=self.caches.jobs,
+            configmaps=self.caches.configmaps,
+            pods=self.caches.pods,
+            events=self.events,
+            probe_interval=settings.probe_interval,
+            runner_service_account=settings.runner_service_account,
+        )
+        self.config_workers = Workers(
+            self.config_queue,
+            self.config_reconciler.reconcile,
+            workers=1,
+            name="inferenceconfig",
+            metrics=metrics,
+            resync_period=settings.polling_interval,
+            should_resync=lambda key: self.caches.configs.get_by_key(key) is not None,
+            log_key="config",
         )
         for phase in PHASES:
             metrics.inference_runs.labels(phase=phase).set_function(
@@ -158,8 +188,21 @@ class Controller:
             )
 
         def enqueue_runs_of(config: Obj) -> None:
+            self.config_queue.add(object_key(config))
             for run in runs.by_index(BY_CONFIG, object_key(config)):
                 self.queue.add(object_key(run))
+
+        def enqueue_probed_config(obj: Obj) -> None:
+            for uid in config_uid_index(obj):
+                for config in self.caches.configs.by_index(BY_UID, uid):
+                    self.config_queue.add(object_key(config))
+
+        for probe_child in (self.caches.jobs, self.caches.configmaps, self.caches.pods):
+            probe_child.add_event_handler(
+                on_add=enqueue_probed_config,
+                on_update=lambda _old, new: enqueue_probed_config(new),
+                on_delete=enqueue_probed_config,
+            )
 
         self.caches.configs.add_event_handler(
             on_add=enqueue_runs_of,
@@ -168,6 +211,12 @@ class Controller:
         )
 
     # -------------------------------------------------------------------- run
+
+    async def _work(self) -> None:
+        """The leader's work: the runs' and the configs' workers."""
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self.workers.run(), name="run workers")
+            tasks.create_task(self.config_workers.run(), name="config workers")
 
     def synced(self) -> bool:
         return all(i.has_synced() for i in self.informers)
@@ -210,9 +259,10 @@ class Controller:
                         retry_period=settings.retry_period,
                         metrics=self.metrics,
                     )
-                    tasks.create_task(self.elector.run(self.workers.run), name="leader")
+                    tasks.create_task(self.elector.run(self._work), name="leader")
                 else:
-                    tasks.create_task(self.workers.run(), name="workers")
+                    tasks.create_task(self._work(), name="workers")
         finally:
             self.queue.shut_down()
+            self.config_queue.shut_down()
             await self.servers.stop()

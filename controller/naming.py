@@ -45,6 +45,9 @@ COMPONENT_VALUE = "inference-runner"
 RUN_NAME_LABEL = "ai.krateo.io/inference-run"
 RUN_UID_LABEL = "ai.krateo.io/run-uid"
 CONFIG_NAME_LABEL = "ai.krateo.io/inference-config"
+# On a config's probe Job, its ConfigMap and pods (see controller/probe.py).
+CONFIG_UID_LABEL = "ai.krateo.io/config-uid"
+PROBE_COMPONENT_VALUE = "inference-probe"
 
 # Set on every child: a hash of what the controller rendered, so drift is found
 # by comparing one annotation instead of diffing server-defaulted specs.
@@ -170,3 +173,19 @@ def managed_selector() -> str:
 def run_selector(run_uid: str) -> str:
     """Label selector matching the children of one run."""
     return f"{managed_selector()},{RUN_UID_LABEL}={run_uid}"
+
+
+def probe_labels(config_name: str, config_uid: str) -> dict[str, str]:
+    """Labels put on a config's probe Job, its pods and its ConfigMap."""
+    return {
+        MANAGED_BY_LABEL: MANAGED_BY_VALUE,
+        COMPONENT_LABEL: PROBE_COMPONENT_VALUE,
+        CONFIG_NAME_LABEL: label_value(config_name),
+        CONFIG_UID_LABEL: config_uid,
+    }
+
+
+def probe_name(config_name: str, config_uid: str, attempt: int) -> str:
+    """A probe Job's name: the config's child name and an attempt number (unique, <= 63)."""
+    base = job_name(f"{config_name}-probe", config_uid, scheduled=True)  # at most 52
+    return f"{base}-{attempt:x}"[:DNS_LABEL_MAX].rstrip("-")

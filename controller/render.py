@@ -42,12 +42,13 @@ from typing import Any
 
 from controller.api import (
     API_VERSION,
+    CONFIG_KIND,
     DEFAULT_CONCURRENCY_POLICY,
     RUN_KIND,
     InferenceConfig,
     InferenceRun,
 )
-from controller.naming import DESIRED_HASH_ANNOTATION, child_labels, job_name
+from controller.naming import DESIRED_HASH_ANNOTATION, child_labels, job_name, probe_labels
 from runner.contract import Contract, Sharding
 from runner.exitcodes import PERMANENT
 
@@ -295,9 +296,8 @@ def _container(config: InferenceConfig) -> dict[str, Any]:
     return container
 
 
-def _job_spec(
-    run: InferenceRun, config: InferenceConfig, name: str, service_account: str | None
-) -> dict[str, Any]:
+def _pod_spec(config: InferenceConfig, name: str, service_account: str | None) -> dict[str, Any]:
+    """The runner pod: the config's image with the contract of ConfigMap ``name``."""
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
         # The runner reads its endpoint Secrets through the API server, with
@@ -329,7 +329,13 @@ def _job_spec(
         pod["serviceAccountName"] = account
     if config.spec.credentials_ref is not None:
         pod["imagePullSecrets"] = [{"name": config.spec.credentials_ref.name}]
+    return pod
 
+
+def _job_spec(
+    run: InferenceRun, config: InferenceConfig, name: str, service_account: str | None
+) -> dict[str, Any]:
+    pod = _pod_spec(config, name, service_account)
     shards = run.spec.parallelism
     spec: dict[str, Any] = {
         "backoffLimit": run.spec.backoff_limit,
@@ -430,3 +436,68 @@ def desired_workload(
     """``desired_cronjob`` for a scheduled run, else ``desired_job``."""
     render = desired_cronjob if run.spec.scheduled else desired_job
     return render(run, config, runner_service_account=runner_service_account, name=name)
+
+
+# --------------------------------------------------------------------------------------------
+# A config's probe (controller/probe.py decides when).
+
+# The probe checks Secrets, storage and the model's metadata; it never takes long.
+PROBE_DEADLINE_SECONDS = 120
+PROBE_ARGS = ["--check"]
+
+
+def probe_contract(config: InferenceConfig, name: str) -> dict[str, Any]:
+    """A run's contract without a run: the config's model and storage, no parameters."""
+    kserve = {
+        k: v for k, v in config.spec.effective_kserve().model_dump(by_alias=True).items() if v
+    }
+    doc: dict[str, Any] = {"jobId": config.metadata.uid, "jobName": name, "kserve": kserve}
+    if config.spec.storage.input:
+        doc["input"] = _sorted(config.spec.storage.input)
+    if config.spec.storage.output:
+        doc["output"] = _sorted(config.spec.storage.output)
+    return doc
+
+
+def desired_probe(
+    config: InferenceConfig, name: str, *, runner_service_account: str | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ConfigMap and Job that run ``python -m runner --check`` for ``config``."""
+    if not config.metadata.uid:
+        raise ValueError(f"config {config.metadata.name!r} has no uid yet")
+    labels = probe_labels(config.metadata.name, config.metadata.uid)
+    owner = {
+        "apiVersion": API_VERSION,
+        "kind": CONFIG_KIND,
+        "name": config.metadata.name,
+        "uid": config.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    metadata = {
+        "name": name,
+        "namespace": config.metadata.namespace,
+        "labels": labels,
+        "ownerReferences": [owner],
+    }
+    configmap = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata,
+        "data": {CONTRACT_KEY: go_json(probe_contract(config, name))},
+    }
+    pod = _pod_spec(config, name, runner_service_account)
+    pod["containers"][0]["args"] = list(PROBE_ARGS)
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata,
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": PROBE_DEADLINE_SECONDS,
+            # A safety net: the controller deletes a probe once it has read it.
+            "ttlSecondsAfterFinished": 3600,
+            "template": {"metadata": {"labels": labels}, "spec": pod},
+        },
+    }
+    return configmap, job

@@ -159,6 +159,12 @@ class Settings(BaseSettings):
         description="Service account of runner pods when the config names none "
         "(unset: the namespace's default service account).",
     )
+    probe_interval: Duration = Field(
+        1800.0,
+        ge=0,
+        description="How often each InferenceConfig is probed by a short Job running "
+        "`python -m runner --check` (besides on create and on change); 0 disables probes.",
+    )
     log_level: LogLevel = Field("INFO", description="Log level.")
     log_format: Literal["json", "console"] = Field("json", description="Log format.")
     bind_address: str = Field(

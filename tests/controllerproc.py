@@ -99,6 +99,9 @@ def controller_for(
         "POD_NAMESPACE": namespace,
         "RUNNER_SERVICE_ACCOUNT": chart.RUNNER_SERVICE_ACCOUNT,
         "POLLING_INTERVAL": "30s",
+        # Config probes are tested on their own (tests/integration/test_configs.py):
+        # elsewhere their Jobs and pods would mix with the runs' in the counts.
+        "PROBE_INTERVAL": "0",
         "MAX_RECONCILE_RATE": "2",
         "LEADER_ELECT": "false",
         **(env or {}),

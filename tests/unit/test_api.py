@@ -773,7 +773,7 @@ def test_printer_columns() -> None:
         "Last Schedule",
         "Age",
     ]
-    assert columns["inferenceconfigs"] == ["Ready", "Image", "Age"]
+    assert columns["inferenceconfigs"] == ["Ready", "Probed", "Image", "Age"]
 
 
 def enum_of(name: str, path: str) -> list[str]:

@@ -1,0 +1,116 @@
+"""The reconcile of one InferenceConfig: observe the caches, plan (``controller.probe``), apply.
+
+The writes: the config's status (only when it differs, with the cached
+resourceVersion as precondition), a probe's ConfigMap and Job, and the
+deletion of probe Jobs whose result is in the status. Races end the pass and
+the key comes back rate-limited, as for runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from pydantic import ValidationError
+
+from controller.api import InferenceConfig, describe_invalid
+from controller.kube.client import CONFIGMAPS, JOBS, ApiError, Obj, Resource
+from controller.kube.events import EventRecorder
+from controller.kube.informer import Informer
+from controller.kube.workers import Result
+from controller.naming import CONFIG_UID_LABEL
+from controller.probe import ConfigView, plan_config
+
+log = structlog.stdlib.get_logger(__name__)
+
+CONFIGS = Resource("ai.krateo.io", "v1", "inferenceconfigs", "InferenceConfig")
+# Index name shared with controller.controller, which registers it.
+BY_CONFIG_UID = "config-uid"
+
+
+def config_uid_index(obj: Obj) -> list[str]:
+    """Index function: the config a probe Job, pod or ConfigMap belongs to."""
+    uid = (obj["metadata"].get("labels") or {}).get(CONFIG_UID_LABEL)
+    return [uid] if uid else []
+
+
+@dataclass
+class ConfigReconciler:
+    client: Any  # controller.kube.client.KubeClient
+    configs: Informer
+    jobs: Informer
+    configmaps: Informer
+    pods: Informer
+    events: EventRecorder
+    probe_interval: float = 0.0
+    runner_service_account: str | None = None
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+
+    async def reconcile(self, key: str) -> Result:
+        raw = self.configs.get_by_key(key)
+        if raw is None or raw["metadata"].get("deletionTimestamp"):
+            return Result()
+        config: InferenceConfig | None = None
+        invalid: tuple[str, str] | None = None
+        try:
+            config = InferenceConfig.model_validate(raw)
+        except ValidationError as exc:
+            invalid = describe_invalid(exc)
+        uid = raw["metadata"].get("uid", "")
+        view = ConfigView(
+            raw=raw,
+            now=self.clock(),
+            config=config,
+            invalid=invalid,
+            probe_interval=self.probe_interval,
+            probe_jobs=[j for j in self.jobs.by_index(BY_CONFIG_UID, uid) if _owned(j, uid)],
+            probe_pods=self.pods.by_index(BY_CONFIG_UID, uid),
+            runner_service_account=self.runner_service_account,
+        )
+        plan = plan_config(view)
+        try:
+            if plan.status_changed:
+                meta = raw["metadata"]
+                updated = await self.client.update_status(
+                    CONFIGS,
+                    meta["namespace"],
+                    meta["name"],
+                    {**raw, "status": plan.status.to_api()},
+                )
+                self.configs.assume(updated)
+            for event in plan.events:
+                self.events.record(raw, event.type, event.reason, event.message)
+            for job in plan.delete:
+                await self._delete_probe(job)
+            if plan.create is not None:
+                configmap, job = plan.create
+                namespace = raw["metadata"]["namespace"]
+                self.configmaps.assume(await self.client.create(CONFIGMAPS, namespace, configmap))
+                self.jobs.assume(await self.client.create(JOBS, namespace, job))
+                log.info("probing config", job=job["metadata"]["name"])
+        except ApiError as exc:
+            if exc.is_conflict or exc.is_not_found:
+                log.debug("looking again", why=str(exc))
+                return Result(requeue=True)
+            raise
+        return Result(requeue_after=plan.requeue_after)
+
+    async def _delete_probe(self, job: Obj) -> None:
+        meta = job["metadata"]
+        for resource, informer in ((JOBS, self.jobs), (CONFIGMAPS, self.configmaps)):
+            try:
+                await self.client.delete(resource, meta["namespace"], meta["name"])
+            except ApiError as exc:
+                if not exc.is_not_found:
+                    raise
+            informer.assume_deleted(f"{meta['namespace']}/{meta['name']}")
+
+
+def _owned(obj: Obj, uid: str) -> bool:
+    return any(
+        ref.get("uid") == uid and ref.get("controller")
+        for ref in obj["metadata"].get("ownerReferences") or []
+    )

@@ -1,0 +1,228 @@
+"""What one reconcile of an InferenceConfig should do. Pure: the clock is passed in.
+
+A config's status answers "can runs use this config?" twice:
+
+- ``Ready``: static validity, at once (a model URL, no inline credentials,
+  known field values: what ``controller.api`` checks), with
+  ``observedGeneration``;
+- ``Probed``: a live check. On create, on every change (generation) and every
+  probe interval (``PROBE_INTERVAL``; 0 disables it), a short Job with the
+  config's own runner image, ServiceAccount and pull Secret runs
+  ``python -m runner --check`` against a contract made from the config: its
+  Secrets are readable, the storage answers, the model's metadata answers and
+  fits. The runner's exit code and one-line message become the condition
+  (``ProbeSucceeded``, or the reason of the exit code, e.g.
+  ``InferenceRejected``). The probe Job and its ConfigMap are owned by the
+  config and deleted once read.
+
+Runs of a config whose probe failed say so in a ``Warning`` condition
+(``controller.api.run_config_warnings``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from controller.api import (
+    CONDITION_PROBED,
+    CONDITION_READY,
+    Condition,
+    InferenceConfig,
+    InferenceConfigStatus,
+    find_condition,
+    set_condition,
+)
+from controller.kube.client import Obj
+from controller.naming import probe_name
+from controller.plan import Event
+from controller.render import CONTAINER_NAME, desired_probe
+from controller.status import EXIT_REASONS, parse_time
+
+# The generation a probe Job was made for, so a result is matched to its spec.
+PROBE_GENERATION_ANNOTATION = "ai.krateo.io/config-generation"
+# While a probe runs, look again at least this often (its pod's events also bring the config back).
+PROBE_RECHECK = 15.0
+MAX_MESSAGE = 1024
+
+
+@dataclass(frozen=True)
+class ConfigView:
+    raw: Obj
+    now: datetime
+    config: InferenceConfig | None = None
+    # (reason, message) when the config cannot be used as written.
+    invalid: tuple[str, str] | None = None
+    probe_interval: float = 0.0
+    probe_jobs: Sequence[Obj] = ()
+    probe_pods: Sequence[Obj] = ()
+    runner_service_account: str | None = None
+
+
+@dataclass
+class ConfigPlan:
+    status: InferenceConfigStatus
+    status_changed: bool = False
+    # (ConfigMap, Job) of a probe to start.
+    create: tuple[Obj, Obj] | None = None
+    # Probe Jobs (and the ConfigMaps of the same name) whose result has been read.
+    delete: list[Obj] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float | None = None
+
+
+def _finished(job: Obj) -> Obj | None:
+    """The Job's terminal condition, if it has one."""
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
+            return dict(cond)
+    return None
+
+
+def _age_order(obj: Obj) -> tuple[str, str]:
+    return obj["metadata"].get("creationTimestamp") or "", obj["metadata"]["name"]
+
+
+def _generation(job: Obj) -> int | None:
+    value = (job["metadata"].get("annotations") or {}).get(PROBE_GENERATION_ANNOTATION)
+    return int(value) if value and value.isdigit() else None
+
+
+def _one_line(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= MAX_MESSAGE else line[: MAX_MESSAGE - 1] + "…"
+
+
+def probe_outcome(job: Obj, pods: Sequence[Obj]) -> tuple[bool, str, str]:
+    """``(passed, reason, message)`` of a finished probe Job."""
+    name = job["metadata"]["name"]
+    for pod in pods:
+        if (pod["metadata"].get("labels") or {}).get("job-name") != name:
+            continue
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            term = (status.get("state") or {}).get("terminated")
+            if status.get("name") != CONTAINER_NAME or not term:
+                continue
+            code = int(term.get("exitCode", 1))
+            text = _one_line(term.get("message") or "")
+            if code == 0:
+                return True, "ProbeSucceeded", text
+            reason = EXIT_REASONS.get(code, "ProbeFailed")
+            return False, reason, _one_line(f"probe exited with code {code}: {text}")
+    for pod in pods:
+        if (pod["metadata"].get("labels") or {}).get("job-name") != name:
+            continue
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            waiting = (status.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") and waiting["reason"] != "ContainerCreating":
+                text = _one_line(waiting.get("message") or waiting["reason"])
+                return False, str(waiting["reason"]), f"probe pod could not start: {text}"
+    cond = _finished(job) or {}
+    if cond.get("type") == "Complete":
+        return True, "ProbeSucceeded", ""
+    reason = "ProbeTimedOut" if cond.get("reason") == "DeadlineExceeded" else "ProbeFailed"
+    return False, reason, _one_line(f"probe Job {name}: {cond.get('message') or 'failed'}")
+
+
+def _condition(
+    type_: str, passed: bool, reason: str, message: str, now: datetime, generation: int | None
+) -> Condition:
+    return Condition(
+        type=type_,
+        status="True" if passed else "False",
+        reason=reason,
+        message=message,
+        last_transition_time=now,
+        observed_generation=generation,
+    )
+
+
+def plan_config(view: ConfigView) -> ConfigPlan:
+    meta = view.raw["metadata"]
+    generation = meta.get("generation") or None
+    try:
+        old = InferenceConfigStatus.model_validate(view.raw.get("status") or {})
+    except ValueError:
+        old = InferenceConfigStatus()
+    conditions = list(old.conditions)
+    if view.invalid is not None:
+        reason, message = view.invalid
+        conditions = set_condition(
+            conditions, _condition(CONDITION_READY, False, reason, message, view.now, generation)
+        )
+    else:
+        conditions = set_condition(
+            conditions, _condition(CONDITION_READY, True, "Valid", "", view.now, generation)
+        )
+    status = InferenceConfigStatus(
+        conditions=conditions, observed_generation=generation, last_probe_time=old.last_probe_time
+    )
+    out = ConfigPlan(status=status)
+
+    jobs = sorted(view.probe_jobs, key=_age_order)
+    finished = [j for j in jobs if _finished(j) is not None]
+    running = [j for j in jobs if _finished(j) is None]
+    out.delete = finished
+    probing = view.config is not None and view.invalid is None and view.probe_interval > 0
+    if not probing:
+        status.conditions = [c for c in status.conditions if c.type != CONDITION_PROBED]
+        status.last_probe_time = None
+        out.delete = list(jobs)
+    elif finished:
+        newest = finished[-1]
+        passed, reason, message = probe_outcome(newest, view.probe_pods)
+        done_at = parse_time((_finished(newest) or {}).get("lastTransitionTime")) or view.now
+        status.conditions = set_condition(
+            status.conditions,
+            _condition(CONDITION_PROBED, passed, reason, message, view.now, _generation(newest)),
+        )
+        status.last_probe_time = done_at
+
+    if probing and not running:
+        probed = find_condition(status.conditions, CONDITION_PROBED)
+        last = status.last_probe_time
+        due_at = (
+            view.now
+            if probed is None or last is None or probed.observed_generation != generation
+            else last + timedelta(seconds=view.probe_interval)
+        )
+        if due_at <= view.now:
+            assert view.config is not None
+            name = probe_name(meta["name"], meta["uid"], int(view.now.timestamp()))
+            configmap, job = desired_probe(
+                view.config, name, runner_service_account=view.runner_service_account
+            )
+            job["metadata"] = {
+                **job["metadata"],
+                "annotations": {PROBE_GENERATION_ANNOTATION: str(generation or 0)},
+            }
+            out.create = (configmap, job)
+            out.requeue_after = PROBE_RECHECK
+        else:
+            out.requeue_after = (due_at - view.now).total_seconds()
+    elif probing:
+        out.requeue_after = PROBE_RECHECK
+
+    out.status_changed = status.to_api() != old.to_api()
+    out.events = _events(old, status)
+    return out
+
+
+def _events(old: InferenceConfigStatus, new: InferenceConfigStatus) -> list[Event]:
+    events: list[Event] = []
+    for type_ in (CONDITION_READY, CONDITION_PROBED):
+        before, after = find_condition(old.conditions, type_), find_condition(new.conditions, type_)
+        if after is None:
+            continue
+        if before is not None and (before.status, before.reason, before.message) == (
+            after.status,
+            after.reason,
+            after.message,
+        ):
+            continue
+        if after.status == "False":
+            events.append(Event("Warning", after.reason, after.message or after.reason))
+        elif type_ == CONDITION_PROBED and (before is None or before.status != "True"):
+            events.append(Event("Normal", after.reason, after.message or "probe passed"))
+    return events

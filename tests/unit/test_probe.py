@@ -1,0 +1,192 @@
+"""An InferenceConfig's status: validity at once, and the live probe's schedule and outcome."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from controller.api import InferenceConfig
+from controller.probe import PROBE_GENERATION_ANNOTATION, ConfigView, plan_config, probe_outcome
+from controller.render import PROBE_ARGS
+
+NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+
+
+def raw_config(generation: int = 1, status: Any = None, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "ai.krateo.io/v1",
+        "kind": "InferenceConfig",
+        "metadata": {
+            "name": "cfg",
+            "namespace": "ns",
+            "uid": "0f1e2d3c-aaaa-bbbb-cccc-000000000000",
+            "generation": generation,
+            "resourceVersion": "5",
+        },
+        "spec": {
+            "image": "runner:1",
+            "kserve": {"modelUrl": "m:1/v2/models/m/infer", "modelName": "m"},
+            "storage": {"input": {"http": {"url": "http://in"}}},
+            **spec,
+        },
+        "status": status or {},
+    }
+
+
+def view(raw: dict[str, Any], interval: float = 600.0, **kw: Any) -> ConfigView:
+    return ConfigView(
+        raw=raw,
+        now=NOW,
+        config=InferenceConfig.model_validate(raw),
+        probe_interval=interval,
+        **kw,
+    )
+
+
+def probe_job(outcome: str | None, generation: int = 1, name: str = "probe-1") -> dict[str, Any]:
+    conditions = (
+        []
+        if outcome is None
+        else [
+            {
+                "type": outcome,
+                "status": "True",
+                "reason": "DeadlineExceeded" if outcome == "Failed" else "Completed",
+                "lastTransitionTime": "2026-11-23T11:59:00Z",
+            }
+        ]
+    )
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "creationTimestamp": "2026-11-23T11:58:00Z",
+            "annotations": {PROBE_GENERATION_ANNOTATION: str(generation)},
+        },
+        "status": {"conditions": conditions},
+    }
+
+
+def probe_pod(code: int, message: str, job: str = "probe-1") -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"{job}-x", "labels": {"job-name": job}},
+        "status": {
+            "containerStatuses": [
+                {
+                    "name": "inference",
+                    "state": {"terminated": {"exitCode": code, "message": message}},
+                }
+            ]
+        },
+    }
+
+
+def cond(status: Any, type_: str) -> Any:
+    return next((c for c in status.conditions if c.type == type_), None)
+
+
+def test_a_valid_config_is_ready_and_gets_its_first_probe() -> None:
+    out = plan_config(view(raw_config()))
+    ready = cond(out.status, "Ready")
+    assert (ready.status, ready.reason, ready.observed_generation) == ("True", "Valid", 1)
+    assert out.status.observed_generation == 1
+    assert out.status_changed
+    assert out.create is not None
+    configmap, job = out.create
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"] == PROBE_ARGS
+    assert job["metadata"]["annotations"][PROBE_GENERATION_ANNOTATION] == "1"
+    assert job["metadata"]["ownerReferences"][0]["kind"] == "InferenceConfig"
+    assert '"jobId":"0f1e2d3c-aaaa-bbbb-cccc-000000000000"' in configmap["data"]["contract.json"]
+    assert len(job["metadata"]["name"]) <= 63
+
+
+def test_an_invalid_config_is_not_ready_and_is_not_probed() -> None:
+    raw = raw_config()
+    out = plan_config(
+        ConfigView(raw=raw, now=NOW, invalid=("MissingModelUrl", "no url"), probe_interval=600)
+    )
+    ready = cond(out.status, "Ready")
+    assert (ready.status, ready.reason, ready.message) == ("False", "MissingModelUrl", "no url")
+    assert out.create is None
+    assert [(e.type, e.reason) for e in out.events] == [("Warning", "MissingModelUrl")]
+
+
+def test_probes_off_means_no_probe_and_no_probed_condition() -> None:
+    out = plan_config(view(raw_config(), interval=0))
+    assert out.create is None
+    assert cond(out.status, "Probed") is None
+    assert out.requeue_after is None
+
+
+def test_a_finished_probe_becomes_the_condition_and_is_deleted() -> None:
+    job = probe_job("Complete")
+    out = plan_config(
+        view(raw_config(), probe_jobs=[job], probe_pods=[probe_pod(0, '{"check":"ok"}')])
+    )
+    probed = cond(out.status, "Probed")
+    assert (probed.status, probed.reason, probed.message) == (
+        "True",
+        "ProbeSucceeded",
+        '{"check":"ok"}',
+    )
+    assert out.delete == [job]
+    assert out.create is None  # the next one is due after the interval
+    assert out.requeue_after is not None
+    assert out.requeue_after <= 600
+    assert [(e.type, e.reason) for e in out.events] == [("Normal", "ProbeSucceeded")]
+
+
+def test_a_failed_probe_says_why_with_the_runners_reason() -> None:
+    job = probe_job("Failed")
+    pod = probe_pod(7, "inference: model answered 404: model m not found")
+    out = plan_config(view(raw_config(), probe_jobs=[job], probe_pods=[pod]))
+    probed = cond(out.status, "Probed")
+    assert (probed.status, probed.reason) == ("False", "InferenceRejected")
+    assert "model m not found" in probed.message
+    assert [(e.type, e.reason) for e in out.events] == [("Warning", "InferenceRejected")]
+
+
+def test_a_probe_that_cannot_start_says_why() -> None:
+    job = probe_job("Failed")
+    pod = {
+        "metadata": {"name": "probe-1-x", "labels": {"job-name": "probe-1"}},
+        "status": {
+            "containerStatuses": [
+                {
+                    "name": "inference",
+                    "state": {"waiting": {"reason": "ErrImagePull", "message": "no"}},
+                }
+            ]
+        },
+    }
+    passed, reason, _ = probe_outcome(job, [pod])
+    assert (passed, reason) == (False, "ErrImagePull")
+    assert probe_outcome(job, [])[1] == "ProbeTimedOut"
+
+
+def test_a_change_is_probed_again_and_a_running_probe_is_waited_for() -> None:
+    probed = {
+        "type": "Probed",
+        "status": "True",
+        "reason": "ProbeSucceeded",
+        "message": "",
+        "lastTransitionTime": "2026-11-23T11:00:00Z",
+        "observedGeneration": 1,
+    }
+    recent = (NOW - timedelta(seconds=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    status = {"conditions": [probed], "lastProbeTime": recent, "observedGeneration": 1}
+    same = plan_config(view(raw_config(1, status)))
+    assert same.create is None
+    changed = plan_config(view(raw_config(2, status)))
+    assert changed.create is not None
+    waiting = plan_config(view(raw_config(2, status), probe_jobs=[probe_job(None, 2)]))
+    assert waiting.create is None
+    assert waiting.requeue_after is not None
+
+
+def test_a_settled_config_writes_nothing() -> None:
+    first = plan_config(view(raw_config(), interval=0))
+    settled = raw_config(status=first.status.to_api())
+    again = plan_config(view(settled, interval=0))
+    assert not again.status_changed
+    assert again.events == []
