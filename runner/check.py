@@ -38,7 +38,8 @@ declares (at most :data:`MAX_INPUTS_SHOWN`; empty for v1); ``model`` is null and
 ``metadata`` false when no model name can be derived, in which case only the
 model URL's reachability is checked (any answer but a 5xx, 408, 429, 401 or 403).
 A failure is the usual ``<stage>: <reason>`` line (:mod:`runner.termination`).
-Every step that passes logs one line, ``check step passed`` with ``step``.
+Every step that passes logs one line, ``check step passed`` with ``step``: ``contract``,
+``secrets`` (``read``: the Secrets' names), ``storage`` (what each probe saw), ``model``.
 """
 
 from __future__ import annotations
@@ -368,7 +369,7 @@ async def run(
             for role, provider in providers.items():
                 step.name = role
                 await _prepare(role, provider, ctx, watched)
-            log.info("check step passed", step="secrets", secrets=watched.names)
+            log.info("check step passed", step="secrets", read=watched.names)
             saw = {}
             for role, provider in providers.items():
                 step.name = role

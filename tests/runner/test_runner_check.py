@@ -99,8 +99,9 @@ async def test_a_good_config_passes_without_moving_data(
     assert not storage.has_table("iris_predictions")
     # One metadata request, no inference.
     assert dict(fault_proxy.seen) == {METADATA: 1}
-    steps = [e["step"] for e in outcome.events() if e["event"] == "check step passed"]
-    assert steps == ["contract", "secrets", "storage", "model"]
+    passed = {e["step"]: e for e in outcome.events() if e["event"] == "check step passed"}
+    assert list(passed) == ["contract", "secrets", "storage", "model"]
+    assert passed["secrets"]["read"] == [f"{SECRET_NAMESPACE}/{STORAGE_SECRET}"] * 2
 
 
 async def test_a_v1_model_is_checked_by_its_v1_metadata(
