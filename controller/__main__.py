@@ -1,7 +1,9 @@
 """``python -m controller``: run the KServe Inference Controller.
 
 Settings come from flags and the environment (``--help`` lists them); a bad
-setting exits 2 with a message naming it. SIGTERM/SIGINT shut down
+setting exits 2 with a message naming it, and so does a kubeconfig that is
+missing or unusable (one line naming the file, what is wrong and what to do).
+``--version`` prints the version and exits 0. SIGTERM/SIGINT shut down
 gracefully: workers stop, the Lease is released, watches close. Losing the
 Lease exits 1 so that the pod restarts as a clean standby.
 """
@@ -10,10 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
+import os
 import signal
 import sys
+from typing import Any
 
 import structlog
+import yaml
+from kubernetes_asyncio.config import ConfigException
 
 from controller.controller import Controller
 from controller.kube.client import KubeClient
@@ -24,16 +31,181 @@ from controller.settings import Settings, SettingsError, load_settings
 
 log = structlog.stdlib.get_logger("controller")
 
+PROG = "kserve-inference-controller"
+# What --version says when the package is not installed (a bare source tree).
+FALLBACK_VERSION = "0.1.0"
+DEFAULT_KUBECONFIG = "~/.kube/config"
+_SECTIONS = ("clusters", "contexts", "users")
 
-async def run(settings: Settings) -> int:
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("kserve-inference-controller")
+    except importlib.metadata.PackageNotFoundError:
+        return FALLBACK_VERSION
+
+
+class KubeconfigError(Exception):
+    """No usable cluster configuration: the message names the file, what is wrong, what to do."""
+
+
+def check_kubeconfig(paths: str) -> None:
+    """Raise :class:`KubeconfigError` unless ``paths`` leads to a usable context.
+
+    ``paths`` is one file or a ``KUBECONFIG`` list. It is read the way
+    kubernetes_asyncio will read it (files that exist, merged in order, the
+    first entry of a name wins, the last ``current-context`` wins), so that
+    what its loader would report as "Expected key current-context", crash on
+    (an empty file, YAML that is not a mapping) or silently accept (a context
+    naming a user that is not there) is said in the kubeconfig's own terms.
+    """
+    files = [os.path.expanduser(path) for path in paths.split(os.pathsep) if path]
+    present = [path for path in files if os.path.exists(path)]
+    if not present:
+        missing = "file does not exist" if len(files) <= 1 else "none of its files exists"
+        raise KubeconfigError(
+            f"kubeconfig {paths}: {missing}; "
+            "point KUBECONFIG or --kubeconfig at an existing kubeconfig"
+        )
+    entries: dict[str, dict[str, tuple[str, dict[str, Any]]]] = {s: {} for s in _SECTIONS}
+    current: tuple[str, object] | None = None
+    for path in present:
+        config = _read_kubeconfig(path)
+        for section in _SECTIONS:
+            listed = config.get(section) or []
+            if not isinstance(listed, list) or not all(
+                isinstance(entry, dict) and "name" in entry for entry in listed
+            ):
+                raise KubeconfigError(
+                    f"kubeconfig {path}: {section} is not a list of entries with a name; "
+                    "fix the file or pass --kubeconfig"
+                )
+            for entry in listed:
+                entries[section].setdefault(str(entry["name"]), (path, entry))
+        if "current-context" in config:
+            current = (path, config["current-context"])
+
+    def choices(section: str) -> str:
+        return f"{section}: {', '.join(sorted(entries[section])) or 'none'}"
+
+    where, name = current if current is not None else (paths, None)
+    if not name:
+        raise KubeconfigError(
+            f"kubeconfig {where}: no current-context; set one with "
+            f"`kubectl config use-context NAME` ({choices('contexts')}) or pass --kubeconfig"
+        )
+    if str(name) not in entries["contexts"]:
+        raise KubeconfigError(
+            f"kubeconfig {where}: current-context {name!r} is not one of its contexts "
+            f"({choices('contexts')}); pick one with `kubectl config use-context NAME` "
+            "or pass --kubeconfig"
+        )
+    where, entry = entries["contexts"][str(name)]
+    context = entry.get("context")
+    context = context if isinstance(context, dict) else {}
+    cluster = context.get("cluster")
+    if not cluster:
+        raise KubeconfigError(
+            f"kubeconfig {where}: context {name!r} names no cluster; set one with "
+            f"`kubectl config set-context {name} --cluster NAME` or pass --kubeconfig"
+        )
+    if str(cluster) not in entries["clusters"]:
+        raise KubeconfigError(
+            f"kubeconfig {where}: context {name!r} names cluster {cluster!r}, which is not "
+            f"in the kubeconfig ({choices('clusters')}); add it with "
+            "`kubectl config set-cluster` or fix the context"
+        )
+    user = context.get("user")
+    if user and str(user) not in entries["users"]:
+        raise KubeconfigError(
+            f"kubeconfig {where}: context {name!r} names user {user!r}, which is not "
+            f"in the kubeconfig ({choices('users')}); add it with "
+            "`kubectl config set-credentials` or fix the context"
+        )
+    where, entry = entries["clusters"][str(cluster)]
+    server = entry.get("cluster")
+    if not isinstance(server, dict) or not server.get("server"):
+        raise KubeconfigError(
+            f"kubeconfig {where}: cluster {cluster!r} has no server; set one with "
+            f"`kubectl config set-cluster {cluster} --server URL` or pass --kubeconfig"
+        )
+
+
+def _read_kubeconfig(path: str) -> dict[str, Any]:
+    fix = "fix it or point KUBECONFIG or --kubeconfig at another file"
+    try:
+        with open(path, "rb") as file:
+            config = yaml.safe_load(file)
+    except OSError as exc:
+        raise KubeconfigError(
+            f"kubeconfig {path}: cannot read it ({exc.strerror}); {fix}"
+        ) from None
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or getattr(exc, "reason", None) or "unreadable"
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise KubeconfigError(f"kubeconfig {path}: not valid YAML ({problem}{at}); {fix}") from None
+    if config is None:
+        raise KubeconfigError(
+            f"kubeconfig {path}: the file is empty; write a kubeconfig there "
+            "(`kubectl config view --flatten`) or point KUBECONFIG or --kubeconfig elsewhere"
+        )
+    if not isinstance(config, dict):
+        raise KubeconfigError(
+            f"kubeconfig {path}: not a kubeconfig (YAML {type(config).__name__}, "
+            f"not a mapping of clusters, contexts and users); {fix}"
+        )
+    return config
+
+
+def usable_kubeconfig(settings: Settings) -> str | None:
+    """The kubeconfig to load (None: in-cluster), checked by :func:`check_kubeconfig`.
+
+    ``--kubeconfig``/``KUBECONFIG``, else ``~/.kube/config``; no KUBECONFIG
+    and no such file outside a pod is a :class:`KubeconfigError` too.
+    """
+    if settings.in_cluster:
+        return None
+    kubeconfig = settings.kubeconfig
+    if kubeconfig is None:
+        kubeconfig = os.path.expanduser(DEFAULT_KUBECONFIG)
+        if not os.path.exists(kubeconfig):
+            raise KubeconfigError(
+                f"no kubeconfig: {kubeconfig} does not exist and this is not a pod "
+                "(KUBERNETES_SERVICE_HOST is unset); set KUBECONFIG or pass --kubeconfig"
+            )
+    check_kubeconfig(kubeconfig)
+    return kubeconfig
+
+
+async def connect(settings: Settings, kubeconfig: str | None, metrics: Metrics) -> KubeClient:
+    """The API client, or :class:`KubeconfigError` when the configuration is unusable.
+
+    Only configuration errors become that error (kubernetes_asyncio's
+    ConfigException, a file it cannot open, bad TLS material); anything else
+    is a bug and propagates.
+    """
+    if kubeconfig is None:
+        where = "in-cluster configuration (KUBERNETES_SERVICE_HOST is set)"
+        fix = "check the pod's service account token mount, or pass --kubeconfig"
+    else:
+        where = f"kubeconfig {kubeconfig}"
+        fix = "fix it or pass --kubeconfig"
+    try:
+        return await KubeClient.connect(
+            kubeconfig=kubeconfig,
+            in_cluster=kubeconfig is None,
+            qps=settings.kube_api_qps,
+            burst=settings.kube_api_burst,
+            metrics=metrics,
+        )
+    except (ConfigException, OSError) as exc:
+        raise KubeconfigError(f"{where}: {str(exc).rstrip('.')}; {fix}") from None
+
+
+async def run(settings: Settings, kubeconfig: str | None) -> int:
     metrics = Metrics()
-    client = await KubeClient.connect(
-        kubeconfig=settings.kubeconfig,
-        in_cluster=settings.in_cluster,
-        qps=settings.kube_api_qps,
-        burst=settings.kube_api_burst,
-        metrics=metrics,
-    )
+    client = await connect(settings, kubeconfig, metrics)
     controller = Controller(settings, client, metrics)
     main = asyncio.create_task(controller.run(), name="controller")
     loop = asyncio.get_running_loop()
@@ -64,13 +236,22 @@ async def run(settings: Settings) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if "--version" in args:
+        print(f"{PROG} {version()}")
+        return 0
     try:
-        settings = load_settings(sys.argv[1:] if argv is None else argv)
+        settings = load_settings(args)
     except SettingsError as exc:
-        print(f"kserve-inference-controller: {exc}", file=sys.stderr)
+        print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
-    return asyncio.run(run(settings))
+    try:
+        kubeconfig = usable_kubeconfig(settings)
+        return asyncio.run(run(settings, kubeconfig))
+    except KubeconfigError as exc:
+        print(f"{PROG}: {str(exc).replace(chr(10), ' ')}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import os
 import signal
 import sys
@@ -25,6 +26,15 @@ KUBECONFIG (outside a cluster).
 --check: probe the contract's Secrets, storages and model metadata, moving no data
 (runner/check.py); exit codes as above, {"check": "ok", "model", "inputs"} on success.
 """
+# What --version says when the package is not installed (a bare source tree).
+FALLBACK_VERSION = "0.1.0"
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("kserve-inference-controller")
+    except importlib.metadata.PackageNotFoundError:
+        return FALLBACK_VERSION
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         ),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"kserve-inference-runner {version()}"
     )
     parser.add_argument("--contract", help="contract file (overrides CONTRACT_PATH)")
     parser.add_argument(
