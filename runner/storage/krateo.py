@@ -52,16 +52,16 @@ this pod's ``pod_uid``, so they can be told apart from a retry's.
 <server-url>/compute/list`` with the Secret's credentials and the contract's
 headers, when ``path`` names a notebook (``[prefix/]compute/<notebook>``).
 finops-database-handler answers it with the names of its notebooks, read from its
-notebook table: no notebook runs, no table is read or written. The probe then
-requires the configured notebook among them. A 401/403 (no or refused
+notebook table: no notebook runs, no data table is read or written. The probe
+then requires the configured notebook among them, and ``Accept:
+application/json`` in the headers a run will send. A 401/403 (no or refused
 credentials) is a rejection (exit 6/8), as is any other 4xx (``server-url`` does
-not lead to the handler's ``/compute`` API), a non-JSON answer, or a notebook
-the handler does not have; no connection, a timeout, a 5xx (the handler's
-database refused its query, a wrong password among other causes), 408 and 429
-exit 3/5. A ``path`` that names no notebook is probed with a ``GET`` of
-``server-url`` itself, where any answer but 401/403 and 5xx proves the server
-reachable (the handler answers its homepage there, without checking
-credentials).
+not lead to the handler's ``/compute`` API), a non-JSON answer, a notebook the
+handler does not have, or another ``Accept``; no connection, a timeout, a 5xx
+(the handler's database refused its query, a wrong password among other causes),
+408 and 429 exit 3/5. A ``path`` that names no notebook is probed with a ``GET``
+of ``server-url`` itself, where any answer but 401/403 and 5xx proves the server
+reachable (the handler answers its homepage there, without checking credentials).
 """
 
 from __future__ import annotations
@@ -245,6 +245,12 @@ class KrateoProvider:
             raise StorageRejected(
                 f"finops-database-handler at {self.endpoint.base_url} has no notebook "
                 f"{notebook!r} (it has: {shown})"
+            )
+        accept = next((v for k, v in self.headers.items() if k.lower() == "accept"), "")
+        if accept != "application/json":
+            raise StorageRejected(
+                f"api.headers set 'Accept: {accept}': finops-database-handler answers notebook "
+                "calls as JSON only to 'Accept: application/json', exactly"
             )
         return f"{answer.what} lists notebook {notebook}"
 

@@ -257,6 +257,24 @@ async def test_a_notebook_the_handler_lacks_exits_8(
     assert dict(storage.calls) == {}
 
 
+async def test_an_accept_header_the_handler_answers_with_html_exits_6(
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    model_server: ModelServer,
+    storage: StorageService,
+) -> None:
+    contract = config_contract(model_server.infer_url())
+    contract["input"]["krateo"]["api"]["headers"] = ["Accept: application/json, */*"]
+
+    outcome = await run_check(tmp_path, contract, storage_secrets(storage.url), capfd)
+
+    assert outcome.exit_code == ExitCode.INPUT_REJECTED
+    assert outcome.termination == (
+        "input: api.headers set 'Accept: application/json, */*': finops-database-handler "
+        "answers notebook calls as JSON only to 'Accept: application/json', exactly"
+    )
+
+
 class TokenApi:
     """A JSON service checking a Bearer token on every path, before routing."""
 
