@@ -123,7 +123,17 @@ def _empty_is_none(value: Any) -> Any:
     return value
 
 
+def _duration_or_off(value: Any) -> float:
+    """A duration, or 0 (any spelling: ``0``, ``0s``) for "off"."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value == 0:
+        return 0.0
+    if isinstance(value, str) and re.fullmatch(r"\s*0+(\.0*)?([a-zµ]+)?\s*", value):
+        return 0.0
+    return parse_duration(value)
+
+
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+DurationOrOff = Annotated[float, BeforeValidator(_duration_or_off)]
 # NoDecode: a comma-separated string, not the JSON pydantic-settings expects for tuples.
 Namespaces = Annotated[tuple[str, ...], NoDecode, BeforeValidator(parse_namespaces)]
 OptionalBool = Annotated[bool | None, BeforeValidator(_parse_bool)]
@@ -159,9 +169,8 @@ class Settings(BaseSettings):
         description="Service account of runner pods when the config names none "
         "(unset: the namespace's default service account).",
     )
-    probe_interval: Duration = Field(
+    probe_interval: DurationOrOff = Field(
         1800.0,
-        ge=0,
         description="How often each InferenceConfig is probed by a short Job running "
         "`python -m runner --check` (besides on create and on change); 0 disables probes.",
     )

@@ -245,3 +245,13 @@ def test_settings_are_immutable() -> None:
     s = load()
     with pytest.raises(Exception, match="frozen"):
         s.polling_interval = 1
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("0", 0.0), ("0s", 0.0), ("30m", 1800.0)])
+def test_probe_interval_zero_turns_probes_off(value: str, seconds: float) -> None:
+    assert load_settings([], {"PROBE_INTERVAL": value}).probe_interval == seconds
+
+
+def test_probe_interval_must_be_a_duration() -> None:
+    with pytest.raises(SettingsError, match="PROBE_INTERVAL"):
+        load_settings([], {"PROBE_INTERVAL": "-1"})

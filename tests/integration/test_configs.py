@@ -1,0 +1,136 @@
+"""InferenceConfig status on the real control plane: Ready at once, and the live probe."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import client
+
+from hack.cluster import LocalCluster
+from tests.controllerproc import ControllerProcess, controller_for
+from tests.integration.test_controller import FAIL, OK, event_reasons
+from tests.kubehelpers import eventually
+from tests.runs import Runs, condition, inference_config, inference_run, status
+
+CONFIGS = "inferenceconfigs"
+
+
+@pytest.fixture
+def probing_controller(
+    cluster: LocalCluster, namespace: str, tmp_path: Path
+) -> Iterator[ControllerProcess]:
+    proc = controller_for(cluster, namespace, tmp_path, env={"PROBE_INTERVAL": "1h"})
+    proc.start()
+    try:
+        yield proc
+    finally:
+        assert proc.stop() == 0, proc.output()[-3000:]
+
+
+async def test_kubectl_wait_for_ready_on_a_good_config(
+    api_client: client.ApiClient,
+    namespace: str,
+    controller: ControllerProcess,
+    cluster: LocalCluster,
+) -> None:
+    runs = Runs(api_client, namespace)
+    created = await runs.create(inference_config("cfg", OK))
+    waited = cluster.kubectl(
+        "wait", "-n", namespace, "--for=condition=Ready", "infcfg/cfg", "--timeout=30s"
+    )
+    assert "condition met" in waited.stdout
+    config = await runs.get("cfg", CONFIGS)
+    assert config is not None
+    assert status(config)["observedGeneration"] == created["metadata"]["generation"]
+    ready = condition(config, "Ready")
+    assert ready is not None
+    assert (ready["reason"], ready["observedGeneration"]) == ("Valid", 1)
+    assert condition(config, "Probed") is None  # probes are off for this controller
+    shown = cluster.kubectl("get", "infcfg", "-n", namespace, "-o", "wide").stdout
+    assert "True" in shown.splitlines()[1]
+
+
+async def test_an_unusable_config_is_not_ready_with_the_field(
+    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+) -> None:
+    runs = Runs(api_client, namespace)
+    broken = inference_config("cfg", OK)
+    del broken["spec"]["kserve"]["modelUrl"]
+    await runs.create(broken)
+
+    async def not_ready() -> dict[str, str] | None:
+        config = await runs.get("cfg", CONFIGS)
+        found = condition(config, "Ready") if config else None
+        return found if found and found["status"] == "False" else None
+
+    ready = await eventually(not_ready, within=30, what="Ready=False on the config")
+    assert ready["reason"] == "MissingModelUrl"
+    assert "modelUrl" in ready["message"]
+    await runs.patch("cfg", {"spec": {"kserve": {"modelUrl": "m:1/v2/models/m/infer"}}}, CONFIGS)
+
+    async def ready_again() -> bool:
+        config = await runs.get("cfg", CONFIGS)
+        found = condition(config, "Ready") if config else None
+        return bool(found and found["status"] == "True" and found["observedGeneration"] == 2)
+
+    await eventually(ready_again, within=30, what="Ready=True for generation 2")
+
+
+async def _probed(runs: Runs) -> dict[str, str] | None:
+    config = await runs.get("cfg", CONFIGS)
+    return condition(config, "Probed") if config else None
+
+
+async def test_a_probe_that_passes_is_recorded_and_cleaned_up(
+    api_client: client.ApiClient,
+    namespace: str,
+    probing_controller: ControllerProcess,
+    cluster: LocalCluster,
+) -> None:
+    runs = Runs(api_client, namespace)
+    await runs.create(inference_config("cfg", OK))
+    probed = await eventually(lambda: _probed(runs), within=60, what="a Probed condition")
+    assert (probed["status"], probed["reason"]) == ("True", "ProbeSucceeded")
+    config = await runs.get("cfg", CONFIGS)
+    assert config is not None
+    assert status(config)["lastProbeTime"]
+    batch = client.BatchV1Api(api_client)
+
+    async def probe_gone() -> bool:
+        return not (await batch.list_namespaced_job(namespace)).items
+
+    await eventually(probe_gone, within=30, what="the probe Job to be deleted")
+    shown = cluster.kubectl("get", "infcfg", "-n", namespace).stdout.splitlines()
+    assert shown[0].split()[:3] == ["NAME", "READY", "PROBED"]
+    assert shown[1].split()[1:3] == ["True", "True"]
+
+
+async def test_a_probe_that_fails_says_why_on_the_config_and_its_runs(
+    api_client: client.ApiClient, namespace: str, probing_controller: ControllerProcess
+) -> None:
+    runs = Runs(api_client, namespace)
+    await runs.create(inference_config("cfg", FAIL))
+    probed = await eventually(lambda: _probed(runs), within=60, what="a Probed condition")
+    assert (probed["status"], probed["reason"]) == ("False", "InferenceFailed")
+    assert "model answered 503" in probed["message"]
+    reasons = await eventually(
+        lambda: _with(api_client, namespace, "cfg", "InferenceFailed"),
+        what="a Warning event on the config",
+    )
+    assert "InferenceFailed" in reasons
+    # A run of that config says what its config's probe found.
+    await runs.create(inference_run("r", "cfg", backoffLimit=0))
+    warned = await runs.wait(
+        "r",
+        lambda r: "ConfigProbeFailed" in ((condition(r, "Warning") or {}).get("reason") or ""),
+        within=30,
+        what="a ConfigProbeFailed warning on the run",
+    )
+    assert "model answered 503" in (condition(warned, "Warning") or {})["message"]
+
+
+async def _with(api: client.ApiClient, namespace: str, name: str, reason: str) -> list[str] | None:
+    reasons = await event_reasons(api, namespace, name)
+    return reasons if reason in reasons else None
