@@ -139,14 +139,21 @@ def _phase(run: dict[str, Any]) -> str | None:
 
 
 async def converge(
-    api: client.ApiClient, namespace: str, ledger: Ledger, *, within: float = 120.0
+    api: client.ApiClient,
+    namespace: str,
+    ledger: Ledger,
+    *,
+    within: float = 120.0,
+    note: Callable[[str], object] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Wait until every run is in the phase it must end in and every deleted run is gone.
 
     A liveness bound, not a timing assertion: the message lists what had not
-    converged, with each run's status reason and message.
+    converged, with each run's status reason and message. ``note`` (e.g.
+    ``Timeline.note``) is told every 10 s what is still awaited.
     """
     deadline = time.monotonic() + within
+    next_note = time.monotonic() + 10
     while True:
         current = await retry(lambda: phases(api, namespace))
         behind = []
@@ -163,6 +170,9 @@ async def converge(
                 )
         if not behind:
             return current
+        if note is not None and time.monotonic() > next_note:
+            next_note += 10
+            note(f"awaiting {len(behind)}: " + "; ".join(behind[:4]))
         if time.monotonic() > deadline:
             raise AssertionError(
                 f"{len(behind)} run(s) did not converge within {within:.0f}s:\n  "

@@ -127,7 +127,7 @@ async def test_apiserver_outages(
             await delete(brief)
             timeline.note(f"outage {k}: deletes and creates done")
             try:
-                await converge(api_client, namespace, ledger, within=120)
+                await converge(api_client, namespace, ledger, within=120, note=timeline.note)
                 timeline.note(f"outage {k}: converged")
             except AssertionError as exc:
                 violations.append(f"liveness after outage {k}: {exc}")
