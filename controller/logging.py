@@ -3,9 +3,12 @@
 - structlog for the controller's own lines; the standard library's loggers
   (aiohttp, kubernetes_asyncio) go through the same processors, so every line
   on stdout is one JSON object.
+- Every JSON line has ``msg``, ``level``, ``ts`` (ISO 8601, UTC) and
+  ``logger``: the names log pipelines look for.
 - Context variables are merged into every line: the workers bind the run key
-  (``run="namespace/name"``) around each reconcile with :func:`bound`, so every
-  line a reconcile logs names its run without passing a logger around.
+  (``run="namespace/name"``) around each reconcile with :func:`bound`, and the
+  reconcile adds the run's ``uid``, ``generation`` and a ``reconcile`` id, so
+  every line a reconcile logs says which run and which pass it is about.
 - :func:`redact` runs last before rendering and replaces anything that looks
   like a credential: values of keys such as ``authorization``, ``token``,
   ``password``, ``secret``, ``api_key``, ``cookie``; ``Bearer``/``Basic``
@@ -115,8 +118,11 @@ def _shared_processors() -> list[Processor]:
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_logger_name,
         structlog.stdlib.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
         structlog.processors.StackInfoRenderer(),
+        # The key names log pipelines look for (Loki, Elastic, Datadog, Vector):
+        # "msg" for the message, "level", "ts" for the time.
+        structlog.processors.EventRenamer("msg"),
     ]
 
 

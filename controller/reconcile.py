@@ -32,6 +32,7 @@ its own (5 s doubling to 5 minutes).
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ from controller.kube.client import (
 from controller.kube.events import EventRecorder
 from controller.kube.informer import Informer
 from controller.kube.workers import Result
+from controller.logging import bound
 from controller.naming import RUN_UID_LABEL, child_labels
 from controller.plan import Create, Plan, Refusal, View, Write, plan, wants_job_events
 from controller.render import CONTAINER_NAME
@@ -144,19 +146,38 @@ class Reconciler:
             # Deleted: the garbage collector removes the children (owner references).
             self.forget(key)
             return Result()
-        try:
-            run = InferenceRun.model_validate(raw)
-        except ValidationError as exc:
-            await self._invalid_run(key, raw, exc)
-            return Result()
+        meta = raw["metadata"]
+        # Every line of this pass says which run (uid, generation) and which pass.
+        with bound(
+            uid=meta.get("uid"),
+            generation=meta.get("generation"),
+            reconcile=secrets.token_hex(4),
+        ):
+            try:
+                run = InferenceRun.model_validate(raw)
+            except ValidationError as exc:
+                await self._invalid_run(key, raw, exc)
+                return Result()
+            return await self._reconcile_run(key, raw, run)
 
+    async def _reconcile_run(self, key: str, raw: Obj, run: InferenceRun) -> Result:
         confirmed = False
         refusal: Refusal | None = None
         current = Plan()
         for _ in range(MAX_ROUNDS):
             view = await self._observe(key, run, confirmed=confirmed, refusal=refusal)
             current = plan(view)
+            log.debug(
+                "plan",
+                writes=[f"{type(w).__name__.lower()} {w.resource.kind}" for w in current.writes],
+                confirm=current.confirm,
+                phase=current.status.phase if current.status else None,
+                status_changed=current.status_changed,
+                events=[e.reason for e in current.events],
+                requeue_after=current.requeue_after,
+            )
             if current.confirm:
+                log.info("a child the run had is missing: reading the run live before recreating")
                 live = await self._confirm(key, raw)
                 if live is None:
                     self.forget(key)
@@ -180,13 +201,23 @@ class Reconciler:
         if current.status_changed and not await self._write_status(key, raw, status):
             self.forget(key)
             return Result()
+        if status.phase != run.status.phase or status.reason != run.status.reason:
+            log.info(
+                "phase changed",
+                phase=status.phase,
+                reason=status.reason,
+                previous=run.status.phase,
+                message=status.message,
+            )
         for event in current.events:
             self.events.record(_run_ref(run), event.type, event.reason, event.message)
         if current.delete_run:
-            await self._delete_run(run)
+            await self._delete_run(run, status.phase)
             return Result()
         if refusal is not None:
-            return Result(requeue_after=self._refusal_backoff(key))
+            delay = self._refusal_backoff(key)
+            log.info("trying the refused write again later", retry_in=delay, reason=refusal.reason)
+            return Result(requeue_after=delay)
         self._refusals.pop(key, None)
         return Result(requeue_after=current.requeue_after)
 
@@ -449,7 +480,7 @@ class Reconciler:
             return True
         return True  # not reached
 
-    async def _delete_run(self, run: InferenceRun) -> None:
+    async def _delete_run(self, run: InferenceRun, phase: str | None) -> None:
         try:
             await self.client.delete(
                 RUNS, run.metadata.namespace, run.metadata.name, uid=run.metadata.uid
@@ -457,7 +488,7 @@ class Reconciler:
         except ApiError as exc:
             if not (exc.is_not_found or exc.is_conflict):
                 raise
-        log.info("deleted run by its config's autoDeletePolicy", phase=run.status.phase)
+        log.info("deleted the run by its config's autoDeletePolicy", phase=phase)
 
     async def _invalid_run(self, key: str, raw: Obj, exc: ValidationError) -> None:
         """A run the controller cannot use: say why once, wait for an edit."""

@@ -469,3 +469,28 @@ async def test_run_the_schema_accepts_but_the_controller_cannot_use_is_an_error(
     again = await runs.get("never")
     assert again is not None
     assert again["metadata"]["resourceVersion"] == errored["metadata"]["resourceVersion"]
+
+
+async def test_a_runs_log_reads_as_its_story(
+    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+) -> None:
+    import json
+
+    runs = Runs(api_client, namespace)
+    await runs.create(inference_config("cfg", OK))
+    created = await runs.create(inference_run("told", "cfg"))
+    await runs.wait_phase("told", "Succeeded")
+    key = f"{namespace}/told"
+
+    async def story() -> list[dict[str, Any]] | None:
+        lines = [json.loads(line) for line in controller.output().splitlines() if key in line]
+        told = [e for e in lines if e.get("run") == key and e.get("level") == "info"]
+        return told if any(e.get("phase") == "Succeeded" for e in told) else None
+
+    told = await eventually(story, within=10, what="the run's story in the log")
+    for line in told:
+        assert {"msg", "level", "ts", "run", "uid", "generation", "reconcile"} <= line.keys(), line
+        assert line["uid"] == created["metadata"]["uid"]
+    said = [(e["msg"], e.get("kind") or e.get("phase")) for e in told]
+    assert said[:2] == [("created child", "ConfigMap"), ("created child", "Job")], said
+    assert ("phase changed", "Succeeded") in said, said

@@ -115,11 +115,12 @@ def test_json_lines_with_the_run_key_bound(stream: io.StringIO) -> None:
         log.debug("detail")
     log.info("outside")
     first, second, third = lines(stream)
-    assert first["event"] == "job created"
+    assert first["msg"] == "job created"
     assert first["run"] == "team-a/iris"
     assert first["level"] == "info"
     assert first["logger"] == "controller.reconcile"
-    assert "timestamp" in first
+    assert "ts" in first
+    assert first["level"] == "info"
     assert second["run"] == "team-a/iris"
     assert "run" not in third
 
@@ -152,7 +153,7 @@ def test_level_filters_lines() -> None:
         log = get_logger("controller.test")
         log.info("quiet")
         log.warning("loud")
-        assert [line["event"] for line in lines(buffer)] == ["loud"]
+        assert [line["msg"] for line in lines(buffer)] == ["loud"]
     finally:
         unconfigure(buffer)
 
