@@ -9,6 +9,7 @@ PrometheusRule and Grafana dashboard use must be declared there.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -329,6 +330,25 @@ def run_promtool(
     assert result.returncode == 0, f"promtool test rules {spec}:\n{result.stdout}{result.stderr}"
 
 
+def dashboard_variable_metrics(objects: list[dict[str, object]]) -> dict[str, set[str]]:
+    """Dashboard variable name -> the metrics its query reads."""
+    (configmap,) = [
+        o
+        for o in chart.find(objects, "ConfigMap")
+        if str(o["metadata"]["name"]).endswith("-dashboard")
+    ]
+    (text,) = configmap["data"].values()
+    found: dict[str, set[str]] = {}
+    for variable in json.loads(text)["templating"]["list"]:
+        if variable.get("type") != "query":
+            continue
+        query = variable["query"]
+        query = query["query"] if isinstance(query, dict) else query
+        found[variable["name"]] = chart.promql_metric_names(query)
+    assert found, "the dashboard has no query variable"
+    return found
+
+
 def rule_groups(objects: list[dict[str, object]]) -> list[dict[str, object]]:
     (rule,) = chart.find(objects, "PrometheusRule")
     groups: list[dict[str, object]] = rule["spec"]["groups"]
@@ -382,6 +402,11 @@ async def test_every_alert_fires_when_it_should_on_series_of_a_live_scrape(
     finally:
         assert proc.stop() == 0, proc.output()[-5000:]
     scrape = Scrape(page)
+    # The dashboard's variables list label values of samples, not of declared
+    # families: with no sample they come up empty and so does every panel.
+    for variable, names in dashboard_variable_metrics(monitored).items():
+        for name in names:
+            assert scrape.samples.get(name), f"dashboard variable ${variable}: no {name} sample"
     finished = "inference_runs_finished_total"
     if not scrape.samples.get(finished):
         # The reconciler does not count finished runs yet (Metrics.run_finished):
