@@ -15,11 +15,12 @@ The rules that keep a stale or partial view from doing harm:
   one-shot run's Job, once it exists, is never deleted, replaced or renamed
   by an edit, whatever the run's name length. A new child takes the name the
   run's status recorded (``status.jobStatus.name``) when there is one.
-- **Recreating needs a confirmed view.** When the status says a child existed
-  and the cache no longer shows one (deleted out of band, or the cache lags
-  behind a run the user deleted), the plan asks for a live read of the run
-  first (``confirm``); only a run that still exists with the same uid and no
-  deletionTimestamp gets children again.
+- **Creating needs a confirmed view.** Before any child is created (the
+  first time, or again when the cache no longer shows one: deleted out of
+  band, or a cache lagging behind a run the user deleted or edited) the plan
+  asks for a live read of the run (``confirm``); only a run that still exists
+  with the same uid and no deletionTimestamp gets children, made from its
+  current spec. One GET per run created; updates need no confirmation.
 - **Nothing is deleted by an edit.** Adding or removing ``spec.schedule`` on a
   run whose Job or CronJob exists is not applied (the CRD refuses it; older
   objects get an ``Error`` saying so). Other edits to a one-shot run whose Job
@@ -315,10 +316,10 @@ def _children(view: View) -> _Children:
         out.writes.append(Create(resource, desired))
     elif _differs(workload, desired):
         out.writes.append(_update(resource, workload, desired))
-    recreating = any(isinstance(w, Create) for w in out.writes) and recorded_name(run) is not None
-    if recreating and not view.confirmed:
-        # The run had children and the cache misses one: deleted out of band,
-        # or the cache lags behind a run that is gone. Look before recreating.
+    if any(isinstance(w, Create) for w in out.writes) and not view.confirmed:
+        # Creating is irreversible (a Job runs), and the runs cache may lag:
+        # the run may be gone (its children deleted by the garbage collector,
+        # or never seen) or edited since. Look at it live first.
         out.writes = []
         out.confirm = True
     return out

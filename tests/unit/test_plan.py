@@ -98,7 +98,10 @@ def complete(job: dict[str, Any]) -> dict[str, Any]:
 
 def test_a_new_one_shot_run_gets_its_configmap_then_its_job() -> None:
     run = make_run()
-    out = plan(view(run))
+    first = plan(view(run))
+    assert first.confirm  # nothing is created from a view that may lag
+    assert first.writes == []
+    out = plan(view(run, confirmed=True))
     assert not out.confirm
     assert [(type(w), w.resource) for w in out.writes] == [(Create, CONFIGMAPS), (Create, JOBS)]
     job = out.writes[1].obj  # type: ignore[union-attr]
@@ -109,7 +112,7 @@ def test_a_new_one_shot_run_gets_its_configmap_then_its_job() -> None:
 
 
 def test_a_new_scheduled_run_gets_a_cronjob() -> None:
-    out = plan(view(make_run(schedule="0 * * * *")))
+    out = plan(view(make_run(schedule="0 * * * *"), confirmed=True))
     assert [w.resource for w in out.writes] == [CONFIGMAPS, CRONJOBS]
 
 
@@ -270,7 +273,7 @@ def test_a_name_conflict_is_a_refusal_too() -> None:
 
 def test_status_repeats_at_most_a_bounded_part_of_huge_parameters() -> None:
     big = "x" * 4000  # the CRD bounds a value; status repeats a quarter of the bound
-    out = plan(view(make_run(parameters={"blob": big, "small": "ok"})))
+    out = plan(view(make_run(parameters={"blob": big, "small": "ok"}), confirmed=True))
     assert out.status is not None
     assert out.status.contract is not None
     params = out.status.contract["parameters"]
