@@ -20,6 +20,8 @@ import functools
 import importlib
 import json
 import os
+import re
+import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -307,3 +309,62 @@ async def test_kstatus_sees_an_unusable_config_as_failed(
     await _config_ready(runs, "bad", "False")
     bad = read_back(cluster, namespace, "inferenceconfig", "bad")
     assert kstatus(kstatus_check, bad)["status"] == "Failed"
+
+
+# ----------------------------------------------------------------------------- the guide
+
+GUIDE = REPO / "docs" / "operator-guide.md"
+SECTION = "## Health in Argo CD and Flux"
+
+
+def _section() -> str:
+    text = GUIDE.read_text()
+    assert SECTION in text
+    rest = text.split(SECTION, 1)[1]
+    return rest.split("\n## ", 1)[0]
+
+
+def test_the_guide_shows_the_health_check_the_tests_run() -> None:
+    shown = re.search(r"```lua\n(.*?)```", _section(), re.DOTALL)
+    assert shown is not None, "no lua block in the section"
+    assert shown.group(1) == ARGO_HEALTH.read_text()
+
+
+def _jq(jq: str, program: str, path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [jq, "-Rs", program, str(path)], capture_output=True, text=True, check=True, timeout=30
+    )
+
+
+async def test_the_guides_install_command_sets_both_keys(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    jq = shutil.which("jq")
+    if jq is None:
+        message = "jq not found: apt-get install jq"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    program = re.search(r"jq -Rs '(.*?)' docs/argocd-health.lua", _section(), re.DOTALL)
+    assert program is not None, "no jq command in the section"
+    patch = _jq(jq, program.group(1), ARGO_HEALTH)
+    cluster.kubectl("create", "configmap", "argocd-cm", "-n", namespace)
+    cluster.kubectl(
+        "patch",
+        "configmap",
+        "argocd-cm",
+        "-n",
+        namespace,
+        "--type",
+        "merge",
+        "--patch-file",
+        "/dev/stdin",
+        input=patch.stdout,
+    )
+    shown = cluster.kubectl("get", "configmap", "argocd-cm", "-n", namespace, "-o", "json")
+    data = json.loads(shown.stdout)["data"]
+    script = ARGO_HEALTH.read_text()
+    assert data == {
+        "resource.customizations.health.ai.krateo.io_InferenceRun": script,
+        "resource.customizations.health.ai.krateo.io_InferenceConfig": script,
+    }
