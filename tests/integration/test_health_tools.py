@@ -43,6 +43,7 @@ ARGO_HEALTH = REPO / "docs" / "argocd-health.lua"
 OK, FAIL, SLOW = "test.local/fake-ok:1", "test.local/fake-fail:1", "test.local/fake-slow:1"
 MISSING_IMAGE = "test.local/no-such-image:1"
 NEVER_SOON = "0 0 1 1 *"  # midnight on 1 January: no execution during a test
+EVERY_MINUTE = "* * * * *"
 FINISHED = ("Complete", "Failed", "Stalled")
 
 
@@ -143,6 +144,8 @@ class Case:
     wait_for: tuple[str, ...] = ()  # the conditions of FINISHED that `kubectl wait` meets
     spec: dict[str, Any] = field(default_factory=dict)
     reached: Callable[[Obj], bool] | None = None  # beyond the phase
+    within: float = 60.0
+    argo_says: str = ""  # in Argo CD's message
 
 
 CASES = [
@@ -177,7 +180,45 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.phase)
+def _last_execution(phase: str) -> Callable[[Obj], bool]:
+    return lambda r: (status(r).get("lastExecution") or {}).get("phase") == phase
+
+
+# A scheduled run's executions come and go; the run stays Current (Healthy)
+# while one runs and after one failed. Each waits for the next minute.
+EXECUTIONS = [
+    pytest.param(
+        Case(
+            "Running",
+            SLOW,
+            "Current",
+            "Healthy",
+            spec={"schedule": EVERY_MINUTE},
+            reached=_last_execution("Running"),
+            within=130,
+            argo_says="An execution is running",
+        ),
+        id="Running-scheduled",
+        marks=pytest.mark.timeout(240),
+    ),
+    pytest.param(
+        Case(
+            "Scheduled",
+            FAIL,
+            "Current",
+            "Healthy",
+            spec={"schedule": EVERY_MINUTE, "backoffLimit": 0},
+            reached=_last_execution("Failed"),
+            within=130,
+            argo_says="failed: runner exited with code 4",
+        ),
+        id="Scheduled-after-a-failed-execution",
+        marks=pytest.mark.timeout(240),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.phase) for c in CASES] + EXECUTIONS)
 async def test_each_phase_is_judged_right_by_kstatus_argo_and_kubectl_wait(
     case: Case,
     api_client: client.ApiClient,
@@ -194,6 +235,7 @@ async def test_each_phase_is_judged_right_by_kstatus_argo_and_kubectl_wait(
     await runs.wait(
         "r",
         lambda r: status(r).get("phase") == case.phase and extra(r),
+        within=case.within,
         what=f"the run {case.phase}",
     )
     live = read_back(cluster, namespace, "inferencerun", "r")
@@ -205,6 +247,7 @@ async def test_each_phase_is_judged_right_by_kstatus_argo_and_kubectl_wait(
     assert verdict["status"] == case.kstatus, (verdict, st)
     health, message = argo_health(live)
     assert health == case.argo, (health, message, st)
+    assert case.argo_says in message, (message, st)
     if case.kstatus == "Failed":
         # Both tools show the run's own words, not a generic "not ready".
         assert st["message"]
