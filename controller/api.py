@@ -780,6 +780,9 @@ class InferenceRunStatus(_Model):
     reason: str | None = None
     message: str | None = None
     last_execution: Execution | None = None
+    # Scheduled runs: the newest executions (newest first) and the next tick.
+    recent_executions: list[Execution] | None = None
+    next_schedule_time: KubeTime | None = None
 
 
 class InferenceConfigStatus(_Model):

@@ -32,12 +32,14 @@ only, so ``kubectl wait --for=condition=Complete`` works) and ``Warning``
 from __future__ import annotations
 
 import contextlib
+import zoneinfo
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+from croniter import CroniterBadDateError, croniter
 from pydantic import ValidationError
 
 from controller.api import (
@@ -272,6 +274,8 @@ def derive_status(observed: Observed) -> InferenceRunStatus:
         progress=old.progress,
         result=old.result,
         last_execution=old.last_execution,
+        recent_executions=old.recent_executions,
+        next_schedule_time=old.next_schedule_time,
     )
     conditions = status.conditions
 
@@ -415,6 +419,57 @@ def _one_shot(status: InferenceRunStatus, observed: Observed) -> None:
         status.progress = observed.progress
 
 
+# How many of a scheduled run's newest executions its status lists.
+RECENT_EXECUTIONS = 5
+
+
+def _execution(job: Json, all_pods: Sequence[Json]) -> tuple[Execution, list[Json]]:
+    """One execution of a scheduled run (a Job its CronJob started) and its pods."""
+    pods = [
+        p
+        for p in all_pods
+        if (p["metadata"].get("labels") or {}).get("job-name") == job["metadata"]["name"]
+    ]
+    phase, reason, message = _job_outcome(job, pods)
+    if phase == "Suspended":
+        phase = "Pending"
+    job_status = job.get("status") or {}
+    completion = None
+    if phase in ("Succeeded", "Failed"):
+        completion = parse_time(job_status.get("completionTime"))
+        if completion is None:
+            with contextlib.suppress(StopIteration):
+                cond = next(
+                    c
+                    for c in (job_status.get("conditions") or [])
+                    if c["type"] in ("Failed", "FailureTarget") and c["status"] == "True"
+                )
+                completion = parse_time(cond.get("lastTransitionTime"))
+    execution = Execution(
+        name=job["metadata"]["name"],
+        phase=phase,  # type: ignore[arg-type]
+        reason=reason if phase not in ("Running", "Succeeded") else None,
+        message=message or None,
+        start_time=parse_time(job_status.get("startTime")),
+        completion_time=completion,
+    )
+    return execution, pods
+
+
+def next_schedule_time(schedule: str, time_zone: str | None, now: datetime) -> datetime | None:
+    """When the CronJob fires next after ``now``, in UTC.
+
+    Without a time zone the CronJob follows kube-controller-manager's, which
+    is UTC on nearly every cluster; that is what is assumed here.
+    """
+    try:
+        zone = zoneinfo.ZoneInfo(time_zone) if time_zone else UTC
+        fire = croniter(schedule, now.astimezone(zone)).get_next(datetime)
+    except (ValueError, KeyError, CroniterBadDateError, zoneinfo.ZoneInfoNotFoundError):
+        return None
+    return fire.astimezone(UTC) if isinstance(fire, datetime) else None
+
+
 def _scheduled(status: InferenceRunStatus, observed: Observed) -> None:
     cron = observed.cronjob
     run = observed.run
@@ -425,39 +480,22 @@ def _scheduled(status: InferenceRunStatus, observed: Observed) -> None:
     status.last_schedule_time = (
         parse_time(cron_status.get("lastScheduleTime")) or status.last_schedule_time
     )
+    assert run.spec.schedule is not None
+    status.next_schedule_time = (
+        None
+        if run.spec.suspend
+        else next_schedule_time(run.spec.schedule, run.spec.time_zone, observed.now)
+    )
     if observed.executions:
-        newest = max(
+        newest_first = sorted(
             observed.executions,
             key=lambda j: (j["metadata"].get("creationTimestamp") or "", j["metadata"]["name"]),
+            reverse=True,
         )
-        pods = [
-            p
-            for p in observed.pods
-            if (p["metadata"].get("labels") or {}).get("job-name") == newest["metadata"]["name"]
-        ]
-        phase, reason, message = _job_outcome(newest, pods)
-        if phase == "Suspended":
-            phase = "Pending"
-        job_status = newest.get("status") or {}
-        completion = None
-        if phase in ("Succeeded", "Failed"):
-            completion = parse_time(job_status.get("completionTime"))
-            if completion is None:
-                with contextlib.suppress(StopIteration):
-                    cond = next(
-                        c
-                        for c in (job_status.get("conditions") or [])
-                        if c["type"] in ("Failed", "FailureTarget") and c["status"] == "True"
-                    )
-                    completion = parse_time(cond.get("lastTransitionTime"))
-        status.last_execution = Execution(
-            name=newest["metadata"]["name"],
-            phase=phase,  # type: ignore[arg-type]
-            reason=reason if phase not in ("Running", "Succeeded") else None,
-            message=message or None,
-            start_time=parse_time(job_status.get("startTime")),
-            completion_time=completion,
-        )
+        recent = [_execution(job, observed.pods) for job in newest_first[:RECENT_EXECUTIONS]]
+        status.recent_executions = [execution for execution, _ in recent]
+        status.last_execution, pods = recent[0]
+        phase = status.last_execution.phase
         if phase == "Succeeded":
             result = runner_result(pods)
             if result is not None:

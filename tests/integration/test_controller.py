@@ -312,6 +312,8 @@ async def test_scheduled_run_follows_edits_and_reports_executions(
     assert st["lastScheduleTime"]
     assert st["result"]["rows"] == 3
     assert st["phase"] in ("Scheduled", "Running")
+    assert st["recentExecutions"][0] == st["lastExecution"]
+    assert st["nextScheduleTime"] > st["lastScheduleTime"]
     assert await runs.get("tick") is not None  # auto-delete never applies to scheduled runs
 
     await runs.patch("tick", {"spec": {"suspend": True}})
@@ -319,6 +321,7 @@ async def test_scheduled_run_follows_edits_and_reports_executions(
     (cron,) = (await children(api_client, namespace, uid))["cronjobs"]
     assert cron.spec.suspend is True
     assert status(suspended)["lastExecution"]["phase"] == "Succeeded"
+    assert "nextScheduleTime" not in status(suspended)
 
 
 @pytest.mark.timeout(180)

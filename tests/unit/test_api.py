@@ -771,6 +771,7 @@ def test_printer_columns() -> None:
         "Progress",
         "Job",
         "Last Schedule",
+        "Next",
         "Age",
     ]
     assert columns["inferenceconfigs"] == ["Ready", "Probed", "Image", "Age"]

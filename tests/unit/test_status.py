@@ -374,3 +374,37 @@ def test_a_scheduled_run_with_a_running_execution_is_current_for_kstatus() -> No
     assert status.phase == "Running"
     assert cond(status, "Reconciling").status == "False"
     assert cond(status, "Stalled").status == "False"
+
+
+def test_a_scheduled_run_lists_its_newest_executions_and_its_next_tick() -> None:
+    run = make_run(schedule="0 * * * *")
+    executions = [
+        execution(f"e{i}", f"2026-11-22T0{i}:00:00Z", ("Complete", "True", "X")) for i in range(7)
+    ]
+    executions[6] = execution(
+        "e6", "2026-11-22T06:00:00Z", ("Failed", "True", "BackoffLimitExceeded")
+    )
+    status = derive(run=run, cronjob=cronjob(), executions=executions)
+    assert [e.name for e in status.recent_executions] == ["e6", "e5", "e4", "e3", "e2"]
+    assert status.recent_executions[0].phase == "Failed"
+    assert status.recent_executions[0].reason == "BackoffLimitExceeded"
+    assert status.last_execution == status.recent_executions[0]
+    # NOW is 12:00 UTC: the next "0 * * * *" is 13:00.
+    assert status.next_schedule_time == datetime(2026, 11, 22, 13, 0, tzinfo=UTC)
+
+
+def test_the_next_tick_follows_the_time_zone_and_stops_while_suspended() -> None:
+    # 09:30 in Rome is 08:30 UTC on 22 November (CET, UTC+1).
+    rome = make_run(schedule="30 9 * * *")
+    rome.spec.time_zone = "Europe/Rome"
+    status = derive(run=rome, cronjob=cronjob())
+    assert status.next_schedule_time == datetime(2026, 11, 23, 8, 30, tzinfo=UTC)
+    suspended = derive(run=make_run(schedule="30 9 * * *", suspend=True), cronjob=cronjob())
+    assert suspended.next_schedule_time is None
+
+
+def test_a_one_shot_run_has_no_schedule_fields() -> None:
+    status = derive(job=job(("Complete", "True", "X")))
+    api = status.to_api()
+    assert "recentExecutions" not in api
+    assert "nextScheduleTime" not in api
