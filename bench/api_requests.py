@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
             "KUBECONFIG": str(kubeconfig),
             "WATCH_NAMESPACE": NAMESPACE,
             "POLLING_INTERVAL": "30s",
+            # Runs' requests only: a config's probe (a Job per config and
+            # interval) would be counted as the first run's.
+            "PROBE_INTERVAL": "0",
             "MAX_RECONCILE_RATE": "4",
             "HEALTH_PORT": str(free_port()),
             "METRICS_PORT": str(free_port()),
