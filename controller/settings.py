@@ -339,6 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
             )
             continue
         parser.add_argument(*flags, dest=name, metavar=_env_name(name), help=help_text)
+    # Answered by controller.__main__ before any setting is read; listed here for --help.
+    parser.add_argument(
+        "--version", action="store_true", dest="version", help="print the version and exit"
+    )
     return parser
 
 
