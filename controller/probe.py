@@ -28,6 +28,8 @@ from datetime import datetime, timedelta
 from controller.api import (
     CONDITION_PROBED,
     CONDITION_READY,
+    CONDITION_RECONCILING,
+    CONDITION_STALLED,
     Condition,
     InferenceConfig,
     InferenceConfigStatus,
@@ -155,6 +157,23 @@ def plan_config(view: ConfigView) -> ConfigPlan:
         conditions = set_condition(
             conditions, _condition(CONDITION_READY, True, "Valid", "", view.now, generation)
         )
+    # kstatus (Flux, kpt) reads Stalled, not Ready: a config runs cannot use
+    # is Failed for it, not forever InProgress.
+    stalled = view.invalid is not None
+    conditions = set_condition(
+        conditions,
+        _condition(
+            CONDITION_STALLED,
+            stalled,
+            view.invalid[0] if view.invalid is not None else "Valid",
+            view.invalid[1] if view.invalid is not None else "",
+            view.now,
+            generation,
+        ),
+    )
+    conditions = set_condition(
+        conditions, _condition(CONDITION_RECONCILING, False, "Reconciled", "", view.now, generation)
+    )
     status = InferenceConfigStatus(
         conditions=conditions, observed_generation=generation, last_probe_time=old.last_probe_time
     )

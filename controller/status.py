@@ -320,6 +320,17 @@ def derive_status(observed: Observed) -> InferenceRunStatus:
         conditions = _cond(
             conditions, CONDITION_READY, "False", status.reason or "Failed", "", observed
         )
+    elif status.phase == "Pending" and status.reason not in (None, "Pending", "Creating"):
+        # A pod that cannot start (ErrImagePull, FailedCreate, Unschedulable):
+        # not Ready, with the reason; still Reconciling, as it may resolve.
+        conditions = _cond(
+            conditions,
+            CONDITION_READY,
+            "False",
+            status.reason or "Pending",
+            status.message or "",
+            observed,
+        )
     else:
         conditions = _cond(conditions, CONDITION_READY, "True", "Available", "", observed)
 

@@ -333,11 +333,6 @@ async def test_configs_are_healthy_when_ready_and_degraded_when_not(
     assert kstatus(kstatus_check, lagging)["status"] == "InProgress"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an InferenceConfig has no Stalled condition: kstatus reads Ready=False as "
-    "InProgress, so Flux waits for an unusable config until its timeout",
-)
 async def test_kstatus_sees_an_unusable_config_as_failed(
     api_client: client.ApiClient,
     namespace: str,

@@ -190,3 +190,13 @@ def test_a_settled_config_writes_nothing() -> None:
     again = plan_config(view(settled, interval=0))
     assert not again.status_changed
     assert again.events == []
+
+
+def test_an_unusable_config_is_stalled_for_kstatus() -> None:
+    raw = raw_config()
+    out = plan_config(ConfigView(raw=raw, now=NOW, invalid=("MissingModelUrl", "no url")))
+    stalled = cond(out.status, "Stalled")
+    assert (stalled.status, stalled.reason) == ("True", "MissingModelUrl")
+    assert cond(out.status, "Reconciling").status == "False"
+    good = plan_config(view(raw_config(), interval=0))
+    assert cond(good.status, "Stalled").status == "False"
