@@ -134,14 +134,17 @@ async def test_get_shows_the_printer_columns(crds: LocalCluster, namespace: str)
     )
 
     runs = table(crds.kubectl("get", "-n", namespace, "infrun").stdout)
-    assert runs[0] == ["NAME", "PHASE", "CONFIG", "PROGRESS", "JOB", "LAST SCHEDULE", "AGE"]
+    assert runs[0] == [
+        "NAME", "PHASE", "CONFIG", "PROGRESS", "JOB", "LAST SCHEDULE", "NEXT", "AGE",
+    ]  # fmt: skip
     assert runs[1][:5] == ["run", "Running", "cfg", "120/500 (24%)", "inf-run-12345678"]
     wide = table(crds.kubectl("get", "-n", namespace, "infrun", "-o", "wide").stdout)
-    assert wide[0][-4:] == ["SCHEDULE", "REASON", "MESSAGE", "AGE"]
+    assert wide[0][-5:] == ["SCHEDULE", "TIME ZONE", "REASON", "MESSAGE", "AGE"]
     assert "batch 3 of 10" in wide[1]
 
     configs = table(crds.kubectl("get", "-n", namespace, "infcfg").stdout)
-    assert configs[0] == ["NAME", "READY", "IMAGE", "AGE"]
+    assert configs[0] == ["NAME", "READY", "PROBED", "IMAGE", "AGE"]
+    # No probe yet: PROBED is empty, so the row has one column fewer.
     assert configs[1][:3] == ["cfg", "True", CONFIG_SPEC["image"]]
 
     both = crds.kubectl("get", "-n", namespace, "inference", "-o", "name").stdout.split()
