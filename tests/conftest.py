@@ -155,3 +155,17 @@ def controller(
     finally:
         code = proc.stop()
         assert code == 0, f"controller exited {code} on SIGTERM:\n{proc.output()[-5000:]}"
+
+
+@pytest.fixture
+def probing_controller(
+    cluster: LocalCluster, namespace: str, tmp_path: Path
+) -> Iterator[ControllerProcess]:
+    """The ``controller`` fixture with config probes on (elsewhere they are off)."""
+    proc = controller_for(cluster, namespace, tmp_path, env={"PROBE_INTERVAL": "1h"})
+    proc.start()
+    try:
+        yield proc
+    finally:
+        code = proc.stop()
+        assert code == 0, f"controller exited {code} on SIGTERM:\n{proc.output()[-5000:]}"

@@ -7,34 +7,18 @@ own model server: what a probe proves before any run is started.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from kubernetes_asyncio import client
 
-from hack.cluster import LocalCluster
 from hack.storage_service import StorageService
-from tests.controllerproc import ControllerProcess, controller_for
+from tests.controllerproc import ControllerProcess
 from tests.e2e.test_e2e import endpoint_secret, iris_config, model_url, storage
 from tests.kubehelpers import eventually
 from tests.runs import Runs, condition
 from tests.servers import ModelServer
 
 __all__ = ["storage"]  # the fixture, shared with the other end-to-end tests
-
-
-@pytest.fixture
-def probing_controller(
-    cluster: LocalCluster, namespace: str, tmp_path: Path
-) -> Iterator[ControllerProcess]:
-    proc = controller_for(cluster, namespace, tmp_path, env={"PROBE_INTERVAL": "1h"})
-    proc.start()
-    try:
-        yield proc
-    finally:
-        assert proc.stop() == 0, proc.output()[-3000:]
 
 
 async def probed(runs: Runs, name: str) -> dict[str, Any]:

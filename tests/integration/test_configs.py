@@ -2,31 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 from kubernetes_asyncio import client
 
 from hack.cluster import LocalCluster
-from tests.controllerproc import ControllerProcess, controller_for
+from tests.controllerproc import ControllerProcess
 from tests.integration.test_controller import FAIL, OK, event_reasons
 from tests.kubehelpers import eventually
 from tests.runs import Runs, condition, inference_config, inference_run, status
 
 CONFIGS = "inferenceconfigs"
-
-
-@pytest.fixture
-def probing_controller(
-    cluster: LocalCluster, namespace: str, tmp_path: Path
-) -> Iterator[ControllerProcess]:
-    proc = controller_for(cluster, namespace, tmp_path, env={"PROBE_INTERVAL": "1h"})
-    proc.start()
-    try:
-        yield proc
-    finally:
-        assert proc.stop() == 0, proc.output()[-3000:]
 
 
 async def test_kubectl_wait_for_ready_on_a_good_config(
