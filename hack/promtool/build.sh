@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Builds promtool (Prometheus' rule checker and rule unit tester) from its Go
+# module (pinned in go.mod/go.sum beside this file) into a per-version cache
+# directory outside the repository, and prints the binary's path. The alert
+# tests (tests/integration/test_chart_metrics.py) use it when no promtool is
+# installed; Debian's package `prometheus` ships one too, but needs root.
+#
+# Reuse rules, checked in this order:
+#   1. PROMTOOL names an executable -> use it (no build).
+#   2. The cache directory for this exact go.mod+go.sum holds the binary -> use it.
+#   3. Otherwise build (GOTOOLCHAIN=local, static, trimmed) into the cache.
+# Everything but the final path goes to stderr so callers can capture it.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+if [ -n "${PROMTOOL:-}" ] && [ -x "$PROMTOOL" ]; then
+  echo "promtool: using PROMTOOL=$PROMTOOL (no build)" >&2
+  echo "$PROMTOOL"
+  exit 0
+fi
+
+module_version=$(awk '$1 == "require" && $2 == "github.com/prometheus/prometheus" {print $3; exit} $1 == "github.com/prometheus/prometheus" {print $2; exit}' "$here/go.mod")
+if [ -z "$module_version" ]; then
+  echo "promtool: no github.com/prometheus/prometheus requirement in $here/go.mod" >&2
+  exit 1
+fi
+# Module v0.X.Y is Prometheus vX/100.X%100.Y (v0.316.0 is 3.16.0).
+minor=${module_version#v0.}
+minor=${minor%%.*}
+patch=${module_version##*.}
+release="$((minor / 100)).$((minor % 100)).$patch"
+# The key covers go.sum too, so any dependency change gets its own directory.
+key=$(cat "$here/go.mod" "$here/go.sum" | sha256sum | cut -c1-12)
+cache_root=${KSC_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kserve-controller}
+out="$cache_root/promtool/${release}-${key}"
+
+# One build at a time per cache directory: tests and CI may all ask at once,
+# and a second build would pull the first one's directory away.
+mkdir -p "$(dirname "$out")"
+exec 9>"$out.lock"
+flock 9
+if [ -x "$out/promtool" ]; then
+  echo "promtool: cached binary in $out (no build)" >&2
+  echo "$out/promtool"
+  exit 0
+fi
+
+echo "promtool: building promtool $release ($module_version) into $out" >&2
+start=$(date +%s)
+rm -rf "$out.partial"
+mkdir -p "$out.partial"
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-trimpath -mod=readonly"
+# The stamps Prometheus' own release build sets, so that `promtool --version`
+# names the pinned release.
+ld="-s -w -X github.com/prometheus/common/version.Version=$release"
+ld="$ld -X github.com/prometheus/common/version.Branch=HEAD"
+cd "$here"
+go build -tags tools -ldflags "$ld" -o "$out.partial/promtool" github.com/prometheus/prometheus/cmd/promtool >&2
+rm -rf "$out"
+mv "$out.partial" "$out"
+echo "promtool: built in $(( $(date +%s) - start ))s" >&2
+echo "$out/promtool"
