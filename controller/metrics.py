@@ -69,6 +69,10 @@ REQUEST_DURATION_BUCKETS: tuple[float, ...] = (
     60.0,
 )
 
+# Kept in step with controller/kube/events.py: the values of the ``outcome``
+# label of controller_events_total.
+EVENT_OUTCOMES: tuple[str, ...] = ("created", "patched", "aggregated", "dropped", "failed")
+
 # The values of the ``result`` label of inference_runs_finished_total.
 RUN_RESULTS: tuple[str, ...] = ("Succeeded", "Failed")
 
@@ -340,6 +344,9 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        # Present at 0 from the start: dropped and failed events are errors.
+        for outcome in EVENT_OUTCOMES:
+            self.events_total.labels(outcome=outcome)
 
     # ------------------------------------------------------------------ hooks
 

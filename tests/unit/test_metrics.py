@@ -88,6 +88,12 @@ def test_reconcile_series_exist_at_zero_before_the_first_reconcile() -> None:
     assert sample(metrics, "controller_runtime_max_concurrent_reconciles", controller="c") == 3
 
 
+def test_event_outcomes_exist_at_zero_from_the_start() -> None:
+    metrics = Metrics()
+    for outcome in ("created", "patched", "aggregated", "dropped", "failed"):
+        assert sample(metrics, "controller_events_total", outcome=outcome) == 0, outcome
+
+
 @pytest.mark.looptime
 async def test_an_unexpected_exception_is_a_panic_an_api_error_is_not() -> None:
     metrics = Metrics()
