@@ -31,6 +31,7 @@ binaries:
 	bash hack/controlplane/build.sh >/dev/null
 	bash hack/helm/build.sh >/dev/null
 	bash hack/kstatus/build.sh >/dev/null
+	bash hack/promtool/build.sh >/dev/null
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

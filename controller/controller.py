@@ -101,6 +101,7 @@ class Controller:
             events=self.events,
             runner_service_account=settings.runner_service_account,
             watch_namespaces=tuple(namespaces),
+            metrics=metrics,
         )
         self.workers = Workers(
             self.queue,
@@ -261,6 +262,9 @@ class Controller:
                     )
                     tasks.create_task(self.elector.run(self._work), name="leader")
                 else:
+                    # One replica, no election: it leads (alerts and dashboards
+                    # read this gauge either way).
+                    self.metrics.leader_election_disabled(settings.lease_name)
                     tasks.create_task(self._work(), name="workers")
         finally:
             self.queue.shut_down()

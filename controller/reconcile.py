@@ -65,6 +65,7 @@ from controller.kube.events import EventRecorder
 from controller.kube.informer import Informer
 from controller.kube.workers import Result
 from controller.logging import bound
+from controller.metrics import Metrics
 from controller.naming import RUN_UID_LABEL, child_labels
 from controller.plan import Create, Plan, Refusal, View, Write, plan, wants_job_events
 from controller.render import CONTAINER_NAME
@@ -116,6 +117,7 @@ class Reconciler:
     progress_interval: float = 10.0
     # The namespaces the controller watches (empty: all); a config elsewhere is out of reach.
     watch_namespaces: tuple[str, ...] = ()
+    metrics: Metrics | None = None
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     # Per run: when the logs were last read, and the furthest progress per shard.
     _progress_seen: dict[str, tuple[float, dict[str, Progress]]] = field(default_factory=dict)
@@ -201,6 +203,13 @@ class Reconciler:
         if current.status_changed and not await self._write_status(key, raw, status):
             self.forget(key)
             return Result()
+        if (
+            status.phase in ("Succeeded", "Failed")
+            and status.phase != run.status.phase
+            and not run.spec.scheduled
+            and self.metrics is not None
+        ):
+            self._count_finished(run, status)
         if status.phase != run.status.phase or status.reason != run.status.reason:
             log.info(
                 "phase changed",
@@ -220,6 +229,21 @@ class Reconciler:
             return Result(requeue_after=delay)
         self._refusals.pop(key, None)
         return Result(requeue_after=current.requeue_after)
+
+    def _count_finished(self, run: InferenceRun, status: InferenceRunStatus) -> None:
+        assert self.metrics is not None
+        result = status.result
+        duration = result.duration_seconds if result is not None else None
+        if duration is None and status.start_time and status.completion_time:
+            duration = (status.completion_time - status.start_time).total_seconds()
+        self.metrics.run_finished(
+            run.metadata.namespace,
+            run.spec.config_ref.name,
+            str(status.phase),
+            duration_seconds=duration,
+            rows=result.rows if result is not None else None,
+            predictions=result.predictions if result is not None else None,
+        )
 
     def _refusal_backoff(self, key: str) -> float:
         count = self._refusals.get(key, 0)
