@@ -168,6 +168,14 @@ def run_demo(cluster: LocalCluster, workdir: Path, keep: bool) -> None:
             )  # fmt: skip
             step("kubectl get infrun")
             print(kubectl("get", "infrun", "-n", NAMESPACE, "-o", "wide").stdout)
+            # The config's live probe (a short Job running the runner's --check)
+            # runs beside the run; wait for its verdict before showing it.
+            kubectl(
+                "wait", "-n", NAMESPACE, "--for=jsonpath={.status.lastProbeTime}",
+                "infcfg/iris-inference-config", "--timeout=60s",
+            )  # fmt: skip
+            step("kubectl get infcfg (READY: usable as written; PROBED: Secrets, storage, model)")
+            print(kubectl("get", "infcfg", "-n", NAMESPACE, "-o", "wide").stdout)
             run = json.loads(
                 kubectl("get", "infrun", "iris-once", "-n", NAMESPACE, "-o", "json").stdout
             )
