@@ -12,7 +12,13 @@ Job condition (status True)            run phase    reason
                                                     ``InferenceFailed``); else the
                                                     Job's (``BackoffLimitExceeded``)
 ``Suspended``                          Suspended    ``Suspended``
-none, a runner pod running             Running      ``Running``
+none, a runner pod running (or one    Running      ``Running``
+that exited 0, or one that failed and
+the Job will retry)                                 (``Retrying``, the failure's words)
+none, a pod that cannot start          Pending      its waiting reason
+                                                    (``ErrImagePull``…), the
+                                                    scheduler's, or the Job's
+                                                    ``FailedCreate``
 none                                   Pending      ``Pending``
 =====================================  ===========  ==================================
 
@@ -22,11 +28,14 @@ termination message (``runner/termination.py`` writes a one-line reason on
 failure and ``{"rows", "predictions", "durationSeconds"}`` on success).
 
 A scheduled run is ``Scheduled`` (``Running`` while an execution runs,
-``Suspended`` when suspended); its ``lastExecution`` describes the newest Job
-the CronJob started. Conditions: ``Ready`` (upstream's, True once the children
-exist and the config is usable), ``Complete`` and ``Failed`` (one-shot runs
-only, so ``kubectl wait --for=condition=Complete`` works) and ``Warning``
-(something the controller does differently than written).
+``Suspended`` when suspended); its ``lastExecution`` and ``recentExecutions``
+describe the newest Jobs the CronJob started, ``nextScheduleTime`` its next
+tick. Conditions: ``Ready`` (upstream's: True once the children exist and the
+config is usable, False for Error, Failed and a pod that cannot start),
+``Reconciling`` and ``Stalled`` (kstatus': see :func:`kstatus_conditions`),
+``Complete`` and ``Failed`` (one-shot runs only, so ``kubectl wait
+--for=condition=Complete`` works) and ``Warning`` (something the controller
+does differently than written).
 """
 
 from __future__ import annotations
