@@ -286,9 +286,9 @@ class Metrics:
         # --- API client (client-go's name; verb is the Kubernetes verb, method the HTTP one) ---
         self.rest_client_requests_total = Counter(
             "rest_client_requests",
-            "Number of HTTP requests, partitioned by Kubernetes verb, HTTP method and status "
-            "code ('<error>' when no response came back).",
-            ["verb", "method", "code"],
+            "Number of HTTP requests, partitioned by status code ('<error>' when no response "
+            "came back), HTTP method and API server host, as client-go, plus the Kubernetes verb.",
+            ["verb", "method", "code", "host"],
             registry=r,
         )
         self.rest_client_request_duration_seconds = Histogram(

@@ -626,7 +626,7 @@ class KubeClient:
     def _count(self, verb: str, method: str, code: str, seconds: float) -> None:
         if self._metrics is not None:
             self._metrics.rest_client_requests_total.labels(
-                verb=verb, method=method, code=code
+                verb=verb, method=method, code=code, host=api_host(self.host)
             ).inc()
             self._metrics.rest_client_request_duration_seconds.labels(
                 verb=method, host=api_host(self.host)

@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 
@@ -123,7 +124,10 @@ async def test_requests_are_counted_by_verb_method_and_code(
     with pytest.raises(NotFound):
         await kube.get(CONFIGMAPS, namespace, "absent")
 
+    host = urlparse(kube.host).netloc
+
     def count(**labels: str) -> float:
+        labels["host"] = host
         return metrics.registry.get_sample_value("rest_client_requests_total", labels) or 0.0
 
     assert count(verb="create", method="POST", code="201") == 1

@@ -46,7 +46,9 @@ def test_no_created_series() -> None:
     metrics = Metrics()
     metrics.init_controller("inferencerun", 2)
     metrics.run_finished("ns", "cfg", "Succeeded", 12.0, rows=3, predictions=3)
-    metrics.rest_client_requests_total.labels(verb="get", method="GET", code="200").inc()
+    metrics.rest_client_requests_total.labels(
+        verb="get", method="GET", code="200", host="h:6443"
+    ).inc()
     metrics.rest_client_request_duration_seconds.labels(verb="GET", host="h:6443").observe(0.1)
     assert "_created" not in page(metrics)
 
@@ -156,8 +158,8 @@ def test_rest_client_metrics_have_client_gos_labels() -> None:
     families = {f.name: f for f in metrics.registry.collect()}
     requests = metrics.rest_client_requests_total
     duration = metrics.rest_client_request_duration_seconds
-    # client-go's code and method, plus the Kubernetes verb; no host (one API server).
-    assert set(requests._labelnames) == {"code", "method", "verb"}
+    # client-go's code, method and host, plus the Kubernetes verb.
+    assert set(requests._labelnames) == {"code", "method", "host", "verb"}
     assert set(duration._labelnames) == {"verb", "host"}
     assert families["rest_client_request_duration_seconds"].type == "histogram"
     assert api_host("https://10.0.0.1:6443") == "10.0.0.1:6443"
