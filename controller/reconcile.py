@@ -179,7 +179,10 @@ class Reconciler:
                 requeue_after=current.requeue_after,
             )
             if current.confirm:
-                log.info("a child the run had is missing: reading the run live before recreating")
+                if run.status.job_status is not None:
+                    log.info("a child the run had is missing: reading the run live first")
+                else:
+                    log.debug("reading the run live before creating its children")
                 live = await self._confirm(key, raw)
                 if live is None:
                     self.forget(key)
