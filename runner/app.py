@@ -71,7 +71,6 @@ from runner.inference import (
 from runner.logs import get_logger
 from runner.progress import EVENT as PROGRESS_EVENT
 from runner.progress import Progress, ProgressTracker
-from runner.redact import REDACTOR
 from runner.secrets import (
     KubernetesSecretReader,
     RedactingSecretReader,
@@ -387,19 +386,9 @@ async def run(
         predictions=result.predictions,
         durationSeconds=round(time.monotonic() - started, 3),
     )
-    _write_termination(log, termination_path, message)
+    termination.report(log, termination_path, message)
     return ExitCode.DONE
 
 
 def _fail(log: Any, path: Path, stage: str, reason: str, code: ExitCode) -> int:
-    message = termination.failure_message(stage, reason, REDACTOR)
-    log.error("run failed", stage=stage, exitCode=int(code), reason=message)
-    _write_termination(log, path, message)
-    return int(code)
-
-
-def _write_termination(log: Any, path: Path, message: str) -> None:
-    try:
-        termination.write(path, REDACTOR.redact(message))
-    except OSError as error:
-        log.warning("cannot write the termination message", path=str(path), error=error.strerror)
+    return termination.report_failure(log, path, "run", stage, reason, code)

@@ -82,7 +82,6 @@ from runner.inference import (
     parse_metadata,
 )
 from runner.logs import get_logger
-from runner.redact import REDACTOR
 from runner.secrets import (
     KubernetesSecretReader,
     RedactingSecretReader,
@@ -399,19 +398,9 @@ async def run(
     log.info(
         "check succeeded", result=message, durationSeconds=round(time.monotonic() - started, 3)
     )
-    _write(log, termination_path, message)
+    termination.report(log, termination_path, message)
     return int(ExitCode.DONE)
 
 
 def _fail(log: Any, path: Path, stage: str, reason: str, code: ExitCode) -> int:
-    message = termination.failure_message(stage, reason, REDACTOR)
-    log.error("check failed", stage=stage, exitCode=int(code), reason=message)
-    _write(log, path, message)
-    return int(code)
-
-
-def _write(log: Any, path: Path, message: str) -> None:
-    try:
-        termination.write(path, REDACTOR.redact(message))
-    except OSError as error:
-        log.warning("cannot write the termination message", path=str(path), error=error.strerror)
+    return termination.report_failure(log, path, "check", stage, reason, code)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -59,3 +60,19 @@ def cut(text: str, limit: int = MAX_BYTES) -> str:
 
 def write(path: Path, message: str) -> None:
     path.write_text(cut(message), encoding="utf-8")
+
+
+def report(log: Any, path: Path, message: str) -> None:
+    """Write ``message`` (redacted) to the termination log; a write failure is only logged."""
+    try:
+        write(path, REDACTOR.redact(message))
+    except OSError as error:
+        log.warning("cannot write the termination message", path=str(path), error=error.strerror)
+
+
+def report_failure(log: Any, path: Path, what: str, stage: str, reason: str, code: int) -> int:
+    """Log and write a ``<stage>: <reason>`` failure of a run or a check; its exit code."""
+    message = failure_message(stage, reason, REDACTOR)
+    log.error(f"{what} failed", stage=stage, exitCode=int(code), reason=message)
+    report(log, path, message)
+    return int(code)
