@@ -40,6 +40,14 @@ def controller_writes(cluster: LocalCluster, namespace: str, resource: str) -> d
     return counts
 
 
+async def run_waiting_for_its_config(runs: Runs) -> tuple[str, str]:
+    """Run ``r`` of config ``cfg``, which does not exist yet: its uid and its children's name."""
+    created = await runs.create(inference_run("r", "cfg"))
+    await runs.wait_phase("r", "Error")  # ConfigNotFound: nothing is made
+    uid = created["metadata"]["uid"]
+    return uid, f"inf-r-{''.join(c for c in uid if c.isalnum())[:8]}"
+
+
 def no_tracebacks(proc: ControllerProcess) -> None:
     assert "Traceback" not in proc.output(), proc.output()[-4000:]
 
@@ -243,11 +251,8 @@ async def test_a_name_taken_by_another_object_is_a_name_conflict(
     cluster: LocalCluster,
 ) -> None:
     runs = Runs(api_client, namespace)
-    created = await runs.create(inference_run("r", "cfg"))  # no config yet: nothing is made
-    await runs.wait_phase("r", "Error")
-    uid = created["metadata"]["uid"]
+    _, name = await run_waiting_for_its_config(runs)
     # What the upstream controller would have left: a ConfigMap of the child's name, unlabelled.
-    name = f"inf-r-{''.join(c for c in uid if c.isalnum())[:8]}"
     core = client.CoreV1Api(api_client)
     await core.create_namespaced_config_map(
         namespace, {"metadata": {"name": name}, "data": {"contract.json": "{}"}}
@@ -303,10 +308,7 @@ async def test_children_left_by_the_upstream_controller_are_adopted_not_duplicat
     cluster: LocalCluster,
 ) -> None:
     runs = Runs(api_client, namespace)
-    created = await runs.create(inference_run("r", "cfg"))  # no config yet: nothing is made
-    await runs.wait_phase("r", "Error")
-    uid = created["metadata"]["uid"]
-    name = f"inf-r-{''.join(c for c in uid if c.isalnum())[:8]}"
+    uid, name = await run_waiting_for_its_config(runs)
     # What upstream made: the same name, a controller reference to the run, no labels.
     owner = {
         "apiVersion": "ai.krateo.io/v1",
