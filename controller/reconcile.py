@@ -17,10 +17,15 @@
    differs), the Events, and the run's deletion.
 
 A cache may lag the cluster (after an API server restart, the runs informer
-can come back seconds after the Jobs informer). A plan that would recreate a
-child the run had asks first for a **live read of the run**: a run that is
-gone, being deleted or replaced by a new one of the same name gets nothing.
-A status write answered NotFound ends the key the same way.
+can come back seconds after the Jobs informer). A plan that would create a
+child, the first time or again, asks first for a **live read of the run**: a
+run that is gone, being deleted or replaced by a new one of the same name
+gets nothing, and an edited one gets children of its current spec. A status
+write answered NotFound ends the key the same way.
+
+An AlreadyExists on create is looked at live: the run's own child that the
+cache has not shown yet is taken as it is, and one without our labels (left
+by the upstream controller, which names children the same way) is adopted.
 
 Races are normal (AlreadyExists, Conflict, NotFound): the key comes back,
 rate-limited, to look at fresher state; no stack trace, no error counted.
