@@ -2,13 +2,17 @@
 
 sample-controller's shape in asyncio. :class:`Controller` builds the caches
 for runs, configs and the children it owns (label-selected, so the cache holds
-only what this controller made), wires their events into one work queue of
-run keys, and runs the workers, behind leader election when enabled:
+only what this controller made), wires their events into two work queues,
+one of run keys and one of config keys, and runs both queues' workers, behind
+leader election when enabled:
 
 - a run's own events enqueue the run;
 - a child's events (ConfigMap, Job, CronJob, pod) enqueue the run named by its
   ``ai.krateo.io/run-uid`` label's owner, found through the runs cache;
-- a config's events enqueue every run that uses it (an index, not a scan);
+- a config's events enqueue the config and every run that uses it (an
+  index, not a scan);
+- a probe's events (its Job, pod, ConfigMap: ``ai.krateo.io/config-uid``)
+  enqueue the config;
 - every key comes back every ``POLLING_INTERVAL`` at low priority (resync).
 
 Informers run on a standby replica too, so it is ready (and ``/readyz`` says
