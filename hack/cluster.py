@@ -219,6 +219,10 @@ class LocalCluster:
     bin_dir: Path
     workdir: Path
     node_agent: bool = True
+    # Identities beyond USERS (token -> user), e.g. real kubelets (hack.realnode).
+    extra_users: dict[str, User] = field(default_factory=dict)
+    # kube-controller-manager controllers beyond KCM_CONTROLLERS.
+    extra_controllers: tuple[str, ...] = ()
     # Image glob -> command for containers without a command (see hack/nodeagent.py).
     # Any runner image runs this checkout's runner.
     image_commands: dict[str, list[str]] = field(
@@ -256,8 +260,12 @@ class LocalCluster:
     def kubeconfig_for(self, user: str) -> Path:
         return self.workdir / f"kubeconfig-{user}"
 
+    @property
+    def users(self) -> dict[str, User]:
+        return {**USERS, **self.extra_users}
+
     def token_for(self, user: str) -> str:
-        return USERS[user].token
+        return self.users[user].token
 
     def pids(self) -> list[int]:
         return [p.pid for _, p in self._procs]
@@ -341,7 +349,7 @@ class LocalCluster:
 
     def audit_events(self, user: str | None = None) -> list[dict[str, Any]]:
         """Parsed audit events so far, optionally only those of one user (by kubeconfig name)."""
-        name = USERS[user].name if user else None
+        name = self.users[user].name if user else None
         events: list[dict[str, Any]] = []
         if not self.audit_log.exists():
             return events
@@ -358,7 +366,8 @@ class LocalCluster:
 
     def _write_auth_files(self) -> None:
         lines = [
-            f'{u.token},{u.name},{i},"{",".join(u.groups)}"' for i, u in enumerate(USERS.values())
+            f'{u.token},{u.name},{i},"{",".join(u.groups)}"'
+            for i, u in enumerate(self.users.values())
         ]
         (self.workdir / "tokens.csv").write_text("\n".join(lines) + "\n")
         (self.workdir / "tokens.csv").chmod(0o600)
@@ -370,16 +379,19 @@ class LocalCluster:
             "rules": [
                 {"level": "None", "users": ["system:kube-controller-manager", "system:apiserver"]},
                 {"level": "None", "userGroups": ["system:serviceaccounts:kube-system"]},
+                # Real nodes and the scheduler (hack.realnode) heartbeat constantly.
+                {"level": "None", "users": ["system:kube-scheduler"]},
+                {"level": "None", "userGroups": ["system:nodes"]},
                 {"level": "None", "nonResourceURLs": ["/healthz*", "/readyz*", "/livez*"]},
                 {"level": "Metadata"},
             ],
         }
         (self.workdir / "audit-policy.yaml").write_text(yaml.safe_dump(policy))
-        for key in USERS:
+        for key in self.users:
             self._write_kubeconfig(key)
 
     def _write_kubeconfig(self, key: str) -> None:
-        user = USERS[key]
+        user = self.users[key]
         assert self.pki is not None
         config = {
             "apiVersion": "v1",
@@ -462,7 +474,7 @@ class LocalCluster:
             f"--authentication-kubeconfig={kubeconfig}",
             f"--authorization-kubeconfig={kubeconfig}",
             "--leader-elect=false",
-            f"--controllers={','.join(KCM_CONTROLLERS)}",
+            f"--controllers={','.join(KCM_CONTROLLERS + self.extra_controllers)}",
             "--use-service-account-credentials=true",  # each controller under its own RBAC
             f"--service-account-private-key-file={self.pki.sa_key}",
             f"--root-ca-file={self.pki.ca_cert}",

@@ -13,6 +13,7 @@ import datetime as dt
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -56,6 +57,64 @@ class Pki:
     sa_pub: Path
 
 
+def _leaf(
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    directory: Path,
+    stem: str,
+    common_name: str,
+    *,
+    org: str | None = None,
+    server: bool = False,
+    dns: tuple[str, ...] = (),
+    ips: tuple[str, ...] = (),
+) -> tuple[Path, Path]:
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)  # tolerate small clock skew
+    key = ec.generate_private_key(ec.SECP256R1())
+    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common_name, org))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + _VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    )
+    if server:
+        sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
+        sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    cert_path, key_path = directory / f"{stem}.crt", directory / f"{stem}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(key_path, key)
+    return cert_path, key_path
+
+
+def issue(
+    pki: Pki,
+    stem: str,
+    common_name: str,
+    *,
+    org: str | None = None,
+    server: bool = False,
+    dns: tuple[str, ...] = (),
+    ips: tuple[str, ...] = (),
+) -> tuple[Path, Path]:
+    """One more certificate from ``pki``'s CA (e.g. a real kubelet's), beside its files."""
+    ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"{pki.ca_key} is not the EC key make_pki writes")
+    return _leaf(
+        ca_cert, ca_key, pki.ca_cert.parent, stem, common_name,
+        org=org, server=server, dns=dns, ips=ips,
+    )  # fmt: skip
+
+
 def make_pki(directory: Path) -> Pki:
     directory.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)  # tolerate small clock skew
@@ -88,41 +147,12 @@ def make_pki(directory: Path) -> Pki:
         .sign(ca_key, hashes.SHA256())
     )
 
-    def leaf(
-        stem: str,
-        common_name: str,
-        *,
-        org: str | None = None,
-        server: bool = False,
-        dns: tuple[str, ...] = (),
-        ips: tuple[str, ...] = (),
-    ) -> tuple[Path, Path]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(_name(common_name, org))
-            .issuer_name(ca_name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now)
-            .not_valid_after(now + _VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        )
-        if server:
-            sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
-            sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        cert = builder.sign(ca_key, hashes.SHA256())
-        cert_path, key_path = directory / f"{stem}.crt", directory / f"{stem}.key"
-        cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        _write_key(key_path, key)
-        return cert_path, key_path
-
     ca_cert_path, ca_key_path = directory / "ca.crt", directory / "ca.key"
     ca_cert_path.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     _write_key(ca_key_path, ca_key)
+
+    def leaf(stem: str, common_name: str, **kwargs: Any) -> tuple[Path, Path]:
+        return _leaf(ca_cert, ca_key, directory, stem, common_name, **kwargs)
 
     api_cert, api_key = leaf(
         "apiserver",
