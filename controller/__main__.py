@@ -6,6 +6,11 @@ missing or unusable (one line naming the file, what is wrong and what to do).
 ``--version`` prints the version and exits 0. SIGTERM/SIGINT shut down
 gracefully: workers stop, the Lease is released, watches close. Losing the
 Lease exits 1 so that the pod restarts as a clean standby.
+
+``python -m controller check [FLAGS]`` runs :mod:`controller.selfcheck` instead
+(the chart's ``helm test``): the same settings and credentials, one
+``ok:``/``FAIL:``/``skip:`` line per check on stdout, exit 0 when nothing
+failed and 1 otherwise; a bad setting or kubeconfig is a ``FAIL:`` line too.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import structlog
 import yaml
 from kubernetes_asyncio.config import ConfigException
 
+from controller import selfcheck
 from controller.controller import Controller
 from controller.kube.client import KubeClient
 from controller.kube.leaderelection import LeadershipLost
@@ -235,8 +241,55 @@ async def run(settings: Settings, kubeconfig: str | None) -> int:
     return 0
 
 
+CHECK_HELP = f"""usage: python -m controller check [SETTINGS FLAGS]
+
+Checks that this installation can work, with the controller's own settings and
+credentials: the API server answers and accepts them; the InferenceConfig and
+InferenceRun CRDs are served and can be listed where the controller watches;
+with leader election on, a live leader holds the Lease. One ok:/FAIL:/skip:
+line per check; exit 0 when nothing failed, 1 otherwise.
+
+The settings flags and environment variables are those of the controller
+(`python -m controller --help`). The {PROG} chart runs this as its `helm test` hook."""
+
+
+async def run_check(settings: Settings, kubeconfig: str | None) -> list[selfcheck.Result]:
+    try:
+        client = await connect(settings, kubeconfig, Metrics(process=False))
+    except KubeconfigError as exc:
+        return [selfcheck.fail(selfcheck.one_line(str(exc)))]
+    client.request_timeout = selfcheck.REQUEST_TIMEOUT
+    async with client:
+        return await selfcheck.run_checks(client, settings)
+
+
+def check(args: list[str]) -> int:
+    """``python -m controller check``: print one line per check; 0 when none failed, else 1."""
+    if "-h" in args or "--help" in args:
+        print(CHECK_HELP)
+        return 0
+    try:
+        settings = load_settings(args)
+    except SettingsError as exc:
+        print(selfcheck.fail(f"settings: {selfcheck.one_line(str(exc))}").line, flush=True)
+        return 1
+    # Only warnings and errors: stdout is for the check lines.
+    configure_logging("WARNING", settings.log_format)
+    try:
+        kubeconfig = usable_kubeconfig(settings)
+    except KubeconfigError as exc:
+        print(selfcheck.fail(selfcheck.one_line(str(exc))).line, flush=True)
+        return 1
+    results = asyncio.run(run_check(settings, kubeconfig))
+    for result in results:
+        print(result.line, flush=True)
+    return selfcheck.exit_code(results)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["check"]:
+        return check(args[1:])
     if "--version" in args:
         print(f"{PROG} {version()}")
         return 0
