@@ -7,7 +7,15 @@
   has no Deployment controller, so nothing else would create one);
 - the chart's RBAC is checked with the real authorizer, both by access reviews
   and by requests made with a TokenRequest token of the chart's ServiceAccount;
-- ``helm install`` with default values succeeds.
+- ``helm install`` with default values succeeds;
+- ``hostNetwork``: off by default; on, the pods share the node's network, each
+  replica binds to its node's address (``BIND_ADDRESS`` from ``status.podIP``),
+  the API server gives the ports hostPorts, and Pod Security "restricted"
+  refuses the pod;
+- the ``helm test`` hook Pod runs ``python -m controller check`` with the
+  controller's image, ServiceAccount, security context and settings (it is
+  also among the objects created in the restricted namespace above; the check
+  itself runs in tests/integration/test_selfcheck.py).
 """
 
 from __future__ import annotations
@@ -20,18 +28,21 @@ from typing import Any
 
 import pytest
 
+from controller.settings import load_settings
 from hack.cluster import LocalCluster
 from tests.chart import (
     CHART_DIR,
     CONTROLLER_SERVICE_ACCOUNT,
     RELEASE,
     RUNNER_SERVICE_ACCOUNT,
+    HelmError,
     Obj,
     delete_cluster_scoped,
     find,
     helm,
     one,
     parse,
+    render,
     render_text,
     service_account_kubeconfig,
     to_yaml,
@@ -116,6 +127,33 @@ def pod_from_template(deployment: Obj, name: str) -> Obj:
     }
 
 
+def pod_spec(deployment: Obj) -> Obj:
+    return dict(deployment["spec"]["template"]["spec"])
+
+
+def the_container(spec: Obj) -> Obj:
+    (container,) = spec["containers"]
+    return dict(container)
+
+
+def env_of(container: Obj) -> dict[str, Obj]:
+    return {entry["name"]: entry for entry in container.get("env") or []}
+
+
+def selfcheck_pod(objects: list[Obj]) -> Obj:
+    """The one ``helm test`` hook of the chart."""
+    (pod,) = [
+        obj
+        for obj in find(objects, "Pod")
+        if (obj["metadata"].get("annotations") or {}).get("helm.sh/hook") == "test"
+    ]
+    return pod
+
+
+def settings_data(objects: list[Obj]) -> dict[str, str]:
+    return dict(one(objects, "ConfigMap", f"{RELEASE}-settings")["data"])
+
+
 def can_i(cluster: LocalCluster, who: str, *args: str) -> bool:
     done = cluster.kubectl("auth", "can-i", *args, f"--as={who}", check=False)
     answer = done.stdout.strip()
@@ -137,6 +175,8 @@ async def test_default_values_create_in_a_restricted_namespace(
     try:
         assert "would violate PodSecurity" not in stderr, stderr
         assert "Warning" not in stderr, stderr
+        # Everything exists, the helm test hook Pod included: "restricted" admits it too.
+        assert selfcheck_pod(objects)["metadata"]["namespace"] == release_ns
         assert_exists(cluster, objects)
 
         # Enforcement is real here: a root pod is refused...
@@ -265,3 +305,161 @@ async def test_helm_install_with_default_values(
     # Uninstall removes the cluster-wide RBAC too (CRDs stay: Helm never deletes crds/).
     gone = cluster.kubectl("get", "clusterrole", f"{RELEASE}-{release_ns}", check=False)
     assert "NotFound" in gone.stderr
+
+
+# ----------------------------------------------------------------------------- hostNetwork
+
+
+async def test_without_host_network_the_pods_use_the_pod_network() -> None:
+    objects = render()
+    for spec in (pod_spec(one(objects, "Deployment")), selfcheck_pod(objects)["spec"]):
+        assert "hostNetwork" not in spec
+        assert "dnsPolicy" not in spec
+    assert "strategy" not in one(objects, "Deployment")["spec"]  # the default rolling update
+    controller = the_container(pod_spec(one(objects, "Deployment")))
+    assert set(env_of(controller)) == {"POD_NAME", "POD_NAMESPACE"}
+    # BIND_ADDRESS keeps its default (0.0.0.0): the pod has its own address.
+    assert "BIND_ADDRESS" not in settings_data(objects)
+
+
+async def test_host_network_binds_each_replica_to_its_node_address(
+    cluster: LocalCluster, namespace: str, restricted_namespace: str
+) -> None:
+    objects = render({"hostNetwork": True}, namespace=namespace)
+    deployment = one(objects, "Deployment")
+    spec = pod_spec(deployment)
+    assert spec["hostNetwork"] is True
+    assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    hook = selfcheck_pod(objects)["spec"]
+    assert (hook["hostNetwork"], hook["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    # No surge pod: with one replica per node it would wait for a free node forever.
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }
+    controller = the_container(spec)
+    assert env_of(controller)["BIND_ADDRESS"] == {
+        "name": "BIND_ADDRESS",
+        "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+    }
+    # An explicit env wins over envFrom: the ConfigMap must not pretend otherwise.
+    data = settings_data(objects)
+    assert "BIND_ADDRESS" not in data
+    # On the node whose InternalIP is 127.0.0.2, status.podIP is that address.
+    pod_env = {
+        **data,
+        "POD_NAMESPACE": namespace,
+        "BIND_ADDRESS": "127.0.0.2",
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+    }
+    settings = load_settings([], pod_env, namespace_file=Path("/nonexistent"))
+    assert settings.bind_address == "127.0.0.2"
+    assert (settings.metrics_port, settings.health_port) == (8080, 8081)
+
+    # The real API server admits it where host networking is allowed, and makes
+    # every container port a host port: what the scheduler keeps apart.
+    for ns in (namespace, restricted_namespace):
+        cluster.kubectl("create", "serviceaccount", CONTROLLER_SERVICE_ACCOUNT, "-n", ns)
+    pod = pod_from_template(deployment, "host-network-pod")
+    admitted = json.loads(
+        cluster.kubectl(
+            "create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(pod)
+        ).stdout
+    )
+    assert admitted["spec"]["hostNetwork"] is True
+    ports = the_container(admitted["spec"])["ports"]
+    assert {p["name"]: (p["containerPort"], p.get("hostPort")) for p in ports} == {
+        "http-metrics": (8080, 8080),
+        "health": (8081, 8081),
+    }
+    # Pod Security "restricted" (and "baseline") forbid host networking.
+    pod["metadata"]["namespace"] = restricted_namespace
+    refused = cluster.kubectl(
+        "create", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False
+    )
+    assert refused.returncode != 0
+    assert "violates PodSecurity" in refused.stderr
+    assert "hostNetwork=true" in refused.stderr
+
+
+async def test_host_network_refuses_a_bind_address_from_extra_env() -> None:
+    with pytest.raises(HelmError, match=r"extraEnv\.BIND_ADDRESS has no effect with hostNetwork"):
+        render({"hostNetwork": True, "extraEnv": {"BIND_ADDRESS": "0.0.0.0"}})
+    # Without hostNetwork it is an ordinary setting.
+    objects = render({"extraEnv": {"BIND_ADDRESS": "127.0.0.1"}})
+    assert settings_data(objects)["BIND_ADDRESS"] == "127.0.0.1"
+
+
+async def test_host_network_is_a_boolean() -> None:
+    with pytest.raises(HelmError, match="hostNetwork"):
+        render({"hostNetwork": "yes"})
+
+
+# ----------------------------------------------------------------------------- helm test
+
+
+async def test_the_helm_test_hook_runs_the_self_check_as_the_controller() -> None:
+    values: dict[str, Any] = {
+        "image": {"repository": "registry.example/ksc", "tag": "1.2.3", "pullPolicy": "Always"},
+        "imagePullSecrets": [{"name": "registry-credentials"}],
+    }
+    objects = render(values, namespace="ksc-system")
+    pod = selfcheck_pod(objects)
+    assert pod["metadata"]["annotations"] == {
+        "helm.sh/hook": "test",
+        "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded",
+    }
+    assert pod["metadata"]["name"] == f"{RELEASE}-selfcheck"
+    assert pod["metadata"]["namespace"] == "ksc-system"
+    # Not a controller pod: neither the metrics Service nor the PDB selects it.
+    labels = pod["metadata"]["labels"]
+    assert labels["app.kubernetes.io/component"] == "selfcheck"
+    for kind in ("Service", "PodDisruptionBudget"):
+        selector = one(objects, kind)["spec"]["selector"]
+        assert not (selector.get("matchLabels", selector).items() <= labels.items()), kind
+
+    controller_spec = pod_spec(one(objects, "Deployment"))
+    controller = the_container(controller_spec)
+    spec = pod["spec"]
+    check = the_container(spec)
+    assert spec["restartPolicy"] == "Never"
+    assert spec["serviceAccountName"] == CONTROLLER_SERVICE_ACCOUNT
+    assert spec["serviceAccountName"] == controller_spec["serviceAccountName"]
+    assert spec["automountServiceAccountToken"] is True
+    assert spec["imagePullSecrets"] == [{"name": "registry-credentials"}]
+    assert check["image"] == controller["image"] == "registry.example/ksc:1.2.3"
+    assert check["imagePullPolicy"] == controller["imagePullPolicy"] == "Always"
+    assert check["command"] == ["python", "-m", "controller", "check"]
+    assert "args" not in check
+
+    # The chart's restricted security context, a read-only root and a scratch /tmp.
+    assert spec["securityContext"] == controller_spec["securityContext"]
+    assert check["securityContext"] == controller["securityContext"]
+    assert check["securityContext"]["readOnlyRootFilesystem"] is True
+    assert check["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert check["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    (volume,) = spec["volumes"]
+    assert volume["name"] == "tmp"
+    assert "emptyDir" in volume
+    assert check["resources"]["requests"]["cpu"] == "50m"
+    assert check["resources"]["limits"]["memory"] == "256Mi"
+
+    # The controller's settings, so it checks what the controller would use.
+    assert check["envFrom"] == controller["envFrom"]
+    assert check["envFrom"] == [{"configMapRef": {"name": f"{RELEASE}-settings"}}]
+    assert env_of(check) == {
+        "POD_NAMESPACE": {
+            "name": "POD_NAMESPACE",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+        }
+    }
+    pod_env = {
+        **settings_data(objects),
+        "POD_NAMESPACE": "ksc-system",
+        "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+    }
+    settings = load_settings([], pod_env, namespace_file=Path("/nonexistent"))
+    assert settings.in_cluster
+    assert settings.leader_election
+    assert (settings.lease_namespace, settings.lease_name) == ("ksc-system", RELEASE)
+    assert settings.watch_namespaces == ()
