@@ -8,12 +8,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help setup binaries demo test unit integration lint format cluster bench clean
+.PHONY: help setup binaries demo demo-node test unit integration node lint format cluster bench clean
 
 help:
 	@echo "make demo    - the whole system end to end on a local control plane"
 	@echo "make test    - lint + the whole test suite (unit, integration, e2e)"
+	@echo "make demo-node - the demo on real kubelets: both images built, the Helm chart installed (root)"
 	@echo "make unit    - only the unit tests (no binaries, no servers)"
+	@echo "make node    - only the real-node tier (images, chart, real kubelets; root)"
 	@echo "make cluster - a local control plane in the foreground (Ctrl-C stops it)"
 	@echo "make lint    - ruff check, ruff format --check, mypy"
 
@@ -53,6 +55,14 @@ test: $(STAMP) binaries lint
 
 demo: $(STAMP) binaries
 	$(PY) -m hack.demo $(DEMO_ARGS)
+
+# Real kubelets and containerd (hack/realnode.py): installs Debian packages and
+# builds kubelet, the base image and both images on first use (cached).
+demo-node: $(STAMP) binaries
+	$(PY) -m hack.demo_node $(DEMO_ARGS)
+
+node: $(STAMP) binaries
+	$(PY) -m pytest -m node $(PYTEST_ARGS)
 
 cluster: $(STAMP) binaries
 	$(PY) -m hack.cluster up

@@ -37,6 +37,7 @@ _DIR_MARKERS = {
     "runner": "integration",
     "e2e": "e2e",
     "faults": "faults",
+    "node": "node",
 }
 
 
