@@ -783,8 +783,13 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m hack.realnode", description=__doc__.split("\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser(
+    prep = sub.add_parser(
         "prepare", help="install packages, build kubelet/scheduler/pause and the base image"
+    )
+    prep.add_argument(
+        "--if-possible",
+        action="store_true",
+        help="where a real node cannot run (not root...), say why and exit 0",
     )
     sub.add_parser(
         "images", help="prepare, then build both images (a smoke test of the Dockerfiles)"
@@ -799,6 +804,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "clean":
             for path in clean_leftovers():
                 print(f"removed {path}")
+            return 0
+        why = missing_prerequisites()
+        if args.command == "prepare" and args.if_possible and why:
+            print(f"real-node tier unavailable here ({why}): it will skip")
             return 0
         prepared = prepare()
         if args.command == "prepare":

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from hack import chart
@@ -32,6 +33,10 @@ def controller_pods(kube: LocalCluster, namespace: str, instance: str) -> list[d
     selector = f"app.kubernetes.io/instance={instance},app.kubernetes.io/component=controller"
     pods: list[dict[str, Any]] = get(kube, "pods", "-n", namespace, "-l", selector)["items"]
     return [p for p in pods if p["metadata"].get("deletionTimestamp") is None]
+
+
+# The first test of the tier also builds both images and starts the nodes.
+pytestmark = pytest.mark.timeout(900)
 
 
 def holder(kube: LocalCluster, namespace: str, lease: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 import yaml
 
 from hack.cluster import LocalCluster
@@ -29,6 +30,10 @@ RUN_LABEL = "ai.krateo.io/run-uid"
 
 def apply(kube: LocalCluster, docs: list[dict[str, Any]]) -> None:
     kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+
+
+# The first test of the tier also builds both images and starts the nodes.
+pytestmark = pytest.mark.timeout(900)
 
 
 def run_status(kube: LocalCluster, name: str) -> dict[str, Any]:
