@@ -262,6 +262,8 @@ class Controller:
                         lease_duration=settings.lease_duration,
                         renew_deadline=settings.renew_deadline,
                         retry_period=settings.retry_period,
+                        # Owns the Lease, so uninstalling (deleting it) deletes the Lease.
+                        owner_service_account=settings.lease_owner,
                         metrics=self.metrics,
                     )
                     tasks.create_task(self.elector.run(self._work), name="leader")

@@ -54,7 +54,7 @@ MIN_POLLING_INTERVAL = 1.0
 IN_CLUSTER_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_LEASE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_OBJECT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
 class SettingsError(ValueError):
@@ -200,6 +200,12 @@ class Settings(BaseSettings):
         None, description="This pod's name (downward API); the leader identity's prefix."
     )
     pod_namespace: OptionalStr = Field(None, description="This pod's namespace (downward API).")
+    pod_service_account: OptionalStr = Field(
+        None,
+        max_length=253,
+        description="This pod's ServiceAccount (downward API); it owns the Lease, so deleting "
+        "it (helm uninstall) deletes the Lease (unset: the Lease has no owner).",
+    )
     kube_api_qps: float = Field(20.0, gt=0, description="Client-side API requests per second.")
     kube_api_burst: int = Field(30, ge=1, description="Client-side API request burst.")
     queue_qps: float | None = Field(
@@ -239,10 +245,10 @@ class Settings(BaseSettings):
     def _lower_format(cls, value: Any) -> Any:
         return value.strip().lower() if isinstance(value, str) else value
 
-    @field_validator("lease_name")
+    @field_validator("lease_name", "pod_service_account")
     @classmethod
-    def _lease_name(cls, value: str) -> str:
-        if not _LEASE_NAME.match(value):
+    def _object_name(cls, value: str | None) -> str | None:
+        if value is not None and not _OBJECT_NAME.match(value):
             raise ValueError(f"{value!r} is not a valid object name")
         return value
 
@@ -273,6 +279,17 @@ class Settings(BaseSettings):
     def leader_election(self) -> bool:
         """Whether to elect a leader: LEADER_ELECT, else on in-cluster and off locally."""
         return self.in_cluster if self.leader_elect is None else self.leader_elect
+
+    @property
+    def lease_owner(self) -> str | None:
+        """The ServiceAccount to own the Lease: this pod's, when the Lease is in its namespace.
+
+        An owner must live in its dependent's namespace; a Lease elsewhere (an
+        explicit LEASE_NAMESPACE) would name someone else's ServiceAccount.
+        """
+        if self.pod_namespace is not None and self.pod_namespace != self.lease_namespace:
+            return None
+        return self.pod_service_account
 
     @property
     def watch_namespaces(self) -> tuple[str, ...]:

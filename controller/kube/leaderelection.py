@@ -22,6 +22,15 @@ client-go's algorithm (``tools/leaderelection``), in asyncio:
 - On a graceful stop (the task running :meth:`run` is cancelled, e.g. on
   SIGTERM) the leader releases the lease (empty holder, 1 s duration), so the
   standby takes over in about ``retry_period`` rather than ``lease_duration``.
+- Given an owner ServiceAccount (the pod's own, which the Helm chart creates
+  and deletes), the Lease carries an ownerReference to it, so the garbage
+  collector deletes the Lease with the release. The ServiceAccount is read
+  once, before the first write; a Lease this candidate creates, takes over or
+  renews gets the reference when it lacks it (:func:`with_owner`), and one
+  that has it costs no extra request. A ServiceAccount that cannot be read
+  never holds up the election: one warning, then the Lease goes without an
+  owner and the read is retried now and then (backing off to
+  ``OWNER_RETRY_MAX``).
 
 kubernetes_asyncio ships a ``leaderelection`` package, but it does not hold up:
 it never releases the lease, measures expiry and renew deadlines with
@@ -29,8 +38,8 @@ it never releases the lease, measures expiry and renew deadlines with
 after the leading coroutine died, and logs a stack trace for every lost race.
 Hence this small module.
 
-The decisions are pure functions (:func:`decide`, :func:`lease_spec`), tested
-without a cluster; :class:`LeaderElector` does the I/O.
+The decisions are pure functions (:func:`decide`, :func:`lease_spec`,
+:func:`with_owner`), tested without a cluster; :class:`LeaderElector` does the I/O.
 """
 
 from __future__ import annotations
@@ -47,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from controller.kube.client import LEASES, ApiError, Obj
+from controller.kube.client import LEASES, ApiError, Obj, Resource
 
 if TYPE_CHECKING:
     from controller.kube.client import KubeClient
@@ -57,6 +66,10 @@ DEFAULT_LEASE_DURATION = 15.0
 DEFAULT_RENEW_DEADLINE = 10.0
 DEFAULT_RETRY_PERIOD = 2.0
 JITTER_FACTOR = 1.2
+# Retrying to read an unreadable owner ServiceAccount backs off up to this (seconds).
+OWNER_RETRY_MAX = 300.0
+
+SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount")
 
 log = structlog.stdlib.get_logger(__name__)
 
@@ -159,6 +172,29 @@ def lease_spec(
     return spec
 
 
+def owner_reference(service_account: Mapping[str, Any]) -> dict[str, Any]:
+    """An ownerReference to ``service_account`` (not a controller; it blocks no deletion)."""
+    metadata = service_account["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "name": str(metadata["name"]),
+        "uid": str(metadata["uid"]),
+    }
+
+
+def with_owner(metadata: Mapping[str, Any], owner: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``metadata`` with ``owner`` added to its ownerReferences; None when it is there already.
+
+    The garbage collector knows an owner by its uid, so that is what is
+    compared. Other references and the rest of ``metadata`` are kept as they are.
+    """
+    references = list(metadata.get("ownerReferences") or [])
+    if any(reference.get("uid") == owner["uid"] for reference in references):
+        return None
+    return {**metadata, "ownerReferences": [*references, dict(owner)]}
+
+
 def released_spec(record: LeaseRecord, wall_now: datetime) -> dict[str, Any]:
     """client-go's release: no holder, a 1 s lease, the transition count kept."""
     now = micro_time(wall_now)
@@ -187,6 +223,7 @@ class LeaderElector:
         lease_duration: float = DEFAULT_LEASE_DURATION,
         renew_deadline: float = DEFAULT_RENEW_DEADLINE,
         retry_period: float = DEFAULT_RETRY_PERIOD,
+        owner_service_account: str | None = None,
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
@@ -204,12 +241,17 @@ class LeaderElector:
         self.lease_duration = lease_duration
         self.renew_deadline = renew_deadline
         self.retry_period = retry_period
+        self.owner_service_account = owner_service_account or None
         self._metrics = metrics
         self._rng = rng if rng is not None else random.Random()
         self._wall_clock = wall_clock
         self._observation: Observation | None = None
         self._lease: Obj | None = None  # the last Lease read or written
         self._is_leader = False
+        self._owner: dict[str, Any] | None = None  # the ownerReference, once read
+        self._owner_retry_at = 0.0  # loop time before which a failed read is not retried
+        self._owner_backoff = retry_period
+        self._owner_warned = False  # one warning per streak of failed reads
         self._log = log.bind(lease=f"{namespace}/{name}", identity=identity)
         self._set_gauge(False)
 
@@ -291,10 +333,9 @@ class LeaderElector:
                 self._wall_clock(),
                 self.lease_duration,
             )
+            body = self._owned({**self._lease, "spec": spec}, await self._owner_reference())
             try:
-                written = await self.client.replace(
-                    LEASES, self.namespace, self.name, {**self._lease, "spec": spec}
-                )
+                written = await self.client.replace(LEASES, self.namespace, self.name, body)
             except ApiError as exc:
                 self._log.debug("fast renew failed, reading the lease", error=str(exc))
             else:
@@ -310,6 +351,13 @@ class LeaderElector:
             lease = None
 
         if lease is None:
+            if self._lease is not None and self._owner is not None:
+                # The Lease we knew is gone: perhaps collected with its owner.
+                # Read the owner again rather than recreate a Lease whose owner
+                # no longer exists (the collector would delete it at once).
+                self._owner = None
+                self._owner_retry_at = 0.0
+            self._lease = None
             self._observation = None
             action = Action.CREATE
         else:
@@ -320,6 +368,7 @@ class LeaderElector:
         if action is Action.WAIT:
             self._became_follower()
             return False
+        owner = await self._owner_reference()
         record_for_spec = self._observation.record if self._observation else None
         spec = lease_spec(
             action, self.identity, record_for_spec, self._wall_clock(), self.lease_duration
@@ -332,12 +381,12 @@ class LeaderElector:
                     "metadata": {"name": self.name, "namespace": self.namespace},
                     "spec": spec,
                 }
-                written = await self.client.create(LEASES, self.namespace, body)
+                written = await self.client.create(LEASES, self.namespace, self._owned(body, owner))
             else:
                 assert lease is not None
                 # The resourceVersion read above is the precondition.
                 written = await self.client.replace(
-                    LEASES, self.namespace, self.name, {**lease, "spec": spec}
+                    LEASES, self.namespace, self.name, self._owned({**lease, "spec": spec}, owner)
                 )
         except ApiError as exc:
             if exc.is_conflict:
@@ -376,6 +425,55 @@ class LeaderElector:
 
     # ---------------------------------------------------------------- private
 
+    async def _owner_reference(self) -> dict[str, Any] | None:
+        """The ownerReference to the owner ServiceAccount, read on first need; None without one.
+
+        A failed read is retried on a later round, after a backoff that
+        doubles from ``retry_period`` to ``OWNER_RETRY_MAX``, and never for
+        longer than ``retry_period``: the election does not wait on it.
+        """
+        if self.owner_service_account is None or self._owner is not None:
+            return self._owner
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._owner_retry_at:
+            return None
+        try:
+            async with asyncio.timeout(self.retry_period):
+                account = await self.client.get(
+                    SERVICEACCOUNTS, self.namespace, self.owner_service_account
+                )
+            owner = owner_reference(account)
+        except (ApiError, TimeoutError) as exc:
+            self._owner_retry_at = loop.time() + self._owner_backoff
+            self._owner_backoff = min(2 * self._owner_backoff, OWNER_RETRY_MAX)
+            reason = _reason(exc)
+            if self._owner_warned:
+                self._log.debug("still cannot read the lease's owner", reason=reason)
+            else:
+                self._owner_warned = True
+                self._log.warning(
+                    "cannot read the ServiceAccount that should own the lease; "
+                    "the lease has no owner, so it outlives the release",
+                    service_account=self.owner_service_account,
+                    reason=reason,
+                    error=str(exc) or type(exc).__name__,
+                )
+            return None
+        if self._owner_warned:
+            self._log.info("read the lease's owner", service_account=self.owner_service_account)
+        self._owner = owner
+        self._owner_warned = False
+        self._owner_backoff = self.retry_period
+        return owner
+
+    @staticmethod
+    def _owned(lease: Obj, owner: Mapping[str, Any] | None) -> Obj:
+        """``lease`` with ``owner`` among its ownerReferences (``lease`` itself if it has it)."""
+        if owner is None:
+            return lease
+        metadata = with_owner(lease.get("metadata") or {}, owner)
+        return lease if metadata is None else {**lease, "metadata": metadata}
+
     def _remember(self, lease: Obj, now: float, *, leader: bool = True) -> None:
         self._lease = lease
         self._observation = Observation(LeaseRecord.from_lease(lease, self.lease_duration), now)
@@ -392,3 +490,10 @@ class LeaderElector:
             self._metrics.leader_election_master_status.labels(name=self.name).set(
                 1 if leader else 0
             )
+
+
+def _reason(exc: ApiError | TimeoutError) -> str:
+    """The API's reason for a refusal (``Forbidden``, ``NotFound``), else what went wrong."""
+    if isinstance(exc, TimeoutError):
+        return "Timeout"
+    return exc.reason or (str(exc.status) if exc.status else "NoAnswer")
