@@ -7,7 +7,9 @@
   has no Deployment controller, so nothing else would create one);
 - the chart's RBAC is checked with the real authorizer, both by access reviews
   and by requests made with a TokenRequest token of the chart's ServiceAccount;
-- ``helm install`` with default values succeeds;
+- ``helm install`` with default values succeeds, and ``helm uninstall`` takes
+  the leader-election Lease along (the controller creates it, owned by its
+  ServiceAccount, which Helm deletes);
 - ``hostNetwork``: off by default; on, the pods share the node's network, each
   replica binds to its node's address (``BIND_ADDRESS`` from ``status.podIP``),
   the API server gives the ports hostPorts, and Pod Security "restricted"
@@ -28,6 +30,8 @@ from typing import Any
 
 import pytest
 
+from controller.kube.client import KubeClient
+from controller.kube.leaderelection import LeaderElector
 from controller.settings import load_settings
 from hack.cluster import LocalCluster
 from tests.chart import (
@@ -47,6 +51,7 @@ from tests.chart import (
     service_account_kubeconfig,
     to_yaml,
 )
+from tests.kubehelpers import eventually
 
 # The first test of a run may build helm from source (minutes on a cold machine:
 # hack/helm/build.sh); later ones reuse the cached binary.
@@ -258,6 +263,11 @@ async def test_watch_namespaces_create_and_grant_only_those_namespaces(
         other = sa(release_ns, CONTROLLER_SERVICE_ACCOUNT)
         assert not can_i(cluster, other, "get", "leases/someone-else", "-n", release_ns)
         assert not can_i(cluster, other, "create", "leases", "-n", watched[0])
+        # The Lease's owner: its own ServiceAccount, read by name only.
+        own = as_controller("get", "serviceaccount", CONTROLLER_SERVICE_ACCOUNT, "-n", release_ns)
+        assert own.returncode == 0, own.stderr
+        assert not can_i(cluster, other, "get", "serviceaccounts/default", "-n", release_ns)
+        assert not can_i(cluster, other, "list", "serviceaccounts", "-n", release_ns)
 
         # Runners: one identity per watched namespace, each reading its own Secrets only.
         for namespace in watched:
@@ -272,7 +282,7 @@ async def test_watch_namespaces_create_and_grant_only_those_namespaces(
 
 
 async def test_helm_install_with_default_values(
-    cluster: LocalCluster, restricted_namespace: str
+    cluster: LocalCluster, restricted_namespace: str, tmp_path: Path
 ) -> None:
     release_ns = restricted_namespace
     installed = helm(
@@ -300,11 +310,100 @@ async def test_helm_install_with_default_values(
         )
         assert settings["data"]["WATCH_NAMESPACE"] == ""
         assert settings["data"]["LEADER_ELECT"] == "true"
+
+        # No kubelet runs the pods here: elect as the controller would, with
+        # its token and the settings its pod gets, so that the Lease exists.
+        pod_env = {
+            **settings["data"],
+            "POD_NAMESPACE": release_ns,
+            "POD_SERVICE_ACCOUNT": CONTROLLER_SERVICE_ACCOUNT,  # spec.serviceAccountName
+            "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+        }
+        pod_settings = load_settings([], pod_env, namespace_file=Path("/nonexistent"))
+        assert pod_settings.lease_namespace == release_ns
+        assert pod_settings.lease_owner == CONTROLLER_SERVICE_ACCOUNT
+        token = service_account_kubeconfig(cluster, release_ns, path=tmp_path / "controller")
+        async with await KubeClient.connect(kubeconfig=str(token)) as kube:
+            elector = LeaderElector(
+                kube,
+                name=pod_settings.lease_name,
+                namespace=release_ns,
+                identity="pod-0",
+                owner_service_account=pod_settings.lease_owner,
+            )
+            assert await elector.try_acquire_or_renew()
+            assert await elector.release()
+        lease = json.loads(
+            cluster.kubectl("get", "lease", RELEASE, "-n", release_ns, "-o", "json").stdout
+        )
+        (owner,) = lease["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"]) == ("ServiceAccount", CONTROLLER_SERVICE_ACCOUNT)
     finally:
         helm("uninstall", RELEASE, "-n", release_ns, kubeconfig=cluster.kubeconfig)
     # Uninstall removes the cluster-wide RBAC too (CRDs stay: Helm never deletes crds/).
     gone = cluster.kubectl("get", "clusterrole", f"{RELEASE}-{release_ns}", check=False)
     assert "NotFound" in gone.stderr
+
+    # And the Lease, which Helm never knew: the collector follows its owner.
+    async def lease_gone() -> bool:
+        leftover = cluster.kubectl("get", "lease", RELEASE, "-n", release_ns, check=False)
+        return "NotFound" in leftover.stderr
+
+    await eventually(lease_gone, within=60, what="the Lease to go with the release")
+
+
+# ----------------------------------------------------------------------------- Lease owner
+
+LEASE_OWNER_RULE = {
+    "apiGroups": [""],
+    "resources": ["serviceaccounts"],
+    "resourceNames": [CONTROLLER_SERVICE_ACCOUNT],
+    "verbs": ["get"],
+}
+
+
+def reads_service_accounts(rule: Obj) -> bool:
+    return "" in rule.get("apiGroups", []) and "serviceaccounts" in rule.get("resources", [])
+
+
+async def test_with_election_the_controller_may_read_its_own_service_account() -> None:
+    objects = render(namespace="ksc-system")
+    controller = the_container(pod_spec(one(objects, "Deployment")))
+    assert env_of(controller)["POD_SERVICE_ACCOUNT"] == {
+        "name": "POD_SERVICE_ACCOUNT",
+        "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}},
+    }
+    role = one(objects, "Role", f"{RELEASE}-leader-election", "ksc-system")
+    assert [rule for rule in role["rules"] if reads_service_accounts(rule)] == [LEASE_OWNER_RULE]
+    # Nowhere else: no other Role or ClusterRole of the controller reads ServiceAccounts.
+    for kind in ("Role", "ClusterRole"):
+        for obj in find(objects, kind):
+            if obj is not role:
+                assert not any(reads_service_accounts(r) for r in obj["rules"]), obj
+
+    # An account the chart does not create is the one named, in the rule too.
+    custom = render(
+        {"serviceAccount": {"create": False, "name": "platform-controller"}},
+        namespace="ksc-system",
+    )
+    assert not find(custom, "ServiceAccount", "platform-controller")
+    assert pod_spec(one(custom, "Deployment"))["serviceAccountName"] == "platform-controller"
+    role = one(custom, "Role", f"{RELEASE}-leader-election", "ksc-system")
+    (rule,) = [rule for rule in role["rules"] if reads_service_accounts(rule)]
+    assert rule["resourceNames"] == ["platform-controller"]
+
+
+async def test_without_election_nothing_reads_a_service_account() -> None:
+    objects = render({"replicaCount": 1, "leaderElection": {"enabled": False}})
+    assert not find(objects, "Role", f"{RELEASE}-leader-election")
+    for kind in ("Role", "ClusterRole"):
+        for obj in find(objects, kind):
+            assert not any(reads_service_accounts(r) for r in obj["rules"]), obj
+
+
+async def test_extra_env_cannot_name_another_lease_owner() -> None:
+    with pytest.raises(HelmError, match=r"extraEnv\.POD_SERVICE_ACCOUNT is set by the chart"):
+        render({"extraEnv": {"POD_SERVICE_ACCOUNT": "someone-else"}})
 
 
 # ----------------------------------------------------------------------------- hostNetwork
@@ -317,7 +416,7 @@ async def test_without_host_network_the_pods_use_the_pod_network() -> None:
         assert "dnsPolicy" not in spec
     assert "strategy" not in one(objects, "Deployment")["spec"]  # the default rolling update
     controller = the_container(pod_spec(one(objects, "Deployment")))
-    assert set(env_of(controller)) == {"POD_NAME", "POD_NAMESPACE"}
+    assert set(env_of(controller)) == {"POD_NAME", "POD_NAMESPACE", "POD_SERVICE_ACCOUNT"}
     # BIND_ADDRESS keeps its default (0.0.0.0): the pod has its own address.
     assert "BIND_ADDRESS" not in settings_data(objects)
 
