@@ -1,4 +1,5 @@
-"""Leader election on a real Lease: one leader, fast hand-over on release, safe take-over.
+"""Leader election on a real Lease: one leader, fast hand-over on release, safe take-over,
+and the Lease owned by the controller's ServiceAccount (so uninstalling deletes it).
 
 Timings are shortened (lease 4 s, renew deadline 3 s, retry 1 s) so the
 take-over cases take seconds; the algorithm is the same as with 15/10/2.
@@ -7,21 +8,26 @@ take-over cases take seconds; the algorithm is the same as with 15/10/2.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
 import textwrap
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import pytest
+from structlog.testing import capture_logs
 
-from controller.kube.client import LEASES, KubeClient, NotFound, load_configuration
-from controller.kube.leaderelection import LeaderElector, LeadershipLost
+from controller.kube.client import CONFIGMAPS, LEASES, KubeClient, NotFound, Obj, load_configuration
+from controller.kube.leaderelection import SERVICEACCOUNTS, LeaderElector, LeadershipLost
 from controller.metrics import Metrics
 from hack.cluster import LocalCluster
+from tests.chart import CONTROLLER_SERVICE_ACCOUNT, FULLNAME
+from tests.controllerproc import ControllerProcess, controller_for
 from tests.integration.tcpproxy import TcpProxy
 from tests.kubehelpers import eventually
 
@@ -37,13 +43,21 @@ async def kube(cluster: LocalCluster) -> AsyncIterator[KubeClient]:
 class Candidate:
     """An elector plus a record of when its leading work ran."""
 
-    def __init__(self, client: KubeClient, namespace: str, identity: str, **timing: float) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        namespace: str,
+        identity: str,
+        owner: str | None = None,
+        **timing: float,
+    ) -> None:
         self.metrics = Metrics()
         self.elector = LeaderElector(
             client,
             name="controller-lock",
             namespace=namespace,
             identity=identity,
+            owner_service_account=owner,
             metrics=self.metrics,
             **(timing or FAST),
         )
@@ -257,3 +271,212 @@ async def test_an_existing_lease_is_not_recreated(kube: KubeClient, namespace: s
     assert second["spec"]["acquireTime"] == first["spec"]["acquireTime"]
     assert second["spec"]["renewTime"] >= first["spec"]["renewTime"]
     assert await elector.release()
+
+
+# ------------------------------------------------------------------------ the Lease's owner
+#
+# The Lease is owned by the controller's ServiceAccount (POD_SERVICE_ACCOUNT),
+# so that deleting it (helm uninstall) makes the garbage collector delete the
+# Lease, which Helm does not know about.
+
+ELECTION = {
+    "LEADER_ELECT": "true",
+    "LEASE_NAME": FULLNAME,  # the Lease the chart's leader-election Role names
+    "LEASE_DURATION": "4s",
+    "RENEW_DEADLINE": "3s",
+    "RETRY_PERIOD": "1s",
+}
+
+
+def sa_reference(account: Obj) -> dict[str, str]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "name": account["metadata"]["name"],
+        "uid": account["metadata"]["uid"],
+    }
+
+
+async def held_lease(kube: KubeClient, namespace: str, name: str) -> Obj:
+    async def probe() -> Obj | None:
+        try:
+            lease = await kube.get(LEASES, namespace, name)
+        except NotFound:
+            return None
+        return lease if (lease.get("spec") or {}).get("holderIdentity") else None
+
+    return await eventually(probe, within=30, what=f"a holder of the Lease {namespace}/{name}")
+
+
+def service_account_reads(cluster: LocalCluster, namespace: str, user: str) -> list[int]:
+    """The response codes of ``user``'s GETs of ServiceAccounts in ``namespace``."""
+    return [
+        int((event.get("responseStatus") or {}).get("code") or 0)
+        for event in cluster.audit_events()
+        if event.get("stage") == "ResponseComplete"
+        and event.get("verb") == "get"
+        and (event.get("user") or {}).get("username") == user
+        and (event.get("objectRef") or {}).get("resource") == "serviceaccounts"
+        and (event.get("objectRef") or {}).get("namespace") == namespace
+    ]
+
+
+def sa(namespace: str, name: str) -> str:
+    return f"system:serviceaccount:{namespace}:{name}"
+
+
+def election_warnings(proc: ControllerProcess) -> list[dict[str, Any]]:
+    """The warnings the controller's leader election logged."""
+    lines = [json.loads(line) for line in proc.output().splitlines() if line.startswith("{")]
+    return [
+        line
+        for line in lines
+        if line.get("logger") == "controller.kube.leaderelection" and line["level"] == "warning"
+    ]
+
+
+async def test_the_controllers_service_account_owns_the_lease_and_takes_it_along(
+    cluster: LocalCluster, kube: KubeClient, namespace: str, tmp_path: Path
+) -> None:
+    # Under the chart's RBAC: its leader-election Role lets the controller get
+    # its own ServiceAccount, and nothing else.
+    proc = controller_for(
+        cluster,
+        namespace,
+        tmp_path,
+        env={**ELECTION, "POD_SERVICE_ACCOUNT": CONTROLLER_SERVICE_ACCOUNT},
+    )
+    await asyncio.to_thread(proc.start)
+    try:
+        lease = await held_lease(kube, namespace, FULLNAME)
+        account = await kube.get(SERVICEACCOUNTS, namespace, CONTROLLER_SERVICE_ACCOUNT)
+        assert lease["metadata"]["ownerReferences"] == [sa_reference(account)]
+        await asyncio.sleep(4)  # a few renewals: the ServiceAccount is not read again
+        renewed = await kube.get(LEASES, namespace, FULLNAME)
+        assert renewed["metadata"]["uid"] == lease["metadata"]["uid"]
+        assert renewed["spec"]["renewTime"] > lease["spec"]["renewTime"]
+        assert renewed["metadata"]["ownerReferences"] == [sa_reference(account)]
+        identity = sa(namespace, CONTROLLER_SERVICE_ACCOUNT)
+        assert service_account_reads(cluster, namespace, identity) == [200]
+        assert not election_warnings(proc), proc.output()
+    finally:
+        assert proc.stop() == 0, proc.output()[-5000:]
+
+    # What helm uninstall does: the ServiceAccount goes, the collector takes the Lease.
+    await kube.delete(SERVICEACCOUNTS, namespace, CONTROLLER_SERVICE_ACCOUNT)
+
+    async def collected() -> bool:
+        try:
+            await kube.get(LEASES, namespace, FULLNAME)
+        except NotFound:
+            return True
+        return False
+
+    await eventually(collected, within=60, what="the garbage collector to delete the Lease")
+
+
+async def test_an_existing_lease_without_the_owner_gets_it_when_taken_over(
+    kube: KubeClient, namespace: str
+) -> None:
+    account = await kube.create(
+        SERVICEACCOUNTS,
+        namespace,
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "lease-owner"}},
+    )
+    # Another, living owner (a dangling one would make the collector delete the Lease).
+    keeper = await kube.create(
+        CONFIGMAPS,
+        namespace,
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "keeper"}},
+    )
+    keeper_reference = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": "keeper",
+        "uid": keeper["metadata"]["uid"],
+    }
+    # As an older controller version left it: released, no owner of ours.
+    existing = await kube.create(
+        LEASES,
+        namespace,
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": "controller-lock",
+                "labels": {"kept": "yes"},
+                "annotations": {"note": "kept too"},
+                "ownerReferences": [keeper_reference],
+            },
+            "spec": {"holderIdentity": "", "leaseDurationSeconds": 1, "leaseTransitions": 4},
+        },
+    )
+    candidate = Candidate(kube, namespace, "new", owner="lease-owner").start()
+    try:
+        await eventually(lambda: asyncio.sleep(0, candidate.leading), within=30, what="take-over")
+        await asyncio.sleep(2)  # and renewals
+        lease = await kube.get(LEASES, namespace, "controller-lock")
+        assert lease["metadata"]["uid"] == existing["metadata"]["uid"]  # taken over, not remade
+        assert lease["metadata"]["ownerReferences"] == [keeper_reference, sa_reference(account)]
+        assert lease["metadata"]["labels"] == {"kept": "yes"}
+        assert lease["metadata"]["annotations"] == {"note": "kept too"}
+        assert lease["spec"]["holderIdentity"] == "new"
+        assert lease["spec"]["leaseTransitions"] == 5
+    finally:
+        await candidate.stop()
+
+
+async def test_a_missing_owner_does_not_hold_up_the_election(
+    kube: KubeClient, namespace: str
+) -> None:
+    with capture_logs() as logs:
+        candidate = Candidate(kube, namespace, "ownerless", owner="no-such-account").start()
+        try:
+            await eventually(
+                lambda: asyncio.sleep(0, candidate.leading), within=10, what="a leader"
+            )
+            await asyncio.sleep(3)  # renewals, none of them stopped by the missing owner
+            assert candidate.leading
+        finally:
+            await candidate.stop()
+    lease = await kube.get(LEASES, namespace, "controller-lock")
+    assert "ownerReferences" not in lease["metadata"]
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    assert [(w["service_account"], w["reason"]) for w in warnings] == [
+        ("no-such-account", "NotFound")
+    ]
+
+
+async def test_an_owner_the_controller_may_not_read_does_not_hold_up_the_election(
+    cluster: LocalCluster, kube: KubeClient, namespace: str, tmp_path: Path
+) -> None:
+    # It exists, but the chart's Role lets the controller read only its own.
+    await kube.create(
+        SERVICEACCOUNTS,
+        namespace,
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "someone-else"}},
+    )
+    proc = controller_for(
+        cluster, namespace, tmp_path, env={**ELECTION, "POD_SERVICE_ACCOUNT": "someone-else"}
+    )
+    await asyncio.to_thread(proc.start)
+    try:
+        lease = await held_lease(kube, namespace, FULLNAME)
+        assert "ownerReferences" not in lease["metadata"]
+        await asyncio.sleep(4)  # renewals go on
+        renewed = await kube.get(LEASES, namespace, FULLNAME)
+        assert renewed["spec"]["holderIdentity"] == lease["spec"]["holderIdentity"]
+        assert renewed["spec"]["renewTime"] > lease["spec"]["renewTime"]
+        assert "leader_election_master_status{name=" in proc.metrics()
+        assert f'leader_election_master_status{{name="{FULLNAME}"}} 1.0' in proc.metrics()
+        warnings = election_warnings(proc)
+        assert [(w["service_account"], w["reason"]) for w in warnings] == [
+            ("someone-else", "Forbidden")
+        ], proc.output()
+        # Retried with a backoff (1 s, 2 s, ...), not at every renewal.
+        identity = sa(namespace, CONTROLLER_SERVICE_ACCOUNT)
+        reads = service_account_reads(cluster, namespace, identity)
+        assert set(reads) == {403}
+        assert len(reads) <= 4, reads
+    finally:
+        assert proc.stop() == 0, proc.output()[-5000:]
