@@ -61,7 +61,11 @@ EXPECTED_CONTROLLER_RULES: dict[tuple[str, str], set[str]] = {
     ("", "events"): {"create", "patch", "list"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
-LEASE_RULES = {("coordination.k8s.io", "leases"): {"create", "get", "update"}}
+LEASE_RULES = {
+    ("coordination.k8s.io", "leases"): {"create", "get", "update"},
+    # The Lease's owner (its ownerReference needs the uid).
+    ("", "serviceaccounts"): {"get"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -338,8 +342,14 @@ def test_the_controller_reads_no_secrets_and_uses_no_wildcards(watch: list[str])
 
 def test_the_lease_can_only_be_read_and_renewed_by_name(default_objects: list[Obj]) -> None:
     role = one(default_objects, "Role", f"{CONTROLLER_SERVICE_ACCOUNT}-leader-election", NS)
-    by_verbs = {tuple(r["verbs"]): r.get("resourceNames") for r in role["rules"]}
-    assert by_verbs == {("create",): None, ("get", "update"): [CONTROLLER_SERVICE_ACCOUNT]}
+    by_rule = {
+        (r["resources"][0], tuple(r["verbs"])): r.get("resourceNames") for r in role["rules"]
+    }
+    assert by_rule == {
+        ("leases", ("create",)): None,
+        ("leases", ("get", "update")): [CONTROLLER_SERVICE_ACCOUNT],
+        ("serviceaccounts", ("get",)): [CONTROLLER_SERVICE_ACCOUNT],
+    }
 
 
 def runner_rules(objects: list[Obj], namespace: str) -> list[Obj]:
