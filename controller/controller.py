@@ -98,7 +98,13 @@ class Controller:
             ),
         )
         self.identity = make_identity(settings.pod_name)
-        self.events = EventRecorder(client, instance=self.identity, metrics=metrics)
+        # Events draw from their own token bucket: after a burst of runs they
+        # must not queue in front of the creates and status writes.
+        self.events = EventRecorder(
+            client.with_budget(settings.events_qps, settings.events_burst),
+            instance=self.identity,
+            metrics=metrics,
+        )
         self.reconciler = Reconciler(
             client=client,
             caches=self.caches,

@@ -208,6 +208,13 @@ class Settings(BaseSettings):
     )
     kube_api_qps: float = Field(20.0, gt=0, description="Client-side API requests per second.")
     kube_api_burst: int = Field(30, ge=1, description="Client-side API request burst.")
+    events_qps: float = Field(
+        10.0,
+        gt=0,
+        description="Client-side requests per second for Events, a budget of their own: a "
+        "burst of Events never delays a create or a status write (nor the reverse).",
+    )
+    events_burst: int = Field(50, ge=1, description="Client-side request burst for Events.")
     queue_qps: float | None = Field(
         None, gt=0, description="Work queue retry token bucket rate (default 10 x workers)."
     )

@@ -23,6 +23,7 @@ of verbs on a handful of resources.
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import ssl
 from collections.abc import AsyncIterator, Mapping
@@ -343,7 +344,21 @@ class KubeClient:
         # burst/qps seconds is a bucket of size `burst` refilled at `qps`.
         self._limiter = AsyncLimiter(max_rate=burst, time_period=burst / qps)
         self._ssl = ssl_context_for(configuration) if self.host.startswith("https") else None
-        self._session: aiohttp.ClientSession | None = None
+        self._connection = _Connection()
+
+    def with_budget(self, qps: float, burst: int) -> KubeClient:
+        """This client with a token bucket of its own, on the same connection pool.
+
+        Requests that must never wait behind others (or hold others up) draw
+        from their own budget: the controller gives Events one, so a burst of
+        Events cannot delay a create or a status write. Closing either closes
+        the shared connection.
+        """
+        if qps <= 0 or burst < 1:
+            raise ValueError(f"need qps > 0 and burst >= 1, got qps={qps} burst={burst}")
+        sibling = copy.copy(self)
+        sibling._limiter = AsyncLimiter(max_rate=burst, time_period=burst / qps)
+        return sibling
 
     @classmethod
     async def connect(
@@ -369,9 +384,9 @@ class KubeClient:
         await self.close()
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._connection.session is not None:
+            await self._connection.session.close()
+            self._connection.session = None
 
     # ------------------------------------------------------------------- verbs
 
@@ -599,9 +614,10 @@ class KubeClient:
         return _Response(self, verb, method, path, params, body, content_type, timeout)
 
     def _session_for_request(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
+        connection = self._connection
+        if connection.session is None or connection.session.closed:
             connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else False)
-            self._session = aiohttp.ClientSession(
+            connection.session = aiohttp.ClientSession(
                 connector=connector,
                 headers={"User-Agent": USER_AGENT, "Accept": "application/json"},
                 # HTTPS_PROXY/NO_PROXY are honoured, as client-go does; a
@@ -610,7 +626,7 @@ class KubeClient:
                 # Big objects in watch streams exceed aiohttp's 64 KiB default.
                 read_bufsize=2**21,
             )
-        return self._session
+        return connection.session
 
     async def _headers(self, content_type: str | None) -> dict[str, str]:
         headers: dict[str, str] = {}
@@ -639,6 +655,13 @@ class KubeClient:
             self._metrics.rest_client_rate_limiter_wait_seconds.labels(verb=verb).observe(
                 _loop_time() - loop_time
             )
+
+
+@dataclass
+class _Connection:
+    """The aiohttp session, shared by a client and its :meth:`KubeClient.with_budget` siblings."""
+
+    session: aiohttp.ClientSession | None = None
 
 
 class _Response:

@@ -153,6 +153,28 @@ async def test_client_side_rate_limit(cluster: LocalCluster, namespace: str) -> 
         assert time.monotonic() - started >= 0.8
 
 
+async def test_a_budget_of_its_own_shares_the_connection_not_the_tokens(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    """Events' client (with_budget) is never held up by a main budget that is spent."""
+    # Refills so slowly that nothing comes back during the test: what the
+    # buckets hold is exactly what was taken from them.
+    async with await KubeClient.connect(
+        kubeconfig=str(cluster.kubeconfig), qps=0.001, burst=1
+    ) as kube:
+        events = kube.with_budget(qps=0.001, burst=2)
+        await kube.list(CONFIGMAPS, namespace)
+        assert not kube._limiter.has_capacity()  # the main budget is spent...
+        for _ in range(2):  # ...and the other one still answers at once
+            assert events._limiter.has_capacity()
+            await events.list(CONFIGMAPS, namespace)
+        assert not events._limiter.has_capacity()
+        assert events._session_for_request() is kube._session_for_request()
+    assert kube._connection.session is None  # closing one closed the shared pool
+    with pytest.raises(ValueError, match="qps > 0"):
+        kube.with_budget(qps=0, burst=1)
+
+
 async def test_no_server_is_a_transport_error(cluster: LocalCluster) -> None:
     kube = await KubeClient.connect(kubeconfig=str(cluster.kubeconfig))
     kube.host = "https://127.0.0.1:1"

@@ -29,6 +29,7 @@ def test_defaults() -> None:
     assert s.leader_election is False
     assert (s.lease_duration, s.renew_deadline, s.retry_period) == (15, 10, 2)
     assert (s.kube_api_qps, s.kube_api_burst) == (20, 30)
+    assert (s.events_qps, s.events_burst) == (10, 50)
     assert (s.effective_queue_qps, s.effective_queue_burst) == (10, 100)
     assert s.kubeconfig is None
     assert s.in_cluster is False
@@ -207,6 +208,10 @@ def test_client_qps_and_kubeconfig() -> None:
     assert load(KUBECONFIG="/tmp/env").kubeconfig == "/tmp/env"
     with pytest.raises(SettingsError, match="KUBE_API_QPS='0'"):
         load(KUBE_API_QPS="0")
+    s = load(EVENTS_QPS="2.5", EVENTS_BURST="5")
+    assert (s.events_qps, s.events_burst) == (2.5, 5)
+    with pytest.raises(SettingsError, match="EVENTS_BURST='0'"):
+        load(EVENTS_BURST="0")
 
 
 def test_every_bad_setting_is_named_in_one_message() -> None:
