@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -105,39 +106,57 @@ def print_predictions(db: Path, limit: int = 10) -> None:
         print(f"  {job:36}  {pod:36}  {prediction:10}  {counter:7}")
 
 
-def run_demo(cluster: LocalCluster, workdir: Path, keep: bool) -> None:
-    kubectl = cluster.kubectl
-    model_port, storage_port = free_port(), free_port()
-    db = workdir / "storage.sqlite"
+@dataclass(frozen=True)
+class DemoServers:
+    model_port: int
+    storage_port: int
+    db: Path
+
+
+@contextlib.contextmanager
+def demo_servers(workdir: Path) -> Iterator[DemoServers]:
+    """KServe's model server (iris) and the storage service seeded with iris, on loopback."""
+    servers = DemoServers(free_port(), free_port(), workdir / "storage.sqlite")
     step("starting KServe's model server (iris, trained now) and the storage service")
-    model_cmd = [sys.executable, "-m", "hack.model_server", "--port", str(model_port)]
+    model_cmd = [sys.executable, "-m", "hack.model_server", "--port", str(servers.model_port)]
     storage_cmd = [
-        sys.executable, "-m", "hack.storage_service", "--port", str(storage_port),
-        "--db", str(db), "--user", STORAGE_USER, "--password", STORAGE_PASSWORD,
+        sys.executable, "-m", "hack.storage_service", "--port", str(servers.storage_port),
+        "--db", str(servers.db), "--user", STORAGE_USER, "--password", STORAGE_PASSWORD,
         "--seed-iris", INPUT_TABLE,
     ]  # fmt: skip
-    model_ready = f"http://127.0.0.1:{model_port}/v2/health/ready"
-    storage_ready = f"http://127.0.0.1:{storage_port}/"
+    model_ready = f"http://127.0.0.1:{servers.model_port}/v2/health/ready"
+    storage_ready = f"http://127.0.0.1:{servers.storage_port}/"
     with (
         process(model_cmd, workdir / "model-server.log", model_ready),
         process(storage_cmd, workdir / "storage.log", storage_ready),
     ):
+        yield servers
+
+
+def endpoint_secret(storage_port: int) -> dict[str, Any]:
+    """The finops-database-handler endpoint Secret the example's config names."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": SECRET, "namespace": SECRET_NAMESPACE},
+        "data": {
+            "server-url": b64(f"http://127.0.0.1:{storage_port}"),
+            "username": b64(STORAGE_USER),
+            "password": b64(STORAGE_PASSWORD),
+        },
+    }
+
+
+def run_demo(cluster: LocalCluster, workdir: Path, keep: bool) -> None:
+    kubectl = cluster.kubectl
+    with demo_servers(workdir) as servers:
+        model_port, db = servers.model_port, servers.db
         step("installing the CRDs and the chart's RBAC")
         install_crds(cluster)
         for ns in (NAMESPACE, SECRET_NAMESPACE):
             kubectl("create", "namespace", ns)
         kubeconfig = setup_rbac(cluster, workdir)
-        secret = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": SECRET, "namespace": SECRET_NAMESPACE},
-            "data": {
-                "server-url": b64(f"http://127.0.0.1:{storage_port}"),
-                "username": b64(STORAGE_USER),
-                "password": b64(STORAGE_PASSWORD),
-            },
-        }
-        kubectl("apply", "-f", "-", input=json.dumps(secret))
+        kubectl("apply", "-f", "-", input=json.dumps(endpoint_secret(servers.storage_port)))
 
         step("starting the controller (python -m controller) as the chart's ServiceAccount")
         env = {

@@ -23,16 +23,13 @@ import yaml
 from hack import chart
 from hack.cluster import free_port
 from hack.demo import (
-    INPUT_TABLE,
     NAMESPACE,
     SECRET,
     SECRET_NAMESPACE,
-    STORAGE_PASSWORD,
-    STORAGE_USER,
-    b64,
     demo_manifests,
+    demo_servers,
+    endpoint_secret,
     print_predictions,
-    process,
     step,
 )
 from hack.realnode import CONTROLLER_IMAGE, RUNNER_IMAGE, NodeUnavailable, RealCluster, real_cluster
@@ -59,36 +56,11 @@ def run_node_demo(real: RealCluster, workdir: Path, keep: bool) -> None:
     assert real.cluster is not None
     kubectl = real.cluster.kubectl
     print(kubectl("get", "nodes", "-o", "wide").stdout)
-    model_port, storage_port = free_port(), free_port()
-    db = workdir / "storage.sqlite"
-    step("starting KServe's model server (iris, trained now) and the storage service")
-    model_cmd = [sys.executable, "-m", "hack.model_server", "--port", str(model_port)]
-    storage_cmd = [
-        sys.executable, "-m", "hack.storage_service", "--port", str(storage_port),
-        "--db", str(db), "--user", STORAGE_USER, "--password", STORAGE_PASSWORD,
-        "--seed-iris", INPUT_TABLE,
-    ]  # fmt: skip
-    with (
-        process(
-            model_cmd,
-            workdir / "model-server.log",
-            f"http://127.0.0.1:{model_port}/v2/health/ready",
-        ),
-        process(storage_cmd, workdir / "storage.log", f"http://127.0.0.1:{storage_port}/"),
-    ):
+    with demo_servers(workdir) as servers:
+        model_port, db = servers.model_port, servers.db
         for ns in (NAMESPACE, SECRET_NAMESPACE):
             kubectl("create", "namespace", ns)
-        secret = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": SECRET, "namespace": SECRET_NAMESPACE},
-            "data": {
-                "server-url": b64(f"http://127.0.0.1:{storage_port}"),
-                "username": b64(STORAGE_USER),
-                "password": b64(STORAGE_PASSWORD),
-            },
-        }
-        kubectl("apply", "-f", "-", input=json.dumps(secret))
+        kubectl("apply", "-f", "-", input=json.dumps(endpoint_secret(servers.storage_port)))
 
         step(
             f"helm install {RELEASE} deploy/kserve-inference-controller (images {CONTROLLER_IMAGE})"
