@@ -40,7 +40,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -602,6 +602,24 @@ def running_cluster(workdir: Path | None = None, keep: bool = False) -> Iterator
             shutil.rmtree(path, ignore_errors=True)
 
 
+class StopSignals:
+    """SIGTERM/SIGINT set a flag instead of interrupting, so a foreground command stops in order."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.requested = True
+
+    def wait(self, check_alive: Callable[[], None], interval: float = 0.5) -> None:
+        """Return once a stop was asked for; ``check_alive`` raises if something died meanwhile."""
+        while not self.requested:
+            time.sleep(interval)
+            check_alive()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m hack.cluster", description="A local Kubernetes control plane."
@@ -616,23 +634,14 @@ def main(argv: list[str] | None = None) -> int:
         print(ensure_binaries())
         return 0
 
-    stop = False
-
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = StopSignals()
     with running_cluster(args.workdir, keep=args.workdir is not None) as cluster:
         print(f"control plane ready at {cluster.server}")
         print(f"  export KUBECONFIG={cluster.kubeconfig}")
         print(f"  kubectl:  {cluster.bin_dir / 'kubectl'}")
         print(f"  logs:     {cluster.log_dir}   audit log: {cluster.audit_log}")
         print("Ctrl-C stops it and removes its files.", flush=True)
-        while not stop:
-            time.sleep(0.5)
-            cluster._check_alive()
+        stop.wait(cluster._check_alive)
     return 0
 
 

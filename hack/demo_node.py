@@ -113,8 +113,7 @@ def run_node_demo(real: RealCluster, workdir: Path, keep: bool) -> None:
             with contextlib.suppress(KeyboardInterrupt):
                 while True:
                     time.sleep(1)
-                    for node in real.nodes:
-                        node.check_alive()
+                    real.check_alive()
 
 
 def main(argv: list[str] | None = None) -> int:

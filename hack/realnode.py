@@ -57,6 +57,7 @@ import yaml
 from hack.cluster import (
     REPO,
     LocalCluster,
+    StopSignals,
     User,
     ensure_binaries,
     free_port,
@@ -665,6 +666,11 @@ class RealCluster:
                     del pending[name]
             time.sleep(0.5)
 
+    def check_alive(self) -> None:
+        """Raise if a node's containerd or kubelet has exited."""
+        for node in self.nodes:
+            node.check_alive()
+
     def stop(self) -> None:
         for node in reversed(self.nodes):
             node.stop()
@@ -817,24 +823,14 @@ def main(argv: list[str] | None = None) -> int:
             with tempfile.TemporaryDirectory() as tmp:
                 print(build_images(prepared, Path(tmp)))
             return 0
-        stop = False
-
-        def on_signal(signum: int, _frame: object) -> None:
-            nonlocal stop
-            stop = True
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        stop = StopSignals()
         with real_cluster(args.nodes) as real:
             assert real.cluster is not None
             print(f"control plane with {args.nodes} real nodes at {real.cluster.server}")
             print(f"  export KUBECONFIG={real.cluster.kubeconfig}")
             print(f"  kubectl: {real.cluster.bin_dir / 'kubectl'}")
             print("Ctrl-C stops it and removes everything it started.", flush=True)
-            while not stop:
-                time.sleep(0.5)
-                for node in real.nodes:
-                    node.check_alive()
+            stop.wait(real.check_alive)
     except NodeUnavailable as e:
         print(f"real node unavailable: {e}", file=sys.stderr)
         return 1
