@@ -40,6 +40,12 @@ client-go's reflector and indexer, in asyncio, on raw watch streams:
 - **Slim objects.** ``metadata.managedFields`` and the
   ``kubectl.kubernetes.io/last-applied-configuration`` annotation are dropped
   before caching; they are most of an object's size and nobody here reads them.
+- **Transform** (client-go's ``SetTransform``): an optional function applied
+  to every object before it is cached or handed to a handler, whether it came
+  from a list, a watch event or :meth:`Informer.assume`. It may return a
+  smaller projection of the object, or ``None`` to keep the object out of this
+  cache altogether (an object that leaves the cache this way is delivered to
+  ``on_delete``). It must not change the object's key or resourceVersion.
 - **Indexes.** Named index functions map an object to keys ("runs by config",
   "children by owner uid"), answered without a scan by :meth:`Informer.by_index`.
 - **Handlers** are plain synchronous callbacks (they enqueue keys); an
@@ -87,6 +93,7 @@ MAX_RETRY_AFTER = 30.0
 ObjList = list[Obj]
 KeyList = list[str]
 IndexFunc = Callable[[Obj], Iterable[str]]
+Transform = Callable[[Obj], Obj | None]
 OnAdd = Callable[[Obj], None]
 OnUpdate = Callable[[Obj, Obj], None]
 OnDelete = Callable[[Obj], None]
@@ -421,6 +428,7 @@ class Informer:
         rng: random.Random | None = None,
         page_size: int = PAGE_SIZE,
         watch_timeout: tuple[int, int] = (MIN_WATCH_TIMEOUT, MAX_WATCH_TIMEOUT),
+        transform: Transform | None = None,
     ) -> None:
         if not resource.namespaced and namespaces:
             raise ValueError(f"{resource.kind} is cluster-scoped: no namespaces to choose")
@@ -430,6 +438,7 @@ class Informer:
         self.label_selector = label_selector
         self.field_selector = field_selector
         self.store = Store(indexers)
+        self.transform = transform
         self.page_size = page_size
         self.watch_timeout = watch_timeout
         # None = one cluster-wide scope.
@@ -503,7 +512,9 @@ class Informer:
         the watch event carrying the same resourceVersion will not call one
         either. An older version never replaces a newer one already cached.
         """
-        new = slim(obj)
+        new = self._prepare(obj)
+        if new is None:
+            return
         old = self.store.get(object_key(new))
         if old is not None and _is_older(resource_version(new), resource_version(old)):
             return
@@ -659,7 +670,12 @@ class Informer:
         if kind == "BOOKMARK":
             return rv
         if kind in ("ADDED", "MODIFIED"):
-            new = slim(obj)
+            new = self._prepare(obj)
+            if new is None:
+                left = self.store.remove(object_key(obj))
+                if left is not None:
+                    self._dispatch_delete(left)
+                return rv
             old = self.store.upsert(new)
             if old is None:
                 self._dispatch_add(new)
@@ -667,16 +683,23 @@ class Informer:
                 self._dispatch_update(old, new)
             # else: the event of a write already assumed into the cache.
         elif kind == "DELETED":
-            gone = slim(obj)
-            self.store.remove(object_key(gone))
-            self._dispatch_delete(gone)
+            gone = self._prepare(obj)
+            cached = self.store.remove(object_key(obj))
+            if gone is not None:
+                self._dispatch_delete(gone)
+            elif cached is not None:
+                self._dispatch_delete(cached)
         else:
             self._log.warning("unknown watch event type", type=kind)
         return rv
 
     def replace(self, namespace: str | None, items: Iterable[Obj]) -> None:
         """Make the scope's cache equal to a fresh list, calling the handlers for differences."""
-        fresh = {object_key(obj): slim(obj) for obj in items}
+        fresh: dict[str, Obj] = {}
+        for obj in items:
+            new = self._prepare(obj)
+            if new is not None:
+                fresh[object_key(new)] = new
         if namespace is None:
             stale = [key for key in self.store.list_keys() if key not in fresh]
         else:
@@ -697,6 +720,11 @@ class Informer:
         self._synced_scopes.add(namespace)
         if len(self._synced_scopes) == len(self._scopes):
             self._synced.set()
+
+    def _prepare(self, obj: Obj) -> Obj | None:
+        """The object as this cache keeps it: slimmed, then transformed (``None``: not kept)."""
+        slimmed = slim(obj)
+        return slimmed if self.transform is None else self.transform(slimmed)
 
     # -------------------------------------------------------------- dispatch
 

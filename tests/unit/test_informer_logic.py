@@ -339,6 +339,59 @@ def test_own_writes_are_assumed_into_the_cache_without_a_second_notification(
     assert seen.calls[-1] == ("delete", "ns/job", "7")
 
 
+def _project(o: dict[str, Any]) -> dict[str, Any] | None:
+    """A transform: drops namespace "other", keeps only metadata and spec.x."""
+    if o["metadata"].get("namespace") == "other" or (o.get("spec") or {}).get("skip"):
+        return None
+    return {"metadata": o["metadata"], "spec": {"x": (o.get("spec") or {}).get("x")}}
+
+
+def test_a_transform_shapes_every_path_into_the_cache(source: FakeSource) -> None:
+    informer = Informer(source, RUNS, transform=_project)
+    seen = Recorder(informer)
+    big = obj("a", "1", spec={"x": 1, "y": "big"}, metadata={"managedFields": [{}]})
+    informer.handle_event(ev("ADDED", big))
+    assert informer.get("ns", "a") == {
+        "metadata": {"name": "a", "namespace": "ns", "resourceVersion": "1"},
+        "spec": {"x": 1},
+    }
+    informer.assume(obj("b", "2", spec={"x": 2, "y": "big"}))
+    assert informer.get("ns", "b") == {
+        "metadata": {"name": "b", "namespace": "ns", "resourceVersion": "2"},
+        "spec": {"x": 2},
+    }
+    informer.replace(None, [obj("c", "3", spec={"y": 1}), obj("d", "3", namespace="other")])
+    assert informer.get("ns", "c") == {
+        "metadata": {"name": "c", "namespace": "ns", "resourceVersion": "3"},
+        "spec": {"x": None},
+    }
+    assert informer.get("other", "d") is None
+    # The relist replaced the scope: a and b were not in it.
+    assert seen.calls == [
+        ("add", "ns/a", "1"),
+        ("add", "ns/c", "3"),
+        ("delete", "ns/a", "1"),
+        ("delete", "ns/b", "2"),
+    ]
+
+
+def test_objects_the_transform_rejects_are_never_cached_nor_delivered(
+    source: FakeSource,
+) -> None:
+    informer = Informer(source, RUNS, transform=_project)
+    seen = Recorder(informer)
+    informer.handle_event(ev("ADDED", obj("d", "1", namespace="other")))
+    informer.assume(obj("e", "2", namespace="other"))
+    informer.handle_event(ev("DELETED", obj("d", "3", namespace="other")))
+    assert informer.list() == []
+    assert seen.calls == []
+    # An object that stops passing the transform leaves the cache as a delete.
+    informer.handle_event(ev("ADDED", obj("a", "4")))
+    informer.handle_event(ev("MODIFIED", obj("a", "5", spec={"skip": True})))
+    assert informer.get("ns", "a") is None
+    assert seen.calls == [("add", "ns/a", "4"), ("delete", "ns/a", "4")]
+
+
 def test_error_events_expire_or_fail_the_watch(source: FakeSource) -> None:
     informer = Informer(source, RUNS)
     with pytest.raises(WatchExpired):
