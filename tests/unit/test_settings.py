@@ -28,7 +28,7 @@ def test_defaults() -> None:
     assert (s.bind_address, s.metrics_port, s.health_port) == ("0.0.0.0", 8080, 8081)
     assert s.leader_election is False
     assert (s.lease_duration, s.renew_deadline, s.retry_period) == (15, 10, 2)
-    assert (s.kube_api_qps, s.kube_api_burst) == (20, 30)
+    assert (s.kube_api_qps, s.kube_api_burst) == (200, 400)
     assert (s.events_qps, s.events_burst) == (10, 50)
     assert (s.effective_queue_qps, s.effective_queue_burst) == (10, 100)
     assert s.kubeconfig is None
