@@ -744,6 +744,8 @@ class NodeAgent:
         if run is None:
             raise web.HTTPNotFound(text=f"pod {ns}/{name} is not on this node")
         log_path = run.root.parent / f"{run.root.name}-{container}.log"
+        if request.query.get("follow") == "true":
+            return await self._follow_log(request, run, container, log_path)
         data = log_path.read_bytes() if log_path.exists() else b""
         if "tailLines" in request.query:
             n = int(request.query["tailLines"])
@@ -751,6 +753,29 @@ class NodeAgent:
         if "limitBytes" in request.query:
             data = data[: int(request.query["limitBytes"])]
         return web.Response(body=data, content_type="text/plain")
+
+    async def _follow_log(
+        self, request: web.Request, run: PodRun, container: str, log_path: Path
+    ) -> web.StreamResponse:
+        """``follow=true``: what the log holds, then what the process adds, until it exits."""
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        offset = 0
+        while True:
+            proc = run.procs.get(container)
+            finished = run.deleting or (proc is not None and proc.returncode is not None)
+            if log_path.exists():
+                with log_path.open("rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+                if data:
+                    offset += len(data)
+                    await response.write(data)
+            if finished:
+                break
+            await asyncio.sleep(0.2)
+        await response.write_eof()
+        return response
 
     async def healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok")

@@ -490,6 +490,22 @@ class KubeClient:
                 ) from exc
         return data.decode("utf-8", errors="replace")
 
+    async def follow_pod_log(
+        self, namespace: str, name: str, *, container: str, since_seconds: int | None = None
+    ) -> AsyncIterator[str]:
+        """A container's log lines as it writes them (``pods/log?follow=true``), until it ends."""
+        path = PODS.path(namespace, name, "log")
+        params = _params(container=container, follow="true", sinceSeconds=since_seconds)
+        timeout = aiohttp.ClientTimeout(total=None, connect=self.request_timeout)
+        async with self._open("get", "GET", path, params=params, timeout=timeout) as response:
+            try:
+                async for raw in response.content:
+                    yield raw.decode("utf-8", errors="replace").rstrip("\n")
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise TransportError(
+                    0, type(exc).__name__, str(exc), verb="get", path=path
+                ) from exc
+
     async def delete(
         self,
         resource: Resource,

@@ -13,6 +13,7 @@ import pytest
 from controller.kube.client import (
     CONFIGMAPS,
     NAMESPACES,
+    PODS,
     AlreadyExists,
     Conflict,
     Forbidden,
@@ -23,6 +24,7 @@ from controller.kube.client import (
 )
 from controller.metrics import Metrics
 from hack.cluster import LocalCluster
+from tests.kubehelpers import eventually
 
 
 def configmap(name: str, **data: str) -> dict[str, Any]:
@@ -206,3 +208,40 @@ async def test_watch_streams_big_objects(kube: KubeClient, namespace: str) -> No
     await kube.create(CONFIGMAPS, namespace, configmap("big", blob=big))
     await asyncio.wait_for(task, timeout=30)
     assert events[-1]["object"]["data"]["blob"] == big
+
+
+async def test_follow_pod_log_streams_lines_as_the_container_writes_them(
+    kube: KubeClient, namespace: str
+) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "talker"},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "test.local/talker:1",
+                    "command": ["sh", "-c", "echo first; sleep 3; echo second"],
+                }
+            ],
+        },
+    }
+    await kube.create(PODS, namespace, pod)
+
+    async def running() -> bool:
+        pod = await kube.get(PODS, namespace, "talker")
+        return (pod.get("status") or {}).get("phase") == "Running"
+
+    await eventually(running, within=30, interval=0.1, what="the pod running")
+    lines: list[tuple[str, str]] = []
+    async with asyncio.timeout(30):
+        async for line in kube.follow_pod_log(namespace, "talker", container="main"):
+            # The phase at the moment each line arrives: the first comes while
+            # the container is still writing, so this is a stream, not a read
+            # at the end.
+            phase = (await kube.get(PODS, namespace, "talker"))["status"]["phase"]
+            lines.append((line, phase))
+    assert [line for line, _ in lines] == ["first", "second"]
+    assert lines[0][1] == "Running"
