@@ -38,6 +38,7 @@ from controller.kube.workers import Workers
 from controller.kube.workqueue import WorkQueue, default_rate_limiter
 from controller.metrics import Metrics
 from controller.naming import managed_selector
+from controller.projection import projection
 from controller.reconcile import (
     BY_CONFIG,
     BY_RUN_UID,
@@ -71,7 +72,15 @@ class Controller:
         selector = managed_selector()
 
         def informer(resource: Any, **kwargs: Any) -> Informer:
-            return Informer(client, resource, namespaces=namespaces, metrics=metrics, **kwargs)
+            # Each cache keeps only what the controller reads of its kind.
+            return Informer(
+                client,
+                resource,
+                namespaces=namespaces,
+                metrics=metrics,
+                transform=projection(resource.kind),
+                **kwargs,
+            )
 
         children = {BY_RUN_UID: run_uid_index, BY_CONFIG_UID: config_uid_index}
         self.caches = Caches(

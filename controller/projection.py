@@ -1,0 +1,236 @@
+"""What the caches keep of each kind: projections (client-go's ``SetTransform``).
+
+Every object an informer caches goes through one of these first (list,
+watch event, or an own write put into the cache with ``assume``), so the
+controller holds only the fields something here reads, not the whole object
+the API server sends (a Job is about 13 KB of parsed Python objects; what
+the controller reads of it, under 1 KB). The readers, and what they read:
+
+- **runs, configs** (``InferenceRun``/``InferenceConfig.model_validate`` in
+  ``controller.reconcile``/``controller.config_reconcile``, the config index,
+  the phase gauge, Events about them, status writes): ``apiVersion``,
+  ``kind``, ``spec`` and ``status`` whole, and the metadata of
+  :data:`OBJECT_META` (their labels, annotations, finalizers and owners are
+  never read). A status write PUTs ``{**cached, "status": new}`` to the
+  status subresource, where the API server keeps everything of the stored
+  object but its status and checks ``metadata.resourceVersion``: the
+  projection keeps name, namespace, uid and resourceVersion, so the write is
+  the same.
+- **Jobs, CronJobs** (``controller.plan``: children by owner, drift by the
+  desired-hash annotation, ``suspend``; ``controller.status``: the Job's
+  conditions, start and completion times, the CronJob's ``active`` and
+  ``lastScheduleTime``; ``controller.probe``: a probe Job's conditions and
+  generation annotation; the indexes): metadata with the labels of
+  :data:`LABELS`, the annotations of :data:`ANNOTATIONS` and the owner
+  references, ``spec.suspend`` and those status fields.
+- **ConfigMaps** (found by owner, drift by the desired-hash annotation;
+  ``binaryData`` only for whether it is there): metadata as for Jobs and
+  ``binaryData`` as an empty mapping when present. The contract
+  (``data``) is rendered, never read back.
+- **Pods** (``controller.status``/``controller.probe``: the runner container's
+  state and the PodScheduled condition; the progress reader: which runner
+  runs, its namespace, name and completion index): metadata as for Jobs and
+  ``status.containerStatuses`` (name and state: running; terminated exit
+  code, message and finish time; waiting reason and message) and
+  ``status.conditions`` (type, status, reason, message).
+
+Everything else a reader looks at is absent, which the readers already take
+as "not set" (``.get``): a projection changes what is kept, never what a
+reader concludes. Strings many objects repeat (namespaces, kinds, label keys
+and values, uids, condition reasons, timestamps) are interned, so every
+cached object shares one copy. A projection never returns its input's
+dicts: the raw object of a watch event or a list page is not kept alive.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from controller.kube.client import Obj
+from controller.naming import (
+    CONFIG_UID_LABEL,
+    DESIRED_HASH_ANNOTATION,
+    RUN_SPEC_HASH_ANNOTATION,
+    RUN_UID_LABEL,
+)
+from controller.probe import PROBE_GENERATION_ANNOTATION
+from controller.reconcile import COMPLETION_INDEX_LABEL
+
+# metadata fields the readers of every kind use.
+OBJECT_META = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+)
+# Labels read from children: the indexes (run, config) and the pods' Job and shard.
+JOB_NAME_LABEL = "job-name"
+LABELS = frozenset({RUN_UID_LABEL, CONFIG_UID_LABEL, JOB_NAME_LABEL, COMPLETION_INDEX_LABEL})
+# Annotations read from children: drift, the spec a Job was made from, a probe's generation.
+ANNOTATIONS = frozenset(
+    {DESIRED_HASH_ANNOTATION, RUN_SPEC_HASH_ANNOTATION, PROBE_GENERATION_ANNOTATION}
+)
+OWNER_FIELDS = ("apiVersion", "kind", "name", "uid", "controller")
+CONDITION_FIELDS = ("type", "status", "reason", "message", "lastTransitionTime")
+POD_CONDITION_FIELDS = ("type", "status", "reason", "message")
+TERMINATED_FIELDS = ("exitCode", "message", "finishedAt")
+WAITING_FIELDS = ("reason", "message")
+JOB_STATUS_FIELDS = ("startTime", "completionTime")
+
+Projection = Callable[[Obj], Obj | None]
+
+
+def intern(value: Any) -> Any:
+    """``value`` itself, or the one shared copy of it when it is a string."""
+    return sys.intern(value) if type(value) is str else value
+
+
+def _pick(source: Mapping[str, Any], fields: Iterable[str]) -> dict[str, Any]:
+    """The ``fields`` that ``source`` has, strings interned."""
+    return {sys.intern(k): intern(source[k]) for k in fields if k in source}
+
+
+def _type_meta(obj: Obj) -> dict[str, Any]:
+    return _pick(obj, ("apiVersion", "kind"))
+
+
+def _strings(values: Mapping[str, Any], keep: frozenset[str]) -> dict[str, Any]:
+    return {sys.intern(k): intern(v) for k, v in values.items() if k in keep}
+
+
+def object_meta(metadata: Mapping[str, Any], *, children: bool) -> dict[str, Any]:
+    """The metadata a reader uses; for children also the labels, annotations and owners read."""
+    meta = _pick(metadata, OBJECT_META)
+    if not children:
+        return meta
+    labels = metadata.get("labels")
+    if isinstance(labels, dict):
+        kept = _strings(labels, LABELS)
+        if kept:
+            meta["labels"] = kept
+    annotations = metadata.get("annotations")
+    if isinstance(annotations, dict):
+        kept = _strings(annotations, ANNOTATIONS)
+        if kept:
+            meta["annotations"] = kept
+    owners = metadata.get("ownerReferences")
+    if isinstance(owners, list):
+        meta["ownerReferences"] = [
+            _pick(ref, OWNER_FIELDS) for ref in owners if isinstance(ref, dict)
+        ]
+    return meta
+
+
+def _conditions(status: Mapping[str, Any], fields: tuple[str, ...]) -> list[dict[str, Any]]:
+    return [_pick(c, fields) for c in status.get("conditions") or [] if isinstance(c, dict)]
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+# ------------------------------------------------------------------------- the kinds
+
+
+def project_custom(obj: Obj) -> Obj:
+    """An InferenceRun or InferenceConfig: type, the metadata read, spec and status whole."""
+    out = _type_meta(obj)
+    out["metadata"] = object_meta(_dict(obj.get("metadata")), children=False)
+    for part in ("spec", "status"):
+        if part in obj:
+            out[part] = obj[part]
+    return out
+
+
+def project_job(obj: Obj) -> Obj:
+    out = _type_meta(obj)
+    out["metadata"] = object_meta(_dict(obj.get("metadata")), children=True)
+    spec = _dict(obj.get("spec"))
+    if "suspend" in spec:
+        out["spec"] = {"suspend": spec["suspend"]}
+    status = _dict(obj.get("status"))
+    kept = _pick(status, JOB_STATUS_FIELDS)
+    if status.get("conditions"):
+        kept["conditions"] = _conditions(status, CONDITION_FIELDS)
+    if kept:
+        out["status"] = kept
+    return out
+
+
+def project_cronjob(obj: Obj) -> Obj:
+    out = _type_meta(obj)
+    out["metadata"] = object_meta(_dict(obj.get("metadata")), children=True)
+    spec = _dict(obj.get("spec"))
+    if "suspend" in spec:
+        out["spec"] = {"suspend": spec["suspend"]}
+    status = _dict(obj.get("status"))
+    kept = _pick(status, ("lastScheduleTime",))
+    if status.get("active"):
+        # Read only for whether a Job is running: who, by name and uid.
+        kept["active"] = [
+            _pick(ref, ("name", "uid")) for ref in status["active"] if isinstance(ref, dict)
+        ]
+    if kept:
+        out["status"] = kept
+    return out
+
+
+def project_configmap(obj: Obj) -> Obj:
+    out = _type_meta(obj)
+    out["metadata"] = object_meta(_dict(obj.get("metadata")), children=True)
+    if "binaryData" in obj:
+        # Read only for whether it is there (an update then clears it).
+        out["binaryData"] = {}
+    return out
+
+
+def _container_status(status: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": intern(status.get("name"))}
+    state = _dict(status.get("state"))
+    kept: dict[str, Any] = {}
+    if "running" in state:
+        kept["running"] = _pick(_dict(state["running"]), ("startedAt",))
+    if "terminated" in state:
+        kept["terminated"] = _pick(_dict(state["terminated"]), TERMINATED_FIELDS)
+    if "waiting" in state:
+        kept["waiting"] = _pick(_dict(state["waiting"]), WAITING_FIELDS)
+    out["state"] = kept
+    return out
+
+
+def project_pod(obj: Obj) -> Obj:
+    out = _type_meta(obj)
+    out["metadata"] = object_meta(_dict(obj.get("metadata")), children=True)
+    status = _dict(obj.get("status"))
+    kept: dict[str, Any] = {}
+    # Every container: a probe pod that cannot start is told by any container's waiting state.
+    containers = [
+        _container_status(s) for s in status.get("containerStatuses") or [] if isinstance(s, dict)
+    ]
+    if containers:
+        kept["containerStatuses"] = containers
+    if status.get("conditions"):
+        kept["conditions"] = _conditions(status, POD_CONDITION_FIELDS)
+    if kept:
+        out["status"] = kept
+    return out
+
+
+PROJECTIONS: dict[str, Projection] = {
+    "InferenceRun": project_custom,
+    "InferenceConfig": project_custom,
+    "Job": project_job,
+    "CronJob": project_cronjob,
+    "ConfigMap": project_configmap,
+    "Pod": project_pod,
+}
+
+
+def projection(kind: str) -> Projection:
+    """The projection of the cached ``kind``."""
+    return PROJECTIONS[kind]
