@@ -18,6 +18,12 @@ scales with it: ``10 * n`` tokens per second, burst ``100 * n`` (client-go's
 default at n = 1), unless ``QUEUE_QPS`` / ``QUEUE_BURST`` say otherwise.
 Upstream used n for a bucket of n/s too, so a rate of 1 admitted one retry a
 second; the work queue's per-key backoff already keeps a failing run slow.
+
+``SHARD_COUNT`` = n > 1 and ``SHARD_INDEX`` = i (0..n-1) make this controller
+one of n shards: it handles only the namespaces whose hash mod n is i
+(controller/sharding.py) and elects its leader on the Lease
+``<LEASE_NAME>-shard-<i>-of-<n>`` (:attr:`Settings.effective_lease_name`). An
+index outside 0..n-1 is an error, not a silent shard 0.
 """
 
 from __future__ import annotations
@@ -48,6 +54,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 from pydantic_settings import SettingsError as _SourceError
+
+from controller.sharding import lease_name
 
 # Below one second a "poll" is a hot loop against the API server.
 MIN_POLLING_INTERVAL = 1.0
@@ -230,6 +238,20 @@ class Settings(BaseSettings):
     queue_burst: int | None = Field(
         None, ge=1, description="Work queue retry token bucket burst (default 100 x workers)."
     )
+    shard_count: int = Field(
+        1,
+        ge=1,
+        le=1000,
+        description="Number of controller shards splitting the namespaces between them "
+        "(1: no sharding). Each shard is a separate Deployment with SHARD_INDEX of its own.",
+    )
+    shard_index: int = Field(
+        0,
+        ge=0,
+        description="This controller's shard, 0..SHARD_COUNT-1: it handles the namespaces whose "
+        "hash (the first 32 bits of the name's SHA-256) mod SHARD_COUNT is SHARD_INDEX, and "
+        "elects its leader on the Lease <LEASE_NAME>-shard-<index>-of-<count>.",
+    )
     kubeconfig: OptionalStr = Field(
         None, description="Path of a kubeconfig file (unset: in-cluster, else ~/.kube/config)."
     )
@@ -283,6 +305,16 @@ class Settings(BaseSettings):
             raise ValueError("LEASE_DURATION must be greater than RENEW_DEADLINE")
         if self.renew_deadline <= 1.2 * self.retry_period:
             raise ValueError("RENEW_DEADLINE must be greater than 1.2 x RETRY_PERIOD")
+        if self.shard_index >= self.shard_count:
+            raise ValueError(
+                f"SHARD_INDEX={self.shard_index} is out of range for SHARD_COUNT="
+                f"{self.shard_count}: shards are numbered 0..{self.shard_count - 1}"
+            )
+        if len(self.effective_lease_name) > 253:
+            raise ValueError(
+                f"the Lease name {self.effective_lease_name!r} is longer than 253 characters: "
+                "shorten LEASE_NAME"
+            )
         if self.leader_election and self.lease_namespace is None:
             raise ValueError(
                 "leader election needs the Lease's namespace: set LEASE_NAMESPACE "
@@ -306,6 +338,15 @@ class Settings(BaseSettings):
         if self.pod_namespace is not None and self.pod_namespace != self.lease_namespace:
             return None
         return self.pod_service_account
+
+    @property
+    def effective_lease_name(self) -> str:
+        """The Lease this controller elects its leader on: LEASE_NAME, suffixed per shard.
+
+        ``<LEASE_NAME>-shard-<index>-of-<count>`` when SHARD_COUNT > 1, so that
+        each shard has a leader of its own (see controller/sharding.py).
+        """
+        return lease_name(self.lease_name, self.shard_index, self.shard_count)
 
     @property
     def watch_namespaces(self) -> tuple[str, ...]:

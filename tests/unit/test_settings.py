@@ -260,3 +260,38 @@ def test_probe_interval_zero_turns_probes_off(value: str, seconds: float) -> Non
 def test_probe_interval_must_be_a_duration() -> None:
     with pytest.raises(SettingsError, match="PROBE_INTERVAL"):
         load_settings([], {"PROBE_INTERVAL": "-1"})
+
+
+def test_shards_default_to_one_and_the_lease_keeps_its_name() -> None:
+    s = load(LEASE_NAME="ksc")
+    assert (s.shard_count, s.shard_index) == (1, 0)
+    assert s.effective_lease_name == "ksc"
+
+
+def test_each_shard_has_a_lease_of_its_own() -> None:
+    s = load(["--shard-index", "1"], LEASE_NAME="ksc", SHARD_COUNT="2")
+    assert (s.shard_count, s.shard_index) == (2, 1)
+    assert s.effective_lease_name == "ksc-shard-1-of-2"
+    assert s.lease_name == "ksc"
+
+
+@pytest.mark.parametrize(
+    ("count", "index", "why"),
+    [
+        ("2", "2", r"SHARD_INDEX=2 is out of range for SHARD_COUNT=2: shards are numbered 0\.\.1"),
+        ("1", "1", r"SHARD_INDEX=1 is out of range for SHARD_COUNT=1"),
+        ("2", "-1", r"SHARD_INDEX='-1'"),
+        ("0", "0", r"SHARD_COUNT='0'"),
+        ("two", "0", r"SHARD_COUNT='two'"),
+        ("1001", "0", r"SHARD_COUNT='1001'"),
+    ],
+)
+def test_a_shard_index_outside_the_count_is_an_error(count: str, index: str, why: str) -> None:
+    with pytest.raises(SettingsError, match=why):
+        load(SHARD_COUNT=count, SHARD_INDEX=index)
+
+
+def test_a_sharded_lease_name_must_stay_a_valid_length() -> None:
+    with pytest.raises(SettingsError, match="longer than 253"):
+        load(LEASE_NAME="a" * 250, SHARD_COUNT="2")
+    assert load(LEASE_NAME="a" * 250).effective_lease_name == "a" * 250
