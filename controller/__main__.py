@@ -34,6 +34,7 @@ from controller.kube.leaderelection import LeadershipLost
 from controller.logging import configure_logging
 from controller.metrics import Metrics
 from controller.settings import Settings, SettingsError, load_settings
+from controller.sharding import Shard
 
 log = structlog.stdlib.get_logger("controller")
 
@@ -210,7 +211,8 @@ async def connect(settings: Settings, kubeconfig: str | None, metrics: Metrics) 
 
 
 async def run(settings: Settings, kubeconfig: str | None) -> int:
-    metrics = Metrics()
+    shard = Shard.of(settings)
+    metrics = Metrics(shard=shard.label)
     client = await connect(settings, kubeconfig, metrics)
     controller = Controller(settings, client, metrics)
     main = asyncio.create_task(controller.run(), name="controller")
@@ -223,6 +225,8 @@ async def run(settings: Settings, kubeconfig: str | None) -> int:
         workers=settings.workers,
         polling_interval=settings.polling_interval,
         leader_election=settings.leader_election,
+        lease=settings.effective_lease_name,
+        shards=shard.count,
     )
     try:
         await main
@@ -299,6 +303,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
+    shard = Shard.of(settings)
+    if shard.sharded:
+        # Every log line says which shard wrote it (the tasks inherit the context).
+        structlog.contextvars.bind_contextvars(shard=shard.label)
     try:
         kubeconfig = usable_kubeconfig(settings)
         return asyncio.run(run(settings, kubeconfig))

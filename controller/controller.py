@@ -17,6 +17,12 @@ leader election when enabled:
 
 Informers run on a standby replica too, so it is ready (and ``/readyz`` says
 so) the moment it takes the lease over.
+
+Sharded (``SHARD_COUNT`` > 1, controller/sharding.py), the caches of runs and
+their children keep only this shard's namespaces (the shard's filter is the
+informers' first transform), configs are cached everywhere (a run may use one
+of another namespace) but reconciled only by their namespace's shard, and the
+leader is elected on the shard's own Lease.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from controller.reconcile import (
 )
 from controller.server import Servers, start_servers
 from controller.settings import Settings
+from controller.sharding import Shard, compose
 
 log = structlog.stdlib.get_logger(__name__)
 
@@ -71,21 +78,26 @@ class Controller:
         namespaces = settings.watch_namespaces
         selector = managed_selector()
 
-        def informer(resource: Any, **kwargs: Any) -> Informer:
-            # Each cache keeps only what the controller reads of its kind.
+        # SHARD_COUNT > 1: only this shard's namespaces (controller/sharding.py).
+        self.shard = shard = Shard.of(settings)
+
+        def informer(resource: Any, *, all_shards: bool = False, **kwargs: Any) -> Informer:
+            # Each cache keeps only what the controller reads of its kind, and
+            # only this shard's objects: the shard's filter drops first.
             return Informer(
                 client,
                 resource,
-                namespaces=namespaces,
+                namespaces=namespaces if all_shards else shard.narrow(namespaces),
                 metrics=metrics,
-                transform=projection(resource.kind),
+                transform=compose(None if all_shards else shard.keep, projection(resource.kind)),
                 **kwargs,
             )
 
         children = {BY_RUN_UID: run_uid_index, BY_CONFIG_UID: config_uid_index}
         self.caches = Caches(
             runs=informer(RUNS, indexers={BY_CONFIG: config_index, BY_UID: _uid_index}),
-            configs=informer(CONFIGS, indexers={BY_UID: _uid_index}),
+            # Every shard's: a run may use a config of another namespace.
+            configs=informer(CONFIGS, all_shards=True, indexers={BY_UID: _uid_index}),
             jobs=informer(JOBS, label_selector=selector, indexers=children),
             cronjobs=informer(CRONJOBS, label_selector=selector, indexers=children),
             configmaps=informer(CONFIGMAPS, label_selector=selector, indexers=children),
@@ -208,7 +220,8 @@ class Controller:
             )
 
         def enqueue_runs_of(config: Obj) -> None:
-            self.config_queue.add(object_key(config))
+            if self.shard.owns(config["metadata"].get("namespace")):
+                self.config_queue.add(object_key(config))
             for run in runs.by_index(BY_CONFIG, object_key(config)):
                 self.queue.add(object_key(run))
 
@@ -271,7 +284,7 @@ class Controller:
                     assert settings.lease_namespace is not None  # checked by Settings
                     self.elector = LeaderElector(
                         self.client,
-                        name=settings.lease_name,
+                        name=settings.effective_lease_name,
                         namespace=settings.lease_namespace,
                         identity=self.identity,
                         lease_duration=settings.lease_duration,
@@ -285,7 +298,7 @@ class Controller:
                 else:
                     # One replica, no election: it leads (alerts and dashboards
                     # read this gauge either way).
-                    self.metrics.leader_election_disabled(settings.lease_name)
+                    self.metrics.leader_election_disabled(settings.effective_lease_name)
                     tasks.create_task(self._work(), name="workers")
         finally:
             self.queue.shut_down()

@@ -147,7 +147,10 @@ RECONCILE_RESULTS: tuple[str, ...] = (
 class Metrics:
     """The controller's metrics, registered on ``registry`` (a new one by default)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, *, process: bool = True) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, process: bool = True, shard: str = ""
+    ) -> None:
+        """``shard``: ``<index>-of-<count>`` when the controller is sharded (SHARD_COUNT > 1)."""
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
 
@@ -156,11 +159,15 @@ class Metrics:
             ProcessCollector(registry=r)
         self.build_info = Gauge(
             "kserve_inference_controller_build_info",
-            "Always 1; the labels say which version of the controller runs on which Python.",
-            ["version", "python_version"],
+            "Always 1; the labels say which version of the controller runs on which Python, "
+            "and which shard it is (<index>-of-<count>; empty when not sharded).",
+            ["version", "python_version", "shard"],
             registry=r,
         )
-        self.build_info.labels(version=_version(), python_version=platform.python_version()).set(1)
+        # An empty label is no label to Prometheus: unsharded, the series is as it always was.
+        self.build_info.labels(
+            version=_version(), python_version=platform.python_version(), shard=shard
+        ).set(1)
 
         # --- work queue (client-go names, labelled by queue name) ---
         self.workqueue_depth = Gauge(

@@ -13,7 +13,9 @@ ConfigMap), it checks, in order:
 3. **Leader**: with leader election on, the Lease exists, has a holder, and
    was renewed within its ``leaseDurationSeconds``; a deployment whose leader
    crashed, or with no replica running, fails here. With election off this is
-   skipped, not failed.
+   skipped, not failed. Sharded (``SHARD_COUNT`` > 1), it is the Lease of shard
+   ``SHARD_INDEX``, ``<LEASE_NAME>-shard-<index>-of-<count>``; the chart runs
+   one check per shard.
 
 Each check prints ``ok: ...``, ``FAIL: ...`` (what is wrong and what to do)
 or ``skip: ...``; the exit code is 0 when nothing failed, else 1. When the
@@ -332,7 +334,8 @@ async def check_lease(
         return election_off()
     # Settings refuse leader election without a Lease namespace.
     namespace = settings.lease_namespace or ""
-    name = settings.lease_name
+    # This shard's Lease when sharded (SHARD_COUNT/SHARD_INDEX), else LEASE_NAME.
+    name = settings.effective_lease_name
     try:
         lease: Mapping[str, Any] | None = await client.get(LEASES, namespace, name)
     except NotFound:
