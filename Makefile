@@ -34,6 +34,7 @@ binaries:
 	bash hack/helm/build.sh >/dev/null
 	bash hack/kstatus/build.sh >/dev/null
 	bash hack/promtool/build.sh >/dev/null
+	bash hack/kwok/build.sh >/dev/null
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
