@@ -21,16 +21,47 @@ Notebooks, with upstream's semantics but parameterised SQL and validated
 identifiers (``[A-Za-z_][A-Za-z0-9_]*``, quoted):
 
 - ``sklearninput(input_table_name)``: every row of the table, every column as a
-  float: ``{"result": [[...], ...]}``;
+  float: ``{"result": [[...], ...]}``. With the runner's paging arguments
+  (``offset``, ``limit``, and for a sharded run ``shard_index``/``shard_count``)
+  one page of the shard: ``{"result": [...], "total": <rows in the shard>}``
+  (see "Paging" below);
 - ``sklearnoutput``/``tritonoutput(output_table_name, job_uid, pod_uid, predictions)``:
   creates the table if needed and inserts one row per prediction
   ``(jobuid, poduid, prediction, counter)``; prints nothing. The optional
-  ``predictions_offset`` (the runner's chunked writes) is added to ``counter``;
+  ``predictions_offset`` (the runner's chunked writes) is added to ``counter``.
+  With ``idempotency_key`` (the runner's keyed writes, see "Exactly once") each
+  prediction is stored once per key and the answer is ``{"stored", "duplicates"}``;
+- ``outputprogress(output_table_name, job_uid, shard_index, shard_count)``: what a
+  run's shard already stored, ``{"stored": n, "next": k}`` (the runner's resume);
 - ``tritoninput(input_table_name, input_data_length, input_table_column_name,
   key_name, key_value)``: the series ``ORDER BY timestamp`` where
   ``key_name = key_value``, NULL as 0.0, gaps zero-filled at the smallest time
   step, the last ``input_data_length`` values: ``{"result": [[...]]}`` (or
   ``{"result": []}`` when there is no data).
+
+**Paging.** A row's *position* is its place in the table (the stand-in uses
+``rowid - 1``: its tables are written once, so rowids are dense). Shard ``s`` of
+``c`` is the rows whose position ``p`` has ``p % c == s``; ``offset``/``limit``
+count within the shard, so the page ``(offset k, limit n)`` is the shard's rows
+``k .. k+n-1``, i.e. positions ``s + c*k`` onwards. A page shorter than ``limit``
+is the last.
+
+**Exactly once.** A keyed write (``idempotency_key`` present) stores prediction
+``i`` at ``counter = s + c*(predictions_offset + i)`` (the row's position) with
+the key ``<job_uid>/<s>/<position>`` in a unique column ``rowkey`` (added to an
+older table); a key already there is skipped, so a chunk written twice (a
+retried request, a retried pod) is stored once. Unkeyed writes are unchanged.
+
+**Plain JSON routes** (for the runner's ``http`` provider; same Basic auth):
+``GET /tables/{t}/rows?offset&limit&shard_index&shard_count`` ->
+``{"rows": [...], "total": n}``; ``POST /tables/{t}/predictions`` with a JSON body
+``{"job_uid", "pod_uid", "predictions": [...], "predictions_offset", "shard_index",
+"shard_count", "idempotency_key"}`` -> ``{"stored", "duplicates"}``; ``GET
+/tables/{t}/progress?job_uid&shard_index&shard_count`` -> ``{"stored", "next"}``.
+
+**Test hooks**: ``hold_writes_after(n)`` makes every prediction write after the
+``n``-th wait (``writes_held`` is set while one waits) until
+``release_writes()``: a storage stalled mid-run, as ``SIGSTOP`` would make it.
 
 Importable: :class:`StorageService` runs in the caller's event loop and offers
 seeding and read-back helpers for tests.
@@ -115,11 +146,139 @@ def require(arguments: dict[str, str], *names: str) -> list[str]:
     return [arguments[name] for name in names]
 
 
+def _integer(arguments: dict[str, str], name: str, default: int, least: int = 0) -> int:
+    raw = arguments.get(name, "")
+    try:
+        value = int(raw) if raw != "" else default
+    except ValueError:
+        raise NotebookFailed(f"{name} must be an integer, got {raw!r}") from None
+    if value < least:
+        raise NotebookFailed(f"{name} must be at least {least}, got {value}")
+    return value
+
+
+def partition(arguments: dict[str, str]) -> tuple[int, int]:
+    """``(shard_index, shard_count)``, ``(0, 1)`` when absent."""
+    count = _integer(arguments, "shard_count", 1, least=1)
+    index = _integer(arguments, "shard_index", 0)
+    if index >= count:
+        raise NotebookFailed(f"shard_index {index} is not below shard_count {count}")
+    return index, count
+
+
+def page_rows(
+    db: sqlite3.Connection, table: str, arguments: dict[str, str]
+) -> tuple[list[list[float]], int]:
+    """One page of one shard (see "Paging"), and the number of rows in the shard."""
+    quoted = identifier(table, "table name")
+    index, count = partition(arguments)
+    offset = _integer(arguments, "offset", 0)
+    limit = _integer(arguments, "limit", 1 << 62, least=1)
+    last = db.execute(f"SELECT max(rowid) FROM {quoted}").fetchone()[0] or 0
+    total = max(0, -(-(last - index) // count))
+    low = index + count * offset + 1
+    high = index + count * (offset + min(limit, total) - 1) + 1
+    cursor = db.execute(
+        f"SELECT * FROM {quoted} WHERE rowid BETWEEN ? AND ? AND (rowid - 1) % ? = ? "
+        "ORDER BY rowid",
+        (low, high, count, index),
+    )
+    return [[float(value) for value in row] for row in cursor], total
+
+
 def sklearn_input(db: sqlite3.Connection, arguments: dict[str, str]) -> str:
     (table,) = require(arguments, "input_table_name")
+    if any(name in arguments for name in ("offset", "limit", "shard_count")):
+        rows, total = page_rows(db, table, arguments)
+        return orjson.dumps({"result": rows, "total": total}).decode() + "\n"
     cursor = db.execute(f"SELECT * FROM {identifier(table, 'table name')}")
     rows = [[float(value) for value in row] for row in cursor]
     return orjson.dumps({"result": rows}).decode() + "\n"
+
+
+_OUTPUT_TABLE = (
+    "CREATE TABLE IF NOT EXISTS {t} (jobuid TEXT, poduid TEXT, prediction DOUBLE, "
+    "counter INT, created_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP, "
+    "PRIMARY KEY (jobuid, poduid, prediction, counter))"
+)
+
+
+def _keyed_table(db: sqlite3.Connection, table: str) -> str:
+    """The output table with its ``shard`` and unique ``rowkey`` columns (added if missing)."""
+    quoted = identifier(table, "table name")
+    db.execute(_OUTPUT_TABLE.format(t=quoted))
+    columns = {row[1] for row in db.execute(f"PRAGMA table_info({quoted})")}
+    if "shard" not in columns:
+        db.execute(f"ALTER TABLE {quoted} ADD COLUMN shard INT")
+    if "rowkey" not in columns:
+        db.execute(f"ALTER TABLE {quoted} ADD COLUMN rowkey TEXT")
+    db.execute(f'CREATE UNIQUE INDEX IF NOT EXISTS "{table}_rowkey" ON {quoted} (rowkey)')
+    return quoted
+
+
+def store_keyed(
+    db: sqlite3.Connection,
+    table: str,
+    job_uid: str,
+    pod_uid: str,
+    values: list[Any],
+    arguments: dict[str, str],
+) -> dict[str, int]:
+    """Each prediction once per ``<job_uid>/<shard>/<position>`` (see "Exactly once")."""
+    index, count = partition(arguments)
+    offset = _integer(arguments, "predictions_offset", 0)
+    with db:
+        quoted = _keyed_table(db, table)
+        before = db.total_changes
+        positions = (index + count * (offset + i) for i in range(len(values)))
+        db.executemany(
+            f"INSERT OR IGNORE INTO {quoted} (jobuid, poduid, prediction, counter, shard, rowkey) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                (job_uid, pod_uid, value, position, index, f"{job_uid}/{index}/{position}")
+                for value, position in zip(values, positions, strict=False)
+            ),
+        )
+        stored = db.total_changes - before
+    return {"stored": stored, "duplicates": len(values) - stored}
+
+
+def stored_progress(
+    db: sqlite3.Connection, table: str, job_uid: str, arguments: dict[str, str]
+) -> dict[str, int]:
+    """``stored``: keyed predictions of the shard; ``next``: the shard offset they reach
+    without a gap (where a resumed runner continues)."""
+    index, count = partition(arguments)
+    quoted = identifier(table, "table name")
+    exists = db.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+    ).fetchone()
+    if not exists:
+        return {"stored": 0, "next": 0}
+    columns = {row[1] for row in db.execute(f"PRAGMA table_info({quoted})")}
+    if "rowkey" not in columns:
+        return {"stored": 0, "next": 0}
+    where = "WHERE jobuid = ? AND shard = ? AND rowkey IS NOT NULL"
+    stored, last = db.execute(
+        f"SELECT count(*), max(counter) FROM {quoted} {where}", (job_uid, index)
+    ).fetchone()
+    if not stored:
+        return {"stored": 0, "next": 0}
+    if (last - index) // count + 1 == stored:
+        return {"stored": stored, "next": stored}
+    following = 0
+    for (position,) in db.execute(
+        f"SELECT counter FROM {quoted} {where} ORDER BY counter", (job_uid, index)
+    ):
+        if position != index + count * following:
+            break
+        following += 1
+    return {"stored": stored, "next": following}
+
+
+def output_progress(db: sqlite3.Connection, arguments: dict[str, str]) -> str:
+    table, job_uid = require(arguments, "output_table_name", "job_uid")
+    return orjson.dumps(stored_progress(db, table, job_uid, arguments)).decode() + "\n"
 
 
 def store_output(db: sqlite3.Connection, arguments: dict[str, str]) -> str:
@@ -130,6 +289,9 @@ def store_output(db: sqlite3.Connection, arguments: dict[str, str]) -> str:
     values = orjson.loads(predictions)
     if not isinstance(values, list):
         raise NotebookFailed("predictions is not a JSON list")
+    if "idempotency_key" in arguments:
+        answer = store_keyed(db, table, job_uid, pod_uid, values, arguments)
+        return orjson.dumps(answer).decode() + "\n"
     quoted = identifier(table, "table name")
     with db:
         db.execute(
@@ -142,6 +304,10 @@ def store_output(db: sqlite3.Connection, arguments: dict[str, str]) -> str:
             ((job_uid, pod_uid, value, offset + i) for i, value in enumerate(values)),
         )
     return ""
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
 
 
 def _seconds(value: Any) -> float:
@@ -192,7 +358,9 @@ NOTEBOOKS: dict[str, Callable[[sqlite3.Connection, dict[str, str]], str]] = {
     "sklearnoutput": store_output,
     "tritonoutput": store_output,
     "tritoninput": triton_input,
+    "outputprogress": output_progress,
 }
+_WRITERS = frozenset({"sklearnoutput", "tritonoutput"})
 
 
 class StorageService:
@@ -207,8 +375,30 @@ class StorageService:
         self.app = web.Application(client_max_size=1 << 30)
         self.app.router.add_get("/compute/list", self._list)
         self.app.router.add_post("/compute/{notebook}", self._compute)
+        self.app.router.add_get("/tables/{table}/rows", self._rows)
+        self.app.router.add_post("/tables/{table}/predictions", self._predictions)
+        self.app.router.add_get("/tables/{table}/progress", self._progress)
         self._runner: web.AppRunner | None = None
         self.url = ""
+        self.writes = 0
+        self._hold_after: int | None = None
+        self._released = asyncio.Event()
+        self.writes_held = asyncio.Event()
+
+    def hold_writes_after(self, count: int) -> None:
+        """Prediction writes after the ``count``-th wait until :meth:`release_writes`."""
+        self._hold_after = count
+        self._released.clear()
+
+    def release_writes(self) -> None:
+        self._hold_after = None
+        self._released.set()
+
+    async def _write_gate(self) -> None:
+        self.writes += 1
+        if self._hold_after is not None and self.writes > self._hold_after:
+            self.writes_held.set()
+            await self._released.wait()
 
     # -- HTTP -------------------------------------------------------------------------
 
@@ -270,6 +460,8 @@ class StorageService:
         except (orjson.JSONDecodeError, TypeError, OSError) as error:
             # The handler's global error handler: a 500 with the exception's text.
             return web.Response(status=500, text=f"{type(error).__name__}: {error}")
+        if name in _WRITERS:
+            await self._write_gate()
         result = await asyncio.to_thread(self.run_notebook, notebook, argv)
         output = result.stdout if result.exit_code == 0 else result.stderr or result.stdout
         json_wanted = request.headers.get("Accept") == "application/json"
@@ -278,6 +470,63 @@ class StorageService:
             text=output,
             content_type="application/json" if json_wanted else "text/html",
         )
+
+    # -- plain JSON routes (the http provider's paging and keyed writes) ----------------
+
+    async def _sql(self, request: web.Request, work: Callable[[sqlite3.Connection], Any]) -> Any:
+        if not self._authorised(request):
+            raise web.HTTPUnauthorized(text="Unauthorized Access")
+        self.calls[request.path] += 1
+
+        def call() -> Any:
+            with contextlib.closing(self.connect()) as db:
+                return work(db)
+
+        try:
+            return await asyncio.to_thread(call)
+        except NotebookFailed as failure:
+            raise web.HTTPBadRequest(text=str(failure)) from None
+        except sqlite3.OperationalError as error:
+            raise web.HTTPNotFound(text=str(error)) from None
+
+    async def _rows(self, request: web.Request) -> web.StreamResponse:
+        table, query = request.match_info["table"], dict(request.query)
+        rows, total = await self._sql(request, lambda db: page_rows(db, table, query))
+        return web.json_response({"rows": rows, "total": total}, dumps=_dumps)
+
+    async def _predictions(self, request: web.Request) -> web.StreamResponse:
+        table = request.match_info["table"]
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            raise web.HTTPBadRequest(text="the body is not JSON") from None
+        if not isinstance(body, dict) or not {"job_uid", "predictions"} <= body.keys():
+            raise web.HTTPBadRequest(text="job_uid and predictions are required")
+        values = body["predictions"]
+        if isinstance(values, str):
+            values = orjson.loads(values)
+        if not isinstance(values, list):
+            raise web.HTTPBadRequest(text="predictions is not a list")
+        arguments = {k: str(v) for k, v in body.items() if k != "predictions"}
+        if "idempotency_key" not in arguments:
+            raise web.HTTPBadRequest(text="idempotency_key is required")
+        await self._write_gate()
+        answer = await self._sql(
+            request,
+            lambda db: store_keyed(
+                db, table, arguments["job_uid"], arguments.get("pod_uid", ""), values, arguments
+            ),
+        )
+        return web.json_response(answer)
+
+    async def _progress(self, request: web.Request) -> web.StreamResponse:
+        table, query = request.match_info["table"], dict(request.query)
+        if "job_uid" not in query:
+            raise web.HTTPBadRequest(text="job_uid is required")
+        answer = await self._sql(
+            request, lambda db: stored_progress(db, table, query["job_uid"], query)
+        )
+        return web.json_response(answer)
 
     # -- notebooks ----------------------------------------------------------------------
 
@@ -334,6 +583,17 @@ class StorageService:
                 for j, p, v, c in db.execute(
                     f"SELECT jobuid, poduid, prediction, counter FROM "
                     f"{identifier(table, 'table name')} ORDER BY jobuid, poduid, counter"
+                )
+            ]
+
+    def keyed_predictions(self, table: str) -> list[tuple[str, int, int, str, float]]:
+        """``(jobuid, shard, counter, rowkey, prediction)`` of keyed rows, in counter order."""
+        with contextlib.closing(self.connect()) as db:
+            return [
+                (str(j), int(s), int(c), str(k), float(v))
+                for j, s, c, k, v in db.execute(
+                    f"SELECT jobuid, shard, counter, rowkey, prediction FROM "
+                    f"{identifier(table, 'table name')} WHERE rowkey IS NOT NULL ORDER BY counter"
                 )
             ]
 

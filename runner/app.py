@@ -20,6 +20,10 @@ fails at once on those, see :mod:`runner.exitcodes`):
 5. output (5, 8): store the predictions, only after every batch succeeded, so a
    failed run leaves no half-written predictions behind.
 
+When the input entry asks for paging, steps 2, 4 and 5 become one stream
+(:mod:`runner.streaming`): pages in, batches out, each page's predictions stored
+as a keyed chunk, exactly once, resumable after a pod restart.
+
 Environment: ``CONTRACT_PATH``, ``TERMINATION_LOG_PATH``, ``NODE_AGENT_ROOT``
 (:mod:`runner.paths`); ``pod_uid`` (upstream's downward-API variable; ``POD_UID``
 also works); ``POD_NAMESPACE`` (:func:`runner.secrets.pod_namespace`);
@@ -42,7 +46,7 @@ import aiohttp
 import orjson
 from pydantic import ValidationError
 
-from runner import paths, storage, termination
+from runner import paths, storage, streaming, termination
 from runner.batching import Deadline, GaveUp, Transient, shard
 from runner.contract import Contract
 from runner.exitcodes import (
@@ -78,6 +82,9 @@ from runner.secrets import (
     pod_namespace,
 )
 from runner.storage.base import (
+    KEYED_OUTPUT_KEYS,
+    KeyedOutput,
+    Partition,
     StorageContext,
     StorageError,
     StorageProvider,
@@ -168,6 +175,18 @@ def plan(contract: Contract, env: RunnerEnv) -> Plan:
         output_provider = storage.resolve(contract.output, "output", parameters)
     except ValueError as error:
         raise ContractError(str(error)) from None
+    if getattr(input_provider, "paging", None) is not None:
+        clash = sorted(set(parameters) & set(KEYED_OUTPUT_KEYS))
+        if clash:
+            raise ContractError(
+                f"parameters {clash} would overwrite fields of a paged run's keyed output "
+                "writes: rename them"
+            )
+        if not hasattr(output_provider, "store_keyed"):
+            raise ContractError(
+                f"input.{input_provider.key}.paging needs an output provider that stores keyed "
+                f"chunks; {output_provider.key!r} does not"
+            )
     count = contract.sharding.count if contract.sharding else 1
     index = 0
     if count > 1:
@@ -212,6 +231,9 @@ async def execute(
             deadline=deadline,
             log=log,
         )
+        source = streaming.pages_of(work)
+        if source is not None:
+            return await _stream(work, ctx, source, session, deadline, state, log, clock, started)
         state.stage = "input"
         try:
             await work.input.prepare(ctx)
@@ -259,6 +281,76 @@ async def execute(
     )
     return RunResult(
         rows=len(rows), predictions=len(predictions), duration_seconds=finished - started
+    )
+
+
+async def _stream(
+    work: Plan,
+    ctx: StorageContext,
+    source: Any,
+    session: aiohttp.ClientSession,
+    deadline: Deadline,
+    state: RunState,
+    log: Any,
+    clock: Callable[[], float],
+    started: float,
+) -> RunResult:
+    """The streaming path (runner/streaming.py): pages in, keyed chunks out, resumable."""
+    state.stage = "input"
+    try:
+        await work.input.prepare(ctx)
+    except StorageRejected as error:
+        raise InputRejected(error.message) from None
+    except StorageError as error:
+        raise InputError(error.message) from None
+    state.stage = "output"
+    try:
+        await work.output.prepare(ctx)
+    except StorageError as error:
+        raise OutputError(str(error)) from None
+    state.stage = "inference"
+    part = Partition(work.shard_index, work.shard_count)
+    stats = streaming.StreamStats()
+
+    def on_progress(done: int, total: int) -> None:
+        state.rows_done, state.rows_total = done, total
+
+    sink: KeyedOutput = work.output  # type: ignore[assignment]
+    try:
+        await streaming.stream(
+            source,
+            sink,
+            ctx,
+            ModelClient(session, work.model),
+            work.batches,
+            work.contract.kserve.model_input_name,
+            part,
+            deadline,
+            stats,
+            log,
+            on_progress,
+        )
+    except RunnerError as error:
+        error.message = f"{error.message} {streaming.missing_part(stats, part)}"
+        raise
+    finished = clock()
+    log.info(
+        "stream done",
+        rows=stats.rows,
+        resumedRows=stats.resumed,
+        pages=stats.pages,
+        chunks=stats.chunks,
+        duplicates=stats.duplicates,
+        seconds=round(finished - started, 3),
+    )
+    return RunResult(
+        rows=stats.rows,
+        predictions=stats.resumed + stats.predictions,
+        duration_seconds=finished - started,
+        resumed_rows=stats.resumed,
+        pages=stats.pages,
+        chunks=stats.chunks,
+        duplicates=stats.duplicates,
     )
 
 

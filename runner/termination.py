@@ -6,6 +6,9 @@ override it, see :mod:`runner.paths`) into the pod status, cut at 4096 bytes.
 The runner writes:
 
 - on success, compact JSON: ``{"rows": 150, "predictions": 150, "durationSeconds": 1.234}``;
+  a streaming run (:mod:`runner.streaming`) adds ``resumedRows`` (rows an earlier
+  pod stored, counted in ``rows`` and ``predictions``), ``pages``, ``chunks`` and
+  ``duplicates`` (predictions the storage already had);
 - on failure, one line: ``<stage>: <reason>``, e.g.
   ``output: storage answered 200 with a non-JSON body: Traceback ...``.
 
@@ -32,16 +35,27 @@ class RunResult:
     rows: int
     predictions: int
     duration_seconds: float
+    # A streaming run's counts (runner/streaming.py); absent otherwise.
+    resumed_rows: int | None = None
+    pages: int | None = None
+    chunks: int | None = None
+    duplicates: int | None = None
 
 
 def success_message(result: RunResult) -> str:
-    return orjson.dumps(
-        {
-            "rows": result.rows,
-            "predictions": result.predictions,
-            "durationSeconds": round(result.duration_seconds, 3),
-        }
-    ).decode()
+    message: dict[str, Any] = {
+        "rows": result.rows,
+        "predictions": result.predictions,
+        "durationSeconds": round(result.duration_seconds, 3),
+    }
+    if result.resumed_rows is not None:
+        message.update(
+            resumedRows=result.resumed_rows,
+            pages=result.pages,
+            chunks=result.chunks,
+            duplicates=result.duplicates,
+        )
+    return orjson.dumps(message).decode()
 
 
 def failure_message(stage: str, reason: str, redactor: Redactor = REDACTOR) -> str:

@@ -39,7 +39,8 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import aiohttp
 import orjson
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
 
 from runner.batching import Deadline, GaveUp, RetryPolicy, Transient, call_with_retries
 from runner.httputil import RETRYABLE_4XX, retry_after_seconds, server_message, strip_data, trim
@@ -88,6 +89,137 @@ class StorageProvider(Protocol):
     async def load_rows(self, ctx: StorageContext) -> list[Any]: ...
 
     async def store(self, ctx: StorageContext, predictions: list[Any]) -> None: ...
+
+
+# -- paging, keyed writes and resume (the streaming path, runner/streaming.py) ---------
+
+PAGING_KEYS = ("offset", "limit", "shard_index", "shard_count")
+KEYED_OUTPUT_KEYS = ("predictions_offset", "shard_index", "shard_count", "idempotency_key")
+
+
+class Paging(BaseModel):
+    """An input entry's ``paging``: read the input ``pageSize`` rows at a time."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    page_size: int = Field(ge=1, le=1_000_000)
+    # Where a page answer may say how many rows the (shard's) input has.
+    total_field: str = "total"
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Shard ``index`` of ``count``: the input positions ``p`` with ``p % count == index``."""
+
+    index: int = 0
+    count: int = 1
+
+    def position(self, offset: int) -> int:
+        """The input position of the shard's row number ``offset``."""
+        return self.index + self.count * offset
+
+
+@dataclass(frozen=True)
+class Page:
+    offset: int  # the shard's row number of rows[0]
+    rows: list[Any]
+    total: int | None  # rows in the shard, when the storage says
+
+
+@dataclass(frozen=True)
+class Stored:
+    """What a keyed write stored; ``None`` where the storage did not say."""
+
+    stored: int | None = None
+    duplicates: int | None = None
+
+
+class PagedInput(Protocol):
+    """An input provider that can page; ``paging`` is None when its entry asks for none."""
+
+    paging: Paging | None
+
+    async def read_page(
+        self, ctx: StorageContext, offset: int, limit: int, part: Partition
+    ) -> Page: ...
+
+
+class KeyedOutput(Protocol):
+    """An output provider that stores keyed (idempotent) chunks and says what is stored."""
+
+    async def store_keyed(
+        self, ctx: StorageContext, offset: int, predictions: list[Any], part: Partition
+    ) -> Stored: ...
+
+    async def stored_next(self, ctx: StorageContext, part: Partition) -> int | None:
+        """The shard's first row number not stored yet; None when no resume is configured."""
+        ...
+
+
+def paging_arguments(offset: int, limit: int, part: Partition) -> dict[str, str]:
+    return {
+        "offset": str(offset),
+        "limit": str(limit),
+        "shard_index": str(part.index),
+        "shard_count": str(part.count),
+    }
+
+
+def keyed_arguments(ctx: StorageContext, offset: int, part: Partition) -> dict[str, str]:
+    """The fields that make a chunk's predictions keyed: see runner/streaming.py."""
+    return {
+        "predictions_offset": str(offset),
+        "shard_index": str(part.index),
+        "shard_count": str(part.count),
+        "idempotency_key": f"{ctx.job_id}/{part.index}/{part.position(offset)}",
+    }
+
+
+def _field(value: Any, path: str) -> Any:
+    for part in path.split(".") if path else ():
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def page_from(answer: Answer, rows_field: str, paging: Paging, offset: int) -> Page:
+    rows = rows_from(answer, rows_field)
+    total = _field(answer.json(), paging.total_field)
+    if not isinstance(total, int) or isinstance(total, bool) or total < 0:
+        total = None
+    return Page(offset=offset, rows=rows, total=total)
+
+
+def stored_from(answer: Answer) -> Stored:
+    """``{"stored": n, "duplicates": m}`` when the storage answered them (optional)."""
+    try:
+        value = answer.json() if answer.body.strip() else None
+    except orjson.JSONDecodeError:
+        return Stored()
+    if not isinstance(value, dict):
+        return Stored()
+    counts = [value.get(k) for k in ("stored", "duplicates")]
+    stored, duplicates = (
+        c if isinstance(c, int) and not isinstance(c, bool) else None for c in counts
+    )
+    return Stored(stored=stored, duplicates=duplicates)
+
+
+def next_from(answer: Answer) -> int:
+    """The ``next`` row number of a resume answer ``{"stored": n, "next": k}``."""
+    try:
+        value = answer.json()
+    except orjson.JSONDecodeError:
+        raise StorageRejected(
+            f"{answer.what} answered {answer.status} with a body that is not JSON: {answer.text()}"
+        ) from None
+    following = value.get("next") if isinstance(value, dict) else None
+    if not isinstance(following, int) or isinstance(following, bool) or following < 0:
+        raise StorageRejected(
+            f"{answer.what} answered {answer.status} without a 'next' row number: {answer.text()}"
+        )
+    return following
 
 
 def check_parameters(parameters: Mapping[str, str] | None, extra: Sequence[str] = ()) -> None:

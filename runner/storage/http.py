@@ -11,6 +11,9 @@ Contract entry (the same for ``input`` and ``output``; keys marked *input* or
       rowsField: result       # input: where the rows are, dotted ("data.rows"); "" = the body
       predictionsAs: array    # output: "array" (default) or "string" (JSON-encoded, like krateo)
       chunkSize: 50000        # output: predictions per request; default all in one
+      paging: {pageSize: 10000, totalField: total}   # input: read in pages (below)
+      resumePath: /tables/out/progress   # output: where a restarted pod asks (below)
+      resumeMethod: GET       # output: default GET
 
 **Secret** keys: ``url`` (required, http or https); ``token`` (Bearer) or
 ``username``/``password`` (Basic); ``ca`` (PEM bundle to trust); ``insecure``
@@ -26,6 +29,28 @@ those names) plus ``predictions_offset`` when chunked.
 text is a failure, never a success. A 4xx other than 408/429 and a 2xx that is
 not what it should be are rejections (exit 6 for the input, 8 for the output:
 the Job is not retried); the rest exit 3 or 5.
+
+**Paging** (input ``paging``). Without it the input is one request. With
+``paging: {pageSize: N}`` the runner asks for one page at a time, adding to the
+parameters ``offset``, ``limit`` (N), ``shard_index`` and ``shard_count`` (strings;
+in the query string of a GET, in the JSON body otherwise). The answer has the
+page's rows at ``rowsField`` and may give the number of rows in the shard at
+``totalField`` (dotted; default ``total``) for progress; a page shorter than N is
+the last. ``offset`` counts the shard's rows: shard ``s`` of ``c`` is the input
+positions ``p`` with ``p % c == s``, so a sharded pod reads only its own rows.
+A paged input makes the run stream (:mod:`runner.streaming`): each page's
+predictions are one keyed write (``chunkSize`` may split it) whose body adds
+``predictions_offset``, ``shard_index``, ``shard_count`` and ``idempotency_key``;
+prediction ``i`` is keyed ``(job_uid, shard_index, s + c*(predictions_offset+i))``,
+and the service must store a key once. Keyed writes are retried like reads. The
+answer may be ``{"stored": n, "duplicates": m}``.
+
+**Resume** (output ``resumePath``). ``resumeMethod`` on ``resumePath`` with the
+parameters, ``job_uid``, ``shard_index`` and ``shard_count`` answers ``{"stored": n,
+"next": k}``: a restarted pod of a streaming run continues at the shard's row ``k``.
+
+``hack/storage_service.py`` serves all of it: ``GET /tables/{t}/rows``, ``POST
+/tables/{t}/predictions``, ``GET /tables/{t}/progress``.
 
 **Probe** (``python -m runner --check``, :meth:`HttpProvider.probe`): ``HEAD`` of the
 Secret's ``url`` (the base, not ``path``) with the credentials and the contract's
@@ -49,21 +74,31 @@ from pydantic.alias_generators import to_camel
 
 from runner.secrets import SecretError
 from runner.storage.base import (
+    PAGING_KEYS,
     Endpoint,
+    Page,
+    Paging,
+    Partition,
     Role,
     StorageContext,
     StorageError,
+    Stored,
     build_endpoint,
     check_parameters,
     check_stored,
     chunks,
     explain,
+    keyed_arguments,
+    next_from,
     output_body,
+    page_from,
+    paging_arguments,
     parse_bool,
     parse_header_lines,
     probe_request,
     rows_from,
     send,
+    stored_from,
 )
 
 KEY = "http"
@@ -91,8 +126,11 @@ class Settings(_Settings):
     rows_field: str = "result"
     predictions_as: Literal["array", "string"] = "array"
     chunk_size: int | None = Field(default=None, ge=1)
+    paging: Paging | None = None
+    resume_path: str | None = Field(default=None, min_length=1)
+    resume_method: str = "GET"
 
-    @field_validator("method")
+    @field_validator("method", "resume_method")
     @classmethod
     def _method(cls, method: str) -> str:
         method = method.strip().upper()
@@ -115,6 +153,7 @@ class HttpProvider:
         self.role = role
         self.headers = parse_header_lines(settings.headers)
         self._endpoint: Endpoint | None = None
+        self.paging = settings.paging if role == "input" else None
 
     async def prepare(self, ctx: StorageContext) -> None:
         ref = self.settings.secret_ref
@@ -147,8 +186,8 @@ class HttpProvider:
         )
         return f"{answer.what} answered {answer.status}"
 
-    def _request(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        if self.settings.method in _QUERY_METHODS:
+    def _request(self, body: Mapping[str, Any], method: str | None = None) -> dict[str, Any]:
+        if (method or self.settings.method) in _QUERY_METHODS:
             return {"body": None, "params": {k: str(v) for k, v in body.items()}}
         return {"body": orjson.dumps(body), "params": None}
 
@@ -165,6 +204,77 @@ class HttpProvider:
             **self._request(dict(ctx.parameters)),
         )
         return rows_from(answer, self.settings.rows_field)
+
+    @property
+    def endpoint(self) -> Endpoint:
+        if self._endpoint is None:
+            raise RuntimeError("prepare() was not called")
+        return self._endpoint
+
+    async def read_page(
+        self, ctx: StorageContext, offset: int, limit: int, part: Partition
+    ) -> Page:
+        if self.paging is None:
+            raise RuntimeError("the input entry has no paging")
+        answer = await send(
+            ctx,
+            self.endpoint,
+            method=self.settings.method,
+            path=self.settings.path,
+            headers=self.headers,
+            retry="all",
+            **self._request({**ctx.parameters, **paging_arguments(offset, limit, part)}),
+        )
+        return page_from(answer, self.settings.rows_field, self.paging, offset)
+
+    async def store_keyed(
+        self, ctx: StorageContext, offset: int, predictions: list[Any], part: Partition
+    ) -> Stored:
+        """One page's predictions, keyed: a write repeated is stored once, so it is retried."""
+        stored = duplicates = 0
+        counted = True
+        for start, piece in chunks(predictions, self.settings.chunk_size):
+            value: Any = piece
+            if self.settings.predictions_as == "string":
+                value = orjson.dumps(piece).decode()
+            extra = keyed_arguments(ctx, offset + start, part)
+            answer = await send(
+                ctx,
+                self.endpoint,
+                method=self.settings.method,
+                path=self.settings.path,
+                headers=self.headers,
+                body=orjson.dumps(output_body(ctx, value, extra)),
+                retry="all",
+            )
+            check_stored(answer)
+            done = stored_from(answer)
+            if done.stored is None or done.duplicates is None:
+                counted = False
+            else:
+                stored += done.stored
+                duplicates += done.duplicates
+        return Stored(stored, duplicates) if counted else Stored()
+
+    async def stored_next(self, ctx: StorageContext, part: Partition) -> int | None:
+        if self.settings.resume_path is None:
+            return None
+        query = {
+            **ctx.parameters,
+            "job_uid": ctx.job_id,
+            "shard_index": str(part.index),
+            "shard_count": str(part.count),
+        }
+        answer = await send(
+            ctx,
+            self.endpoint,
+            method=self.settings.resume_method,
+            path=self.settings.resume_path,
+            headers=self.headers,
+            retry="all",
+            **self._request(query, self.settings.resume_method),
+        )
+        return next_from(answer)
 
     async def store(self, ctx: StorageContext, predictions: list[Any]) -> None:
         if self._endpoint is None:
@@ -209,4 +319,6 @@ def from_settings(
         if parsed.method in _QUERY_METHODS:
             raise ValueError(f"method {parsed.method} cannot carry predictions; use POST or PUT")
         check_parameters(parameters, (OFFSET_KEY,) if parsed.chunk_size else ())
+    elif parsed.paging is not None:
+        check_parameters(parameters, PAGING_KEYS)
     return HttpProvider(parsed, role)

@@ -10,6 +10,8 @@ Contract entry (upstream's shape, accepted unchanged)::
         headers: ["Accept: application/json"]
         payload: ...                     # ignored, as upstream: the body is the parameters
       chunkSize: 20000                   # output only, optional (see below)
+      paging: {pageSize: 10000}          # input only, optional: read in pages (see below)
+      resumePath: /compute/outputprogress   # output only, optional: resume (see below)
 
 **Secret** (``endpointRef``; its namespace defaults to the pod's): ``server-url``
 (required); ``username``/``password`` (Basic) or ``token`` (Bearer);
@@ -48,6 +50,26 @@ their counter at 0 for every chunk). Chunks go one after the other and the first
 failure stops the run: the chunks already stored carry the run's ``job_uid`` and
 this pod's ``pod_uid``, so they can be told apart from a retry's.
 
+**paging** (input). Without it the input is one request, as upstream. With
+``paging: {pageSize: N}`` the runner reads pages: the notebook gets the run's
+parameters plus ``offset``, ``limit`` (N), ``shard_index`` and ``shard_count`` (all
+strings, as every handler argument) and answers ``{"result": [...rows], "total":
+<rows in the shard, optional>}``; a page shorter than N is the last. ``offset``
+counts the shard's rows (shard ``s`` of ``c`` is the input positions ``p`` with
+``p % c == s``), so a sharded pod reads only its own rows. The notebook must honour
+those arguments (``hack/storage_service.py``'s ``sklearninput`` does; upstream's
+ignores them and would answer the whole table to every page: do not page with
+it). A paged input makes the run stream (:mod:`runner.streaming`): each page's
+predictions are one keyed write, carrying ``predictions_offset``,
+``shard_index``, ``shard_count`` and ``idempotency_key``, answered with ``{"stored":
+n, "duplicates": m}`` or nothing; ``chunkSize`` still splits a page's write.
+
+**resumePath** (output). The notebook asked, with the verb and headers of
+``api``, the parameters, ``job_uid``, ``shard_index`` and ``shard_count``, what
+this run's shard already stored: ``{"stored": n, "next": k}``; a restarted pod
+of a streaming run continues at the shard's row ``k``
+(``hack/storage_service.py``'s ``outputprogress``).
+
 **Probe** (``python -m runner --check``, :meth:`KrateoProvider.probe`): ``GET
 <server-url>/compute/list`` with the Secret's credentials and the contract's
 headers, when ``path`` names a notebook (``[prefix/]compute/<notebook>``).
@@ -75,23 +97,33 @@ from pydantic.alias_generators import to_camel
 
 from runner.secrets import SecretError
 from runner.storage.base import (
+    PAGING_KEYS,
     Answer,
     Endpoint,
+    Page,
+    Paging,
+    Partition,
     Role,
     StorageContext,
     StorageError,
     StorageRejected,
+    Stored,
     build_endpoint,
     check_parameters,
     check_stored,
     chunks,
     explain,
+    keyed_arguments,
+    next_from,
     output_body,
+    page_from,
+    paging_arguments,
     parse_bool,
     parse_header_lines,
     probe_request,
     rows_from,
     send,
+    stored_from,
 )
 
 KEY = "krateo"
@@ -136,6 +168,8 @@ class Api(_Settings):
 class Settings(_Settings):
     api: Api
     chunk_size: int | None = Field(default=None, ge=1)
+    paging: Paging | None = None
+    resume_path: str | None = Field(default=None, min_length=1)
 
 
 class KrateoProvider:
@@ -148,6 +182,7 @@ class KrateoProvider:
         if not any(name.lower() == "accept" for name in self.headers):
             self.headers["Accept"] = "application/json"
         self._endpoint: Endpoint | None = None
+        self.paging = settings.paging if role == "input" else None
 
     async def prepare(self, ctx: StorageContext) -> None:
         if self.settings.api.payload is not None:
@@ -170,12 +205,14 @@ class KrateoProvider:
             raise RuntimeError("prepare() was not called")
         return self._endpoint
 
-    async def _call(self, ctx: StorageContext, body: Mapping[str, Any], retry: Any) -> Answer:
+    async def _call(
+        self, ctx: StorageContext, body: Mapping[str, Any], retry: Any, path: str | None = None
+    ) -> Answer:
         answer = await send(
             ctx,
             self.endpoint,
             method=self.settings.api.verb,
-            path=self.settings.api.path,
+            path=self.settings.api.path if path is None else path,
             headers=self.headers,
             body=orjson.dumps(body),
             retry=retry,
@@ -217,6 +254,46 @@ class KrateoProvider:
                 raise
             if len(pieces) > 1:
                 ctx.log.info("predictions chunk stored", chunk=number, chunks=len(pieces))
+
+    async def read_page(
+        self, ctx: StorageContext, offset: int, limit: int, part: Partition
+    ) -> Page:
+        if self.paging is None:
+            raise RuntimeError("the input entry has no paging")
+        body = {**ctx.parameters, **paging_arguments(offset, limit, part)}
+        answer = await self._call(ctx, body, retry="all")
+        return page_from(answer, "result", self.paging, offset)
+
+    async def store_keyed(
+        self, ctx: StorageContext, offset: int, predictions: list[Any], part: Partition
+    ) -> Stored:
+        """One page's predictions, keyed: a write repeated is stored once, so it is retried."""
+        stored = duplicates = 0
+        counted = True
+        for start, piece in chunks(predictions, self.settings.chunk_size):
+            extra = keyed_arguments(ctx, offset + start, part)
+            body = output_body(ctx, orjson.dumps(piece).decode(), extra)
+            answer = await self._call(ctx, body, retry="all")
+            check_stored(answer)
+            done = stored_from(answer)
+            if done.stored is None or done.duplicates is None:
+                counted = False
+            else:
+                stored += done.stored
+                duplicates += done.duplicates
+        return Stored(stored, duplicates) if counted else Stored()
+
+    async def stored_next(self, ctx: StorageContext, part: Partition) -> int | None:
+        if self.settings.resume_path is None:
+            return None
+        body = {
+            **ctx.parameters,
+            "job_uid": ctx.job_id,
+            "shard_index": str(part.index),
+            "shard_count": str(part.count),
+        }
+        answer = await self._call(ctx, body, retry="all", path=self.settings.resume_path)
+        return next_from(answer)
 
     async def probe(self, ctx: StorageContext) -> str:
         """Reachable, credentials accepted, notebook present: see "Probe" above. No data moves."""
@@ -303,4 +380,6 @@ def from_settings(
         raise ValueError(explain(error)) from None
     if role == "output":
         check_parameters(parameters, (OFFSET_KEY,) if parsed.chunk_size else ())
+    elif parsed.paging is not None:
+        check_parameters(parameters, PAGING_KEYS)
     return KrateoProvider(parsed, role)

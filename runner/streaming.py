@@ -1,0 +1,348 @@
+"""The streaming path: pages in, batches to the model as pages arrive, keyed chunks out.
+
+A run streams when its input entry asks for paging (``paging: {pageSize: N}``
+in a ``krateo`` or ``http`` entry); without it the runner reads the input in one
+request and stores the predictions after the last batch, as upstream
+(:func:`runner.app.execute`).
+
+**Pipeline.** Three tasks joined by small queues:
+
+1. the *reader* asks the input for the shard's pages one after the other
+   (``offset`` = the shard's row number, ``limit`` = N; a page shorter than N
+   is the last) and holds at most one page ahead;
+2. the *dispatcher* cuts each page into batches and keeps ``concurrency``
+   batches in flight across page boundaries (the model never waits for a page
+   to finish), with at most :data:`PAGES_IN_FLIGHT` pages between "first batch
+   sent" and "stored";
+3. the *writer* stores each page's predictions, in page order, as one keyed
+   chunk (:meth:`~runner.storage.base.KeyedOutput.store_keyed`).
+
+So memory is bounded by the page size (about ``PAGES_IN_FLIGHT + 2`` pages of
+rows and predictions) and the batch size times the concurrency, never by the
+input's size.
+
+**Exactly once.** Every stored prediction carries the key ``(jobId,
+shard_index, position)``, where ``position`` is the input row's place in the
+input; the storage keeps one prediction per key. A keyed write may therefore
+be repeated safely, and is: retried on connection errors, timeouts, 5xx, 429
+and 408 like a read; a retried pod writes the chunks it redoes again, and the
+storage skips what it already has. Chunks are written in order, so what a shard
+has stored is a prefix of its rows.
+
+**Resume.** With the output's ``resumePath``, a pod first asks what its shard
+already stored (``{"stored": n, "next": k}``) and starts at the shard's row
+``k``. As chunks are stored in order and each is one transaction, it redoes at
+most the chunk whose write was cut off, plus the page it was predicting.
+
+**Counting.** Progress lines and the termination message count the shard's
+rows: ``rowsDone`` includes the rows resumed; ``rowsTotal`` is the shard's size
+when the storage says it (``totalField``), else the rows seen so far. The result
+adds ``resumedRows``, ``pages``, ``chunks`` and ``duplicates`` (predictions the
+storage already had). On a failure the message says which part is stored:
+``... (stored: rows 0..k-1 of shard s/c; missing from row k)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from runner.batching import Deadline, GaveUp, Transient, batch_ranges, call_with_retries
+from runner.exitcodes import (
+    InferenceError,
+    InferenceRejected,
+    InputError,
+    InputRejected,
+    OutputError,
+    OutputRejected,
+    RunnerError,
+)
+from runner.inference import (
+    BatchPlan,
+    ModelClient,
+    ModelRefused,
+    ShapeMismatch,
+    TensorSpec,
+    check_rows,
+    resolve_tensor_spec,
+)
+from runner.progress import EVENT as PROGRESS_EVENT
+from runner.progress import Progress, ProgressTracker
+from runner.storage.base import (
+    KeyedOutput,
+    Page,
+    PagedInput,
+    Partition,
+    StorageContext,
+    StorageError,
+    StorageRejected,
+)
+
+PAGES_IN_FLIGHT = 2
+
+
+@dataclass
+class StreamStats:
+    rows_total: int | None = None  # the shard's rows, when the storage says
+    resumed: int = 0  # rows stored by an earlier pod of the run, skipped
+    predicted: int = 0  # rows predicted by this pod
+    stored_next: int = 0  # the shard's first row number not stored yet
+    predictions: int = 0  # predictions written by this pod
+    pages: int = 0
+    chunks: int = 0
+    duplicates: int = 0  # predictions the storage already had
+
+    @property
+    def rows(self) -> int:
+        return self.resumed + self.predicted
+
+
+def pages_of(work: Any) -> PagedInput | None:
+    """The input provider when its entry asks for paging (the run streams), else None."""
+    if getattr(work.input, "paging", None) is None:
+        return None
+    return cast(PagedInput, work.input)
+
+
+def missing_part(stats: StreamStats, part: Partition) -> str:
+    """What a failed streaming run stored, for its termination message."""
+    where = f"shard {part.index}/{part.count}" if part.count > 1 else "the input"
+    if stats.stored_next == 0:
+        return f"(stored: nothing of {where}; missing from row 0)"
+    return (
+        f"(stored: rows 0..{stats.stored_next - 1} of {where}; "
+        f"missing from row {stats.stored_next})"
+    )
+
+
+async def _read(source: PagedInput, ctx: StorageContext, offset: int, part: Partition) -> Page:
+    assert source.paging is not None
+    try:
+        return await source.read_page(ctx, offset, source.paging.page_size, part)
+    except StorageRejected as error:
+        raise InputRejected(error.message) from None
+    except StorageError as error:
+        raise InputError(error.message) from None
+
+
+def _check_page(page: Page, first_row: Any) -> None:
+    """Every row of the page has the shape of the input's first row (its fault otherwise)."""
+    try:
+        check_rows(page.rows)
+    except ValueError as error:
+        raise InputRejected(f"page at row {page.offset}: {error}") from None
+    if not page.rows:
+        return
+    row = page.rows[0]
+    width = len(first_row) if isinstance(first_row, list) else None
+    got = len(row) if isinstance(row, list) else None
+    if got != width:
+        raise InputRejected(
+            f"row {page.offset} has {got or 'a single'} value(s), the first row has {width or 1}"
+        )
+
+
+async def stream(
+    source: PagedInput,
+    sink: KeyedOutput,
+    ctx: StorageContext,
+    client: ModelClient,
+    plan: BatchPlan,
+    input_name: str | None,
+    part: Partition,
+    deadline: Deadline,
+    stats: StreamStats,
+    log: Any,
+    on_progress: Callable[[int, int], None],
+) -> StreamStats:
+    """Predict and store the shard's rows as the module docstring says; fills ``stats``."""
+    assert source.paging is not None
+    page_size = source.paging.page_size
+    shard_fields = {"shardIndex": part.index, "shardCount": part.count} if part.count > 1 else {}
+
+    try:
+        start = await sink.stored_next(ctx, part)
+    except StorageRejected as error:
+        raise OutputRejected(error.message) from None
+    except StorageError as error:
+        raise OutputError(error.message) from None
+    start = start or 0
+    stats.resumed = stats.stored_next = start
+    if start:
+        log.info("resuming", resumedRows=start, **shard_fields)
+
+    first = await _read(source, ctx, start, part)
+    stats.pages += 1
+    stats.rows_total = first.total
+
+    def total() -> int:
+        seen = stats.rows + sum(len(p.rows) for p in pending_rows)
+        return max(stats.rows_total or 0, seen)
+
+    pending_rows: list[Page] = [first]
+
+    def emit(progress: Progress) -> None:
+        on_progress(progress.rows_done, progress.rows_total)
+        log.info(
+            PROGRESS_EVENT,
+            **progress.fields(),
+            rowsResumed=stats.resumed,
+            pages=stats.pages,
+            chunks=stats.chunks,
+            **shard_fields,
+        )
+
+    tracker = ProgressTracker(total(), emit)
+    tracker.rows_done = start
+    if not first.rows:
+        if start == 0:
+            log.warning("the input has no rows: nothing to predict")
+        tracker.report()
+        return stats
+
+    metadata = []
+    if client.endpoint.protocol == "v2":
+        metadata = await client.fetch_metadata(deadline.cap(plan.request_timeout))
+    try:
+        spec = resolve_tensor_spec(first.rows[0], input_name, metadata)
+    except ShapeMismatch as error:
+        raise InferenceRejected(str(error)) from None
+    log.info(
+        "inference started",
+        url=client.endpoint.url,
+        protocol=client.endpoint.protocol,
+        input=spec.name,
+        datatype=spec.datatype,
+        shape=[-1, *spec.row_shape],
+        batchSize=plan.batch_size,
+        concurrency=plan.concurrency,
+        pageSize=page_size,
+        startRow=start,
+        **shard_fields,
+    )
+    model_row = first.rows[0]
+
+    def on_retry(attempt: int, error: Transient, wait: float) -> None:
+        log.warning(
+            "model request failed, retrying",
+            attempt=attempt,
+            error=error.message,
+            retryInSeconds=round(wait, 2),
+        )
+
+    pages: asyncio.Queue[Page | None] = asyncio.Queue(maxsize=1)
+    done: asyncio.Queue[tuple[Page, asyncio.Future[list[Any]]] | None] = asyncio.Queue()
+    window = asyncio.Semaphore(PAGES_IN_FLIGHT)
+    slots = asyncio.Semaphore(plan.concurrency)
+
+    async def reader() -> None:
+        page = first
+        while True:
+            _check_page(page, model_row)
+            await pages.put(page)
+            pending_rows.remove(page)
+            if len(page.rows) < page_size:
+                break
+            page = await _read(source, ctx, page.offset + len(page.rows), part)
+            stats.pages += 1
+            if page.total is not None:
+                stats.rows_total = page.total
+            pending_rows.append(page)
+            tracker.rows_total = total()
+            if not page.rows:
+                break
+        await pages.put(None)
+
+    async def one_batch(
+        spec: TensorSpec,
+        rows: list[Any],
+        results: list[list[Any]],
+        number: int,
+        remaining: list[int],
+        future: asyncio.Future[list[Any]],
+    ) -> None:
+        try:
+
+            async def attempt(time_limit: float) -> list[Any]:
+                return await client.infer(spec, rows, time_limit)
+
+            try:
+                answer = await call_with_retries(
+                    attempt,
+                    policy=plan.retry,
+                    deadline=deadline,
+                    request_timeout=plan.request_timeout,
+                    on_retry=on_retry,
+                )
+            except ModelRefused as error:
+                failure = InferenceRejected if error.permanent else InferenceError
+                raise failure(error.message) from None
+            except GaveUp as error:
+                raise InferenceError(error.message) from None
+        finally:
+            slots.release()
+        results[number] = answer
+        stats.predicted += len(rows)
+        tracker.advance(len(rows))
+        remaining[0] -= 1
+        if remaining[0] == 0:
+            flat: list[Any] = []
+            for piece in results:
+                flat.extend(piece)
+            future.set_result(flat)
+
+    async def dispatcher(group: asyncio.TaskGroup) -> None:
+        while (page := await pages.get()) is not None:
+            if not page.rows:
+                continue
+            await window.acquire()
+            spans = batch_ranges(len(page.rows), plan.batch_size)
+            future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+            results: list[list[Any]] = [[] for _ in spans]
+            remaining = [len(spans)]
+            await done.put((page, future))
+            for number, span in enumerate(spans):
+                await slots.acquire()
+                group.create_task(
+                    one_batch(
+                        spec,
+                        page.rows[span.start : span.stop],
+                        results,
+                        number,
+                        remaining,
+                        future,
+                    )
+                )
+        await done.put(None)
+
+    async def writer() -> None:
+        while (item := await done.get()) is not None:
+            page, future = item
+            predictions = await future
+            try:
+                answer = await sink.store_keyed(ctx, page.offset, predictions, part)
+            except StorageRejected as error:
+                raise OutputRejected(error.message) from None
+            except StorageError as error:
+                raise OutputError(error.message) from None
+            stats.chunks += 1
+            stats.predictions += len(predictions)
+            stats.stored_next = page.offset + len(page.rows)
+            if answer.duplicates:
+                stats.duplicates += answer.duplicates
+            window.release()
+
+    try:
+        async with tracker.running(), asyncio.TaskGroup() as group:
+            group.create_task(reader())
+            group.create_task(writer())
+            group.create_task(dispatcher(group))
+    except BaseExceptionGroup as failures:
+        errors: list[BaseException] = list(failures.exceptions)
+        runner_errors = [e for e in errors if isinstance(e, RunnerError)]
+        raise (runner_errors or errors)[0] from None
+    tracker.rows_total = max(tracker.rows_total, tracker.rows_done)
+    tracker.report()
+    return stats
