@@ -23,6 +23,7 @@ from controller.settings import Settings, load_settings
 from tests.chart import (
     CHART_DIR,
     CONTROLLER_SERVICE_ACCOUNT,
+    FULLNAME,
     REPO,
     RUNNER_SERVICE_ACCOUNT,
     HelmError,
@@ -36,6 +37,7 @@ from tests.chart import (
     one,
     promql_metric_names,
     render,
+    render_text,
     rule_expressions,
 )
 
@@ -549,3 +551,162 @@ def test_every_alert_has_a_runbook_url_to_a_section_that_exists(
         )
         # The section is this alert's own runbook.
         assert anchor == alert["alert"].lower()
+
+
+# ----------------------------------------------------------------------------- sharding
+
+SHARD_LABEL = "ai.krateo.io/controller-shard"
+
+
+@pytest.fixture(scope="module")
+def sharded_objects() -> list[Obj]:
+    return render(
+        {
+            "sharding": {"shards": 3},
+            "serviceMonitor": {"enabled": True},
+            "prometheusRule": {"enabled": True},
+        },
+        namespace=NS,
+    )
+
+
+def shard_env(obj: Obj) -> dict[str, str]:
+    spec = obj["spec"]["template"]["spec"] if obj["kind"] == "Deployment" else obj["spec"]
+    (main,) = spec["containers"]
+    return {e["name"]: e["value"] for e in main.get("env", []) if "value" in e}
+
+
+def pod_environment(objects: list[Obj], obj: Obj) -> dict[str, str]:
+    """What a pod of ``obj`` has in its environment: envFrom the ConfigMap, then its env."""
+    return {
+        **settings_data(objects),
+        **shard_env(obj),
+        "POD_NAME": "p",
+        "POD_NAMESPACE": NS,
+        "KUBERNETES_SERVICE_HOST": "10.0.0.1",
+    }
+
+
+def test_one_shard_renders_exactly_as_without_sharding() -> None:
+    assert render_text({"sharding": {"shards": 1}}) == render_text()
+    objects = render({"serviceMonitor": {"enabled": True}})
+    text = json.dumps(objects)
+    assert SHARD_LABEL not in text
+    assert "SHARD_" not in text
+    assert [d["metadata"]["name"] for d in find(objects, "Deployment")] == [FULLNAME]
+
+
+def test_each_shard_is_a_deployment_of_its_own(sharded_objects: list[Obj]) -> None:
+    deployments = find(sharded_objects, "Deployment")
+    assert [d["metadata"]["name"] for d in deployments] == [
+        f"{FULLNAME}-shard-{i}" for i in range(3)
+    ]
+    selectors = []
+    for index, deployment in enumerate(deployments):
+        assert deployment["spec"]["replicas"] == 2  # replicaCount, per shard
+        assert shard_env(deployment) == {"SHARD_COUNT": "3", "SHARD_INDEX": str(index)}
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= pod_labels.items()
+        assert selector[SHARD_LABEL] == str(index)
+        # The leader and its standby spread over nodes: anti-affinity within the shard.
+        term = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"
+        ][0]["podAffinityTerm"]
+        assert term["labelSelector"]["matchLabels"] == selector
+        selectors.append(selector)
+    # No Deployment's selector matches another's pods.
+    for index, deployment in enumerate(deployments):
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert [i for i, s in enumerate(selectors) if s.items() <= labels.items()] == [index]
+
+
+def test_each_shard_loads_its_own_settings_and_lease(sharded_objects: list[Obj]) -> None:
+    leases = []
+    for index, deployment in enumerate(find(sharded_objects, "Deployment")):
+        env = pod_environment(sharded_objects, deployment)
+        settings = load_settings([], env, namespace_file=Path("/nonexistent"))
+        assert (settings.shard_index, settings.shard_count) == (index, 3)
+        assert settings.leader_election is True
+        assert settings.effective_lease_name == f"{FULLNAME}-shard-{index}-of-3"
+        leases.append(settings.effective_lease_name)
+    # The leader-election Role grants exactly those Leases.
+    role = one(sharded_objects, "Role", f"{CONTROLLER_SERVICE_ACCOUNT}-leader-election", NS)
+    by_rule = {
+        (r["resources"][0], tuple(r["verbs"])): r.get("resourceNames") for r in role["rules"]
+    }
+    assert by_rule[("leases", ("get", "update"))] == leases
+    assert by_rule[("leases", ("create",))] is None
+
+
+def test_the_selfcheck_runs_once_per_shard_on_its_lease(sharded_objects: list[Obj]) -> None:
+    pods = [
+        p for p in find(sharded_objects, "Pod") if "helm.sh/hook" in p["metadata"]["annotations"]
+    ]
+    assert [p["metadata"]["name"] for p in pods] == [
+        f"{FULLNAME}-shard-{i}-selfcheck" for i in range(3)
+    ]
+    for index, pod in enumerate(pods):
+        assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "selfcheck"
+        env = pod_environment(sharded_objects, pod)
+        settings = load_settings([], env, namespace_file=Path("/nonexistent"))
+        assert settings.effective_lease_name == f"{FULLNAME}-shard-{index}-of-3"
+
+
+def test_sharded_pdbs_service_and_monitor_select_the_right_pods(
+    sharded_objects: list[Obj],
+) -> None:
+    deployments = find(sharded_objects, "Deployment")
+    pdbs = find(sharded_objects, "PodDisruptionBudget")
+    assert [p["metadata"]["name"] for p in pdbs] == [d["metadata"]["name"] for d in deployments]
+    for pdb, deployment in zip(pdbs, deployments, strict=True):
+        assert (
+            pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+        )
+        assert pdb["spec"]["maxUnavailable"] == 1
+    # One metrics Service over every shard's pods; series say which shard.
+    service = one(sharded_objects, "Service")
+    for deployment in deployments:
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert service["spec"]["selector"].items() <= labels.items()
+    monitor = one(sharded_objects, "ServiceMonitor")
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["podTargetLabels"] == [SHARD_LABEL]
+
+
+def test_sharded_leader_alerts_watch_every_shards_lease(sharded_objects: list[Obj]) -> None:
+    (rule_object,) = find(sharded_objects, "PrometheusRule")
+    rules = [r for g in rule_object["spec"]["groups"] for r in g["rules"]]
+    exported = controller_metric_names()
+    for alert in ("InferenceControllerNoLeader", "InferenceControllerSplitBrain"):
+        found = [r for r in rules if r.get("alert") == alert]
+        assert [r["labels"]["shard"] for r in found] == ["0", "1", "2"]
+        for index, rule in enumerate(found):
+            assert f'name="{FULLNAME}-shard-{index}-of-3"' in rule["expr"]
+            assert_balanced(rule["expr"])
+            assert promql_metric_names(rule["expr"]) <= exported
+
+
+def test_sharded_names_stay_valid_for_long_release_names() -> None:
+    release = "a-very-long-release-name-that-goes-on-and-on-x"
+    objects = render({"sharding": {"shards": 12}, "watchNamespaces": ["team-a"]}, release=release)
+    for obj in objects:
+        name = obj["metadata"]["name"]
+        assert DNS_SUBDOMAIN.match(name), f"{obj['kind']} {name!r}"
+    for deployment in find(objects, "Deployment"):
+        assert DNS_LABEL.match(deployment["metadata"]["name"])
+        assert len(deployment["metadata"]["name"]) <= 63
+
+
+@pytest.mark.parametrize("shards", [0, -1, 1.5, "2"])
+def test_the_values_schema_wants_a_positive_integer_shard_count(shards: object) -> None:
+    with pytest.raises(HelmError, match="shards"):
+        render({"sharding": {"shards": shards}})
+
+
+def test_extra_env_cannot_set_the_shard() -> None:
+    for name in ("SHARD_COUNT", "SHARD_INDEX"):
+        with pytest.raises(HelmError, match=rf"extraEnv\.{name} is set by the chart"):
+            render({"extraEnv": {name: "1"}})

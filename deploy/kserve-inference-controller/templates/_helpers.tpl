@@ -154,3 +154,58 @@ controller never reads one (runners do, with their own identity).
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end }}
+
+{{/*
+Sharding by namespace (sharding.shards, docs/operator-guide.md "Sharding").
+"ksc.shards": the number of shards. The others take a shard as
+dict "index" i "count" n (with a list of the root context and it for names).
+*/}}
+{{- define "ksc.shards" -}}
+{{- (.Values.sharding).shards | default 1 | int }}
+{{- end }}
+
+{{/* The controller's Deployment (and PDB) of a shard: <fullname>, or <fullname>-shard-<i>. */}}
+{{- define "ksc.shardName" -}}
+{{- $root := index . 0 }}
+{{- $shard := index . 1 }}
+{{- if gt (int $shard.count) 1 }}
+{{- printf "%s-shard-%d" (include "ksc.fullname" $root) (int $shard.index) }}
+{{- else }}
+{{- include "ksc.fullname" $root }}
+{{- end }}
+{{- end }}
+
+{{/* The label telling a shard's pods from the others' (selectors, anti-affinity, scrape). */}}
+{{- define "ksc.shardLabel" -}}
+ai.krateo.io/controller-shard: {{ .index | toString | quote }}
+{{- end }}
+
+{{/* The controller's environment of a shard. */}}
+{{- define "ksc.shardEnv" -}}
+# This pod's shard: the namespaces it handles, and its Lease.
+- name: SHARD_COUNT
+  value: {{ .count | toString | quote }}
+- name: SHARD_INDEX
+  value: {{ .index | toString | quote }}
+{{- end }}
+
+{{/* The Lease of a shard, as controller/sharding.py names it: <lease>-shard-<i>-of-<n>. */}}
+{{- define "ksc.shardLeaseName" -}}
+{{- $root := index . 0 }}
+{{- $shard := index . 1 }}
+{{- if gt (int $shard.count) 1 }}
+{{- printf "%s-shard-%d-of-%d" (include "ksc.leaseName" $root) (int $shard.index) (int $shard.count) }}
+{{- else }}
+{{- include "ksc.leaseName" $root }}
+{{- end }}
+{{- end }}
+
+{{/* Every Lease of the release, as a JSON list: one per shard. */}}
+{{- define "ksc.leaseNames" -}}
+{{- $shards := include "ksc.shards" . | int }}
+{{- $names := list }}
+{{- range $index := until $shards }}
+{{- $names = append $names (include "ksc.shardLeaseName" (list $ (dict "index" $index "count" $shards))) }}
+{{- end }}
+{{- $names | toJson }}
+{{- end }}
