@@ -203,8 +203,9 @@ def status_line(run: Mapping[str, Any]) -> str:
     progress = status.get("progress") or {}
     if progress:
         parts.append(f"progress={_progress(progress)}")
-    if status.get("reason"):
-        parts.append(f"reason={status['reason']}")
+    reason = status.get("reason")
+    if reason and reason not in (status.get("phase"), "Completed"):
+        parts.append(f"reason={reason}")
     execution = status.get("lastExecution") or {}
     if execution:
         parts.append(f"last={execution.get('name')}:{execution.get('phase')}")

@@ -144,6 +144,8 @@ def test_status_and_result_lines() -> None:
     running = run("r", "Running", progress={"rowsDone": 30, "rowsTotal": 120})
     assert runview.status_line(running) == "phase=Running progress=30/120"
     assert runview.status_line(run("r")) == "phase=Pending"
+    # A reason that only repeats the phase says nothing.
+    assert runview.status_line(run("r", "Running", reason="Running")) == "phase=Running"
     pulled = run("r", "Pending", reason="ErrImagePull", message="image x: not found")
     assert runview.status_line(pulled) == "phase=Pending reason=ErrImagePull: image x: not found"
     done = run("r", "Succeeded", result={"rows": 150, "predictions": 150, "durationSeconds": 2.25})
