@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from controller.api import InferenceConfig, describe_invalid
+from controller.api import InferenceConfig, ModelCache, describe_invalid
 from controller.kube.client import CONFIGMAPS, JOBS, ApiError, Obj, Resource
 from controller.kube.events import EventRecorder
 from controller.kube.informer import Informer
@@ -48,15 +48,20 @@ class ConfigReconciler:
     probe_interval: float = 0.0
     runner_service_account: str | None = None
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    # Parsed configs, reused while their resourceVersion is the same.
+    _models: ModelCache[InferenceConfig] = field(
+        default_factory=lambda: ModelCache(InferenceConfig, size=64)
+    )
 
     async def reconcile(self, key: str) -> Result:
         raw = self.configs.get_by_key(key)
         if raw is None or raw["metadata"].get("deletionTimestamp"):
+            self._models.forget(key)
             return Result()
         config: InferenceConfig | None = None
         invalid: tuple[str, str] | None = None
         try:
-            config = InferenceConfig.model_validate(raw)
+            config = self._models.parse(key, raw)
         except ValidationError as exc:
             invalid = describe_invalid(exc)
         uid = raw["metadata"].get("uid", "")

@@ -53,6 +53,7 @@ from controller.api import (
     InferenceConfig,
     InferenceRun,
     InferenceRunStatus,
+    ModelCache,
     Progress,
     describe_invalid,
     set_condition,
@@ -94,6 +95,10 @@ COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 MAX_ROUNDS = 4
 REFUSAL_BACKOFF = (5.0, 300.0)
 JOB_EVENTS_INTERVAL = 10.0
+# Parsed models kept (controller.api.ModelCache): a backlog's runs between their
+# reconciles, and every config in use.
+RUN_MODELS = 256
+CONFIG_MODELS = 64
 
 
 @dataclass
@@ -130,6 +135,13 @@ class Reconciler:
         default_factory=dict
     )
     _refusals: dict[str, int] = field(default_factory=dict)
+    # Parsed runs and configs, reused while their resourceVersion is the same.
+    _run_models: ModelCache[InferenceRun] = field(
+        default_factory=lambda: ModelCache(InferenceRun, size=RUN_MODELS)
+    )
+    _config_models: ModelCache[InferenceConfig] = field(
+        default_factory=lambda: ModelCache(InferenceConfig, size=CONFIG_MODELS)
+    )
 
     async def reconcile(self, key: str) -> Result:
         try:
@@ -146,6 +158,7 @@ class Reconciler:
     def forget(self, key: str) -> None:
         for state in (self._progress_seen, self._job_events_seen, self._refusals):
             state.pop(key, None)
+        self._run_models.forget(key)
 
     async def _reconcile(self, key: str) -> Result:
         raw = self.caches.runs.get_by_key(key)
@@ -161,7 +174,7 @@ class Reconciler:
             reconcile=secrets.token_hex(4),
         ):
             try:
-                run = InferenceRun.model_validate(raw)
+                run = self._run_models.parse(key, raw)
             except ValidationError as exc:
                 await self._invalid_run(key, raw, exc)
                 return Result()
@@ -193,7 +206,7 @@ class Reconciler:
                     self.forget(key)
                     return Result()
                 try:
-                    run = InferenceRun.model_validate(live)
+                    run = self._run_models.parse(key, live)
                 except ValidationError as exc:
                     raise _Requeue("the run was edited meanwhile") from exc
                 raw, confirmed = live, True
@@ -320,7 +333,7 @@ class Reconciler:
                 f"InferenceConfig {namespace}/{name} not found; the run starts when it exists",
             )
         try:
-            return InferenceConfig.model_validate(raw), None
+            return self._config_models.parse(f"{namespace}/{name}", raw), None
         except ValidationError as exc:
             reason, message = describe_invalid(exc)
             return None, (reason, f"InferenceConfig {namespace}/{name}: {message}")
