@@ -1,0 +1,341 @@
+"""Two controller shards on the real control plane, under the chart's RBAC for two shards.
+
+Each shard is a ``python -m controller`` process with ``SHARD_COUNT=2`` and its
+own ``SHARD_INDEX``, both watching the same namespaces with leader election
+on. What is shown, from the API server's audit log (each process has a token
+of its own, so its requests carry a credential id of their own):
+
+- each shard holds its own Lease (``<lease>-shard-<i>-of-2``);
+- every write to a namespace's runs, configs, Jobs and ConfigMaps comes from the
+  shard owning that namespace, and each run gets exactly one Job;
+- killing one shard's controller stops nothing of the other's: its runs go on
+  succeeding while the killed shard's wait, and a new process of the killed
+  shard picks them up;
+- changing the shard count moves a namespace to a new owner, which adopts the
+  runs in flight there (their existing Job, no second one) through the
+  level-triggered reconcile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import client
+from prometheus_client.parser import text_string_to_metric_families
+
+from controller.kube.client import LEASES, KubeClient, NotFound, Obj
+from controller.sharding import shard_of
+from hack.cluster import LocalCluster
+from hack.crds import install_crds
+from tests import chart
+from tests.controllerproc import ControllerProcess
+from tests.faults.invariants import AuditLog, Request
+from tests.kubehelpers import eventually
+from tests.runs import Runs, inference_config, inference_run, status
+
+OK, SLOW = "test.local/fake-ok:1", "test.local/fake-slow:1"
+SHARDS = 2
+WRITES = ("create", "update", "patch", "delete")
+
+
+def lease_of(index: int, count: int = SHARDS) -> str:
+    return f"{chart.FULLNAME}-shard-{index}-of-{count}"
+
+
+class Shards:
+    """Namespaces spread over the shards, the chart's RBAC, and the controller processes."""
+
+    def __init__(self, cluster: LocalCluster, release_namespace: str, workdir: Path) -> None:
+        self.cluster = cluster
+        self.release_namespace = release_namespace  # the Leases and the ServiceAccount
+        self.workdir = workdir
+        self.namespaces: list[str] = []
+        self.procs: list[ControllerProcess] = []
+
+    def owner(self, namespace: str, count: int = SHARDS) -> int:
+        return shard_of(namespace, count)
+
+    def of_shard(self, index: int) -> list[str]:
+        return [ns for ns in self.namespaces if self.owner(ns) == index]
+
+    def pick_namespaces(self, per_shard: int = 2) -> list[str]:
+        """Fresh names, ``per_shard`` for each of the shards."""
+        picked: dict[int, list[str]] = {index: [] for index in range(SHARDS)}
+        while any(len(names) < per_shard for names in picked.values()):
+            name = f"shard-test-{uuid.uuid4().hex[:8]}"
+            names = picked[self.owner(name)]
+            if len(names) < per_shard:
+                names.append(name)
+        self.namespaces = [ns for names in picked.values() for ns in names]
+        return self.namespaces
+
+    def apply_rbac(self, count: int = SHARDS) -> None:
+        """The chart's RBAC for ``count`` shards (its leader-election Role names their Leases)."""
+        install_crds(self.cluster)
+        objects = chart.controller_rbac_objects(
+            self.release_namespace, self.namespaces, values={"sharding": {"shards": count}}
+        )
+        chart.apply(self.cluster, objects)
+
+    def controller(self, index: int, count: int = SHARDS, *, name: str = "") -> ControllerProcess:
+        """A (not started) controller of shard ``index`` of ``count``, with a token of its own."""
+        name = name or f"shard-{index}-of-{count}"
+        kubeconfig = chart.service_account_kubeconfig(
+            self.cluster, self.release_namespace, path=self.workdir / f"{name}.kubeconfig"
+        )
+        env = {
+            "WATCH_NAMESPACE": ",".join(self.namespaces),
+            "POD_NAMESPACE": self.release_namespace,
+            "POD_NAME": name,
+            "POD_SERVICE_ACCOUNT": chart.CONTROLLER_SERVICE_ACCOUNT,
+            "RUNNER_SERVICE_ACCOUNT": chart.RUNNER_SERVICE_ACCOUNT,
+            "POLLING_INTERVAL": "30s",
+            "PROBE_INTERVAL": "0",
+            "MAX_RECONCILE_RATE": "2",
+            "LEADER_ELECT": "true",
+            "LEASE_NAME": chart.FULLNAME,  # as the chart sets it; the shard adds its suffix
+            "LEASE_DURATION": "4s",
+            "RENEW_DEADLINE": "3s",
+            "RETRY_PERIOD": "1s",
+            "SHARD_COUNT": str(count),
+            "SHARD_INDEX": str(index),
+        }
+        proc = ControllerProcess(kubeconfig=kubeconfig, log=self.workdir / f"{name}.log", env=env)
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> list[str]:
+        """Stop every process still running; the outputs of those that did not exit 0."""
+        bad = []
+        for proc in self.procs:
+            code = proc.stop()
+            if code not in (0, None, -9):
+                bad.append(f"exit {code}:\n{proc.output()[-3000:]}")
+        return bad
+
+
+@pytest.fixture
+async def kube(cluster: LocalCluster) -> AsyncIterator[KubeClient]:
+    async with await KubeClient.connect(kubeconfig=str(cluster.kubeconfig)) as api:
+        yield api
+
+
+@pytest.fixture
+def shards(cluster: LocalCluster, namespace: str, tmp_path: Path) -> Iterator[Shards]:
+    found = Shards(cluster, namespace, tmp_path)
+    found.pick_namespaces()
+    try:
+        yield found
+    finally:
+        problems = found.stop_all()
+        assert not problems, "\n".join(problems)
+
+
+@pytest.fixture
+async def run_namespaces(api_client: client.ApiClient, shards: Shards) -> AsyncIterator[list[str]]:
+    core = client.CoreV1Api(api_client)
+    for name in shards.namespaces:
+        await core.create_namespace(
+            client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"ksc-test": "true"}))
+        )
+    shards.apply_rbac()
+    try:
+        yield shards.namespaces
+    finally:
+        for name in shards.namespaces:
+            await core.delete_namespace(name)
+
+
+async def lease_holder(kube: KubeClient, namespace: str, name: str) -> str | None:
+    try:
+        lease = await kube.get(LEASES, namespace, name)
+    except NotFound:
+        return None
+    return str((lease.get("spec") or {}).get("holderIdentity") or "") or None
+
+
+def credentials_of_lease(requests: list[Request], lease: str) -> set[str]:
+    """The credential ids that wrote ``lease``: the processes that held it."""
+    return {r.credential for r in requests if r.name == lease and r.verb in WRITES and r.ok}
+
+
+def controller_writes(log: AuditLog, user: str) -> list[Request]:
+    return [r for r in log.requests() if r.user == user and r.verb in WRITES and r.ok]
+
+
+def job_creates(log: AuditLog, user: str) -> list[Request]:
+    return [r for r in controller_writes(log, user) if r.resource == "jobs" and r.verb == "create"]
+
+
+def sample(proc: ControllerProcess, metric: str, **labels: str) -> float | None:
+    for family in text_string_to_metric_families(proc.metrics()):
+        for s in family.samples:
+            if s.name == metric and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return None
+
+
+def phase(run: Obj | None) -> str | None:
+    return status(run).get("phase") if run else None
+
+
+async def start(proc: ControllerProcess) -> None:
+    await asyncio.to_thread(proc.start)
+
+
+async def held(kube: KubeClient, namespace: str, lease: str) -> str:
+    """The holder of ``lease`` once it has one."""
+
+    async def probe() -> str | None:
+        return await lease_holder(kube, namespace, lease)
+
+    return await eventually(probe, within=30, what=f"a holder of {lease}")
+
+
+async def test_each_shard_leads_on_its_own_lease_and_handles_only_its_namespaces(
+    cluster: LocalCluster,
+    api_client: client.ApiClient,
+    kube: KubeClient,
+    namespace: str,
+    shards: Shards,
+    run_namespaces: list[str],
+) -> None:
+    user = f"system:serviceaccount:{namespace}:{chart.CONTROLLER_SERVICE_ACCOUNT}"
+    logs = {ns: AuditLog(cluster, ns) for ns in [namespace, *run_namespaces]}
+    zero, one = shards.controller(0), shards.controller(1)
+    await asyncio.gather(start(zero), start(one))
+
+    # Two Leases, one leader each.
+    for index in range(SHARDS):
+        holder = await held(kube, namespace, lease_of(index))
+        assert holder.startswith(f"shard-{index}-of-2_"), holder
+    assert await lease_holder(kube, namespace, chart.FULLNAME) is None  # no unsharded Lease
+    lease_requests = logs[namespace].requests()
+    credential = {i: credentials_of_lease(lease_requests, lease_of(i)) for i in range(SHARDS)}
+    assert all(len(c) == 1 and "" not in c for c in credential.values()), credential
+    assert credential[0] != credential[1]
+    for index, proc in enumerate((zero, one)):
+        assert sample(proc, "leader_election_master_status", name=lease_of(index)) == 1
+        info = sample(proc, "kserve_inference_controller_build_info", shard=f"{index}-of-2")
+        assert info == 1, proc.metrics()
+
+    # A run in every namespace: each succeeds, handled by its namespace's shard alone.
+    for ns in run_namespaces:
+        runs = Runs(api_client, ns)
+        await runs.create(inference_config("cfg", OK))
+        await runs.create(inference_run("iris", "cfg", timeoutSeconds=60))
+    for ns in run_namespaces:
+        await Runs(api_client, ns).wait_phase("iris", "Succeeded", within=90)
+    for ns in run_namespaces:
+        writes = controller_writes(logs[ns], user)
+        writers = {r.credential for r in writes}
+        owner = shards.owner(ns)
+        assert writers == credential[owner], (ns, owner, [str(r) for r in writes])
+        assert len(job_creates(logs[ns], user)) == 1, ns
+        # The Events name the instance that acted: the owner's.
+        events = await client.CoreV1Api(api_client).list_namespaced_event(
+            ns, field_selector="involvedObject.name=iris"
+        )
+        instances = {e.reporting_instance for e in events.items}
+        assert instances, ns
+        assert all(i.startswith(f"shard-{owner}-of-2_") for i in instances), (ns, instances)
+    # Each cache holds its own shard's runs only.
+    for index, proc in enumerate((zero, one)):
+        expected = float(len(shards.of_shard(index)))
+
+        async def counted(p: ControllerProcess = proc, n: float = expected) -> bool:
+            return sample(p, "inference_runs", phase="Succeeded") == n
+
+        await eventually(counted, within=30, what=f"shard {index} to count its runs")
+
+
+async def test_a_killed_shard_stops_only_its_own_namespaces(
+    cluster: LocalCluster,
+    api_client: client.ApiClient,
+    kube: KubeClient,
+    namespace: str,
+    shards: Shards,
+    run_namespaces: list[str],
+) -> None:
+    zero, one = shards.controller(0), shards.controller(1)
+    await asyncio.gather(start(zero), start(one))
+    for index in range(SHARDS):
+        await held(kube, namespace, lease_of(index))
+    for ns in run_namespaces:
+        await Runs(api_client, ns).create(inference_config("cfg", OK))
+
+    one.kill()  # SIGKILL: no release, shard 1 has no leader until a new process takes over
+    for ns in run_namespaces:
+        await Runs(api_client, ns).create(inference_run("after-kill", "cfg", timeoutSeconds=60))
+    for ns in shards.of_shard(0):
+        await Runs(api_client, ns).wait_phase("after-kill", "Succeeded", within=90)
+    # Shard 0 has done all its work; shard 1's runs were never touched.
+    for ns in shards.of_shard(1):
+        run = await Runs(api_client, ns).get("after-kill")
+        assert run is not None
+        assert not run.get("status"), run
+        jobs = await client.BatchV1Api(api_client).list_namespaced_job(ns)
+        assert not jobs.items, ns
+
+    # Shard 1 again (a new pod): it waits for the dead holder's Lease, then catches up.
+    again = shards.controller(1, name="shard-1-of-2-again")
+    await start(again)
+    for ns in shards.of_shard(1):
+        await Runs(api_client, ns).wait_phase("after-kill", "Succeeded", within=90)
+    holder = await lease_holder(kube, namespace, lease_of(1))
+    assert holder is not None
+    assert holder.startswith("shard-1-of-2-again_")
+    assert zero.proc is not None
+    assert zero.proc.poll() is None  # shard 0 ran throughout
+
+
+async def test_a_new_shard_count_adopts_the_runs_in_flight(
+    cluster: LocalCluster,
+    api_client: client.ApiClient,
+    kube: KubeClient,
+    namespace: str,
+    shards: Shards,
+    run_namespaces: list[str],
+) -> None:
+    user = f"system:serviceaccount:{namespace}:{chart.CONTROLLER_SERVICE_ACCOUNT}"
+    # A namespace of shard 1 of 2 that moves to another shard index with 3 shards.
+    moved = next((ns for ns in shards.of_shard(1) if shard_of(ns, 3) != 1), shards.of_shard(1)[0])
+    new_index = shard_of(moved, 3)
+    log = AuditLog(cluster, moved)
+    old = [shards.controller(0), shards.controller(1)]
+    await asyncio.gather(*(start(p) for p in old))
+    runs = Runs(api_client, moved)
+    await runs.create(inference_config("cfg", SLOW))
+    await runs.create(inference_run("long", "cfg", timeoutSeconds=30))
+    running = await runs.wait_phase("long", "Running", within=60)
+    (job,) = (await client.BatchV1Api(api_client).list_namespaced_job(moved)).items
+    assert status(running)["jobStatus"]["name"] == job.metadata.name
+
+    # The "upgrade" to 3 shards: the old shards stop, the namespace's new owner starts.
+    for proc in old:
+        assert proc.stop() == 0, proc.output()[-3000:]
+    before = {r.credential for r in controller_writes(log, user)}
+    shards.apply_rbac(3)  # helm upgrade --set sharding.shards=3: the new Leases
+    new = shards.controller(new_index, 3)
+    await start(new)
+    # The run ends under its new owner, from the Job it already had.
+    failed = await runs.wait_phase("long", "Failed", within=90)
+    assert status(failed)["reason"] == "DeadlineExceeded"
+    assert status(failed)["jobStatus"]["name"] == job.metadata.name
+    jobs = (await client.BatchV1Api(api_client).list_namespaced_job(moved)).items
+    assert [j.metadata.uid for j in jobs] == [job.metadata.uid]
+    assert len(job_creates(log, user)) == 1
+    # The final status was written by the new process, not by either old one.
+    status_writers = {
+        r.credential
+        for r in controller_writes(log, user)
+        if r.resource == "inferenceruns/status" and r.name == "long"
+    }
+    assert status_writers - before, "the new shard never wrote the run's status"
+    holder = await lease_holder(kube, namespace, lease_of(new_index, 3))
+    assert holder is not None
+    assert holder.startswith(f"shard-{new_index}-of-3_")
