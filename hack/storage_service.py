@@ -30,9 +30,10 @@ identifiers (``[A-Za-z_][A-Za-z0-9_]*``, quoted):
   ``(jobuid, poduid, prediction, counter)``; prints nothing. The optional
   ``predictions_offset`` (the runner's chunked writes) is added to ``counter``.
   With ``idempotency_key`` (the runner's keyed writes, see "Exactly once") each
-  prediction is stored once per key and the answer is ``{"stored", "duplicates"}``;
-- ``outputprogress(output_table_name, job_uid, shard_index, shard_count)``: what a
-  run's shard already stored, ``{"stored": n, "next": k}`` (the runner's resume);
+  prediction is stored once per key and the answer is ``{"stored", "duplicates"}``.
+  With ``progress=true`` (and ``output_table_name, job_uid, shard_index,
+  shard_count``) it stores nothing and answers what the run's shard already
+  stored, ``{"stored": n, "next": k}`` (the runner's resume);
 - ``tritoninput(input_table_name, input_data_length, input_table_column_name,
   key_name, key_value)``: the series ``ORDER BY timestamp`` where
   ``key_name = key_value``, NULL as 0.0, gaps zero-filled at the smallest time
@@ -282,6 +283,8 @@ def output_progress(db: sqlite3.Connection, arguments: dict[str, str]) -> str:
 
 
 def store_output(db: sqlite3.Connection, arguments: dict[str, str]) -> str:
+    if arguments.get("progress") == "true":
+        return output_progress(db, arguments)
     table, job_uid, pod_uid, predictions = require(
         arguments, "output_table_name", "job_uid", "pod_uid", "predictions"
     )
@@ -358,7 +361,6 @@ NOTEBOOKS: dict[str, Callable[[sqlite3.Connection, dict[str, str]], str]] = {
     "sklearnoutput": store_output,
     "tritonoutput": store_output,
     "tritoninput": triton_input,
-    "outputprogress": output_progress,
 }
 _WRITERS = frozenset({"sklearnoutput", "tritonoutput"})
 
@@ -460,7 +462,7 @@ class StorageService:
         except (orjson.JSONDecodeError, TypeError, OSError) as error:
             # The handler's global error handler: a 500 with the exception's text.
             return web.Response(status=500, text=f"{type(error).__name__}: {error}")
-        if name in _WRITERS:
+        if name in _WRITERS and "progress=true" not in argv:
             await self._write_gate()
         result = await asyncio.to_thread(self.run_notebook, notebook, argv)
         output = result.stdout if result.exit_code == 0 else result.stderr or result.stdout

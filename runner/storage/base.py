@@ -94,7 +94,13 @@ class StorageProvider(Protocol):
 # -- paging, keyed writes and resume (the streaming path, runner/streaming.py) ---------
 
 PAGING_KEYS = ("offset", "limit", "shard_index", "shard_count")
-KEYED_OUTPUT_KEYS = ("predictions_offset", "shard_index", "shard_count", "idempotency_key")
+KEYED_OUTPUT_KEYS = (
+    "predictions_offset",
+    "shard_index",
+    "shard_count",
+    "idempotency_key",
+    "progress",
+)
 
 
 class Paging(BaseModel):

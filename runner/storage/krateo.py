@@ -11,7 +11,7 @@ Contract entry (upstream's shape, accepted unchanged)::
         payload: ...                     # ignored, as upstream: the body is the parameters
       chunkSize: 20000                   # output only, optional (see below)
       paging: {pageSize: 10000}          # input only, optional: read in pages (see below)
-      resumePath: /compute/outputprogress   # output only, optional: resume (see below)
+      resumePath: /compute/sklearnoutput    # output only, optional: resume (see below)
 
 **Secret** (``endpointRef``; its namespace defaults to the pod's): ``server-url``
 (required); ``username``/``password`` (Basic) or ``token`` (Bearer);
@@ -65,10 +65,10 @@ predictions are one keyed write, carrying ``predictions_offset``,
 n, "duplicates": m}`` or nothing; ``chunkSize`` still splits a page's write.
 
 **resumePath** (output). The notebook asked, with the verb and headers of
-``api``, the parameters, ``job_uid``, ``shard_index`` and ``shard_count``, what
-this run's shard already stored: ``{"stored": n, "next": k}``; a restarted pod
-of a streaming run continues at the shard's row ``k``
-(``hack/storage_service.py``'s ``outputprogress``).
+``api``, the parameters, ``job_uid``, ``shard_index``, ``shard_count`` and
+``progress=true``, what this run's shard already stored: ``{"stored": n, "next":
+k}``; a restarted pod of a streaming run continues at the shard's row ``k``
+(``hack/storage_service.py``'s output notebooks answer it).
 
 **Probe** (``python -m runner --check``, :meth:`KrateoProvider.probe`): ``GET
 <server-url>/compute/list`` with the Secret's credentials and the contract's
@@ -291,6 +291,7 @@ class KrateoProvider:
             "job_uid": ctx.job_id,
             "shard_index": str(part.index),
             "shard_count": str(part.count),
+            "progress": "true",
         }
         answer = await self._call(ctx, body, retry="all", path=self.settings.resume_path)
         return next_from(answer)
