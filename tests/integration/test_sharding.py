@@ -34,6 +34,7 @@ from hack.crds import install_crds
 from tests import chart
 from tests.controllerproc import ControllerProcess
 from tests.faults.invariants import AuditLog, Request
+from tests.integration.test_selfcheck import run_check
 from tests.kubehelpers import eventually
 from tests.runs import Runs, inference_config, inference_run, status
 
@@ -183,6 +184,13 @@ def phase(run: Obj | None) -> str | None:
     return status(run).get("phase") if run else None
 
 
+async def check(proc: ControllerProcess) -> tuple[int, list[str]]:
+    """``python -m controller check`` with the shard's own settings and credentials."""
+    done = await asyncio.to_thread(run_check, proc.kubeconfig, proc.env)
+    assert done.stderr == "", done.stderr
+    return done.returncode, done.stdout.splitlines()
+
+
 async def start(proc: ControllerProcess) -> None:
     await asyncio.to_thread(proc.start)
 
@@ -222,6 +230,13 @@ async def test_each_shard_leads_on_its_own_lease_and_handles_only_its_namespaces
         assert sample(proc, "leader_election_master_status", name=lease_of(index)) == 1
         info = sample(proc, "kserve_inference_controller_build_info", shard=f"{index}-of-2")
         assert info == 1, proc.metrics()
+        # The helm test of each shard checks that shard's Lease.
+        code, lines = await check(proc)
+        assert code == 0, lines
+        (lease_line,) = [line for line in lines if "Lease" in line]
+        assert lease_line.startswith(
+            f"ok: Lease {namespace}/{lease_of(index)} is held by shard-{index}-of-2_"
+        ), lease_line
 
     # A run in every namespace: each succeeds, handled by its namespace's shard alone.
     for ns in run_namespaces:
@@ -280,6 +295,18 @@ async def test_a_killed_shard_stops_only_its_own_namespaces(
         assert not run.get("status"), run
         jobs = await client.BatchV1Api(api_client).list_namespaced_job(ns)
         assert not jobs.items, ns
+
+    # Its helm test says so (once the dead leader's Lease has run out); shard 0's passes.
+    async def stale() -> list[str] | None:
+        code, lines = await check(one)
+        return lines if code == 1 else None
+
+    lines = await eventually(stale, within=30, what="shard 1's check to fail")
+    assert any(
+        line.startswith(f"FAIL: Lease {namespace}/{lease_of(1)} is held by shard-1-of-2_")
+        for line in lines
+    ), lines
+    assert (await check(zero))[0] == 0
 
     # Shard 1 again (a new pod): it waits for the dead holder's Lease, then catches up.
     again = shards.controller(1, name="shard-1-of-2-again")
