@@ -13,12 +13,15 @@ of its own, so its requests carry a credential id of their own):
   shard picks them up;
 - changing the shard count moves a namespace to a new owner, which adopts the
   runs in flight there (their existing Job, no second one) through the
-  level-triggered reconcile.
+  level-triggered reconcile;
+- the chart installs with 2 shards and upgrades to 3 and back to 1 on a real
+  API server (one Deployment and PDB per shard, each shard's Lease granted).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -366,3 +369,78 @@ async def test_a_new_shard_count_adopts_the_runs_in_flight(
     holder = await lease_holder(kube, namespace, lease_of(new_index, 3))
     assert holder is not None
     assert holder.startswith(f"shard-{new_index}-of-3_")
+
+
+# ------------------------------------------------------------------------------- the chart
+
+
+def release_objects(cluster: LocalCluster, kind: str, namespace: str) -> list[str]:
+    done = cluster.kubectl(
+        "get",
+        kind,
+        "-n",
+        namespace,
+        "-l",
+        f"app.kubernetes.io/instance={chart.RELEASE}",
+        "-o",
+        "json",
+    )
+    return sorted(item["metadata"]["name"] for item in json.loads(done.stdout)["items"])
+
+
+def may_get_lease(cluster: LocalCluster, namespace: str, lease: str) -> bool:
+    who = f"system:serviceaccount:{namespace}:{chart.CONTROLLER_SERVICE_ACCOUNT}"
+    done = cluster.kubectl(
+        "auth", "can-i", "update", f"leases/{lease}", "-n", namespace, f"--as={who}", check=False
+    )
+    return done.stdout.strip() == "yes"
+
+
+async def test_helm_install_and_upgrades_change_the_shard_count(
+    cluster: LocalCluster, restricted_namespace: str
+) -> None:
+    ns = restricted_namespace
+
+    def helm_release(verb: str, shards: int) -> None:
+        done = chart.helm(
+            verb,
+            chart.RELEASE,
+            str(chart.CHART_DIR),
+            "--namespace",
+            ns,
+            "--set",
+            f"sharding.shards={shards}",
+            kubeconfig=cluster.kubeconfig,
+        )
+        assert "STATUS: deployed" in done.stdout, done.stdout
+
+    async def shaped_as(shards: int) -> None:
+        if shards == 1:
+            expected = [chart.RELEASE]
+        else:
+            expected = [f"{chart.RELEASE}-shard-{i}" for i in range(shards)]
+
+        async def probe() -> bool:
+            return (
+                release_objects(cluster, "deployments", ns) == expected
+                and release_objects(cluster, "poddisruptionbudgets", ns) == expected
+            )
+
+        await eventually(probe, within=30, what=f"the release's {shards} Deployment(s) and PDB(s)")
+        leases = [chart.RELEASE] if shards == 1 else [lease_of(i, shards) for i in range(shards)]
+        for lease in leases:
+            assert may_get_lease(cluster, ns, lease), lease
+        for other in (chart.RELEASE, lease_of(0, 2), lease_of(2, 3)):
+            if other not in leases:
+                assert not may_get_lease(cluster, ns, other), other
+
+    helm_release("install", 2)
+    try:
+        await shaped_as(2)
+        # Shard Deployments keep their names and selectors: an upgrade only changes their env.
+        helm_release("upgrade", 3)
+        await shaped_as(3)
+        helm_release("upgrade", 1)
+        await shaped_as(1)
+    finally:
+        chart.helm("uninstall", chart.RELEASE, "-n", ns, kubeconfig=cluster.kubeconfig)
