@@ -1,23 +1,32 @@
-"""Runner throughput against the model server's own limit, and runner peak memory.
+"""Runner throughput against the model server's own limit, peak memory, resume, shards.
 
     python -m bench.runner_throughput [--rows 1000000] [--batch-size 1000] [--concurrency 4]
+        [--page-size 10000] [--kill-at 0.9] [--shards 4] [--compat-rows 0]
 
 Everything on loopback, in separate processes, on this machine:
 
 1. KServe's model server (``python -m hack.model_server``) serving iris.
 2. **Model server limit**: a direct aiohttp load generator sends the same rows in
    requests of ``--batch-size`` rows, ``--concurrency`` in flight, bodies encoded
-   before the clock starts. That is the most any client could get.
-3. **Runner**: ``python -m runner``'s code in a child process (Secrets given in
-   code, as the tests do) reading ``--rows`` rows from the storage look-alike
-   (``python -m hack.storage_service``), predicting them with the same batch size
-   and concurrency, and storing the predictions in chunks. Its inference stage
-   is timed by the runner itself (the ``stage timings`` log line); its peak
-   memory is the child's own ``VmHWM`` (``ru_maxrss`` would also count the
-   forking parent's pages from before ``exec``).
-
-The direct rate is measured before and after the runner, and both are printed:
-on a shared machine they differ, and the spread says how far to trust a ratio.
+   before the clock starts. That is the most any client could get. Measured
+   before and after the runners: on a shared machine they differ, and the spread
+   says how far to trust a ratio.
+3. **Streaming runner** (``python -m runner``'s code in a child process, Secrets
+   given in code): ``--rows`` rows through the ``http`` provider with paging
+   (``--page-size``) from the storage look-alike's plain JSON routes
+   (``python -m hack.storage_service``), predictions stored as keyed chunks. Its
+   rate is rows over the whole stream (read, inference and writes overlap; the
+   runner's own ``stream done`` line); its peak memory is the child's ``VmHWM``
+   (``ru_maxrss`` would also count the forking parent's pages from before ``exec``).
+4. **Kill and resume**: the same run under another job id, with a counting
+   proxy in front of the model; the child is SIGKILLed once ``--kill-at`` of the
+   rows are stored, a second child resumes. Checked: every row stored once
+   (count, distinct keys, positions 0..N-1); rows predicted twice (proxy count
+   minus N) in pages.
+5. **Shards**: ``--shards`` children of one sharded run at once (each reads only
+   its own rows), against the one-shard run of (3), by wall time.
+6. ``--compat-rows N`` also runs the unpaged path (one read, as upstream; krateo
+   provider, chunked output) for N rows, for its peak memory.
 
 Measured and printed, never asserted: the numbers depend on the machine.
 """
@@ -29,9 +38,11 @@ import asyncio
 import contextlib
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -42,6 +53,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import orjson
+from aiohttp import web
 
 REPO = Path(__file__).resolve().parents[1]
 USER, PASSWORD = "bench", "bench-password"
@@ -140,20 +152,27 @@ async def direct_rows_per_second(
         return len(rows) / (time.perf_counter() - started)
 
 
+STORAGE_KEYS = ("server-url", "url")
+
+
 def child(contract_path: str, storage_url: str) -> int:
     """The runner, with its Secret given in code (run as ``--child``)."""
     from runner import app, logs
 
     class Secrets:
         async def read(self, namespace: str, name: str) -> dict[str, str]:
-            return {"server-url": storage_url, "username": USER, "password": PASSWORD}
+            return {
+                **{key: storage_url for key in STORAGE_KEYS},
+                "username": USER,
+                "password": PASSWORD,
+            }
 
     logs.configure("info")
     environ = {
         **os.environ,
         "CONTRACT_PATH": contract_path,
         "TERMINATION_LOG_PATH": contract_path + ".termination",
-        "pod_uid": "bench-pod",
+        "pod_uid": os.environ.get("POD_UID", "bench-pod"),
     }
     code = asyncio.run(app.run(environ, secrets=Secrets()))
     status = Path("/proc/self/status").read_text()
@@ -164,15 +183,60 @@ def child(contract_path: str, storage_url: str) -> int:
     return code
 
 
-def run_runner(
-    workdir: Path, model_url: str, storage_url: str, rows: int, batch: int, concurrency: int
+def seed(db: Path, table: str, count: int, chunk: int = 500_000) -> None:
+    """``count`` iris-like rows, generated and inserted in chunks (bounded memory)."""
+    from hack.storage_service import IRIS_COLUMNS
+
+    rng = np.random.default_rng(1)
+    low, high = np.array([4.3, 2.0, 1.0, 0.1]), np.array([7.9, 4.4, 6.9, 2.5])
+    columns = ", ".join(IRIS_COLUMNS)
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute(f'DROP TABLE IF EXISTS "{table}"')
+        conn.execute(f'CREATE TABLE "{table}" ({columns})')
+        for start in range(0, count, chunk):
+            size = min(chunk, count - start)
+            values = rng.uniform(low, high, size=(size, 4)).round(1)
+            conn.executemany(f'INSERT INTO "{table}" VALUES (?, ?, ?, ?)', values.tolist())
+
+
+def stream_contract(
+    job: str, model_url: str, table: str, out: str, args: argparse.Namespace, shards: int = 1
 ) -> dict[str, Any]:
+    ref = {"secretRef": {"name": "storage", "namespace": "bench"}}
+    contract: dict[str, Any] = {
+        "jobId": job,
+        "jobName": f"inf-{job}",
+        "kserve": {"modelName": MODEL, "modelUrl": model_url, "modelVersion": "v2"},
+        "input": {
+            "http": {
+                **ref,
+                "method": "GET",
+                "path": f"/tables/{table}/rows",
+                "rowsField": "rows",
+                "paging": {"pageSize": args.page_size},
+            }
+        },
+        "output": {
+            "http": {
+                **ref,
+                "path": f"/tables/{out}/predictions",
+                "resumePath": f"/tables/{out}/progress",
+            }
+        },
+        "batching": {"batchSize": args.batch_size, "concurrency": args.concurrency},
+    }
+    if shards > 1:
+        contract["sharding"] = {"count": shards}
+    return contract
+
+
+def compat_contract(model_url: str, rows: int, args: argparse.Namespace) -> dict[str, Any]:
     api = {
         "endpointRef": {"name": "storage", "namespace": "bench"},
         "verb": "POST",
         "headers": ["Accept: application/json"],
     }
-    contract = {
+    return {
         "jobId": "bench-job",
         "jobName": "inf-bench-00000000",
         "kserve": {"modelName": MODEL, "modelUrl": model_url, "modelVersion": "v2"},
@@ -181,11 +245,16 @@ def run_runner(
             "krateo": {"api": {**api, "path": "/compute/sklearnoutput"}, "chunkSize": 40_000}
         },
         "parameters": {"input_table_name": f"rows{rows}", "output_table_name": f"out{rows}"},
-        "batching": {"batchSize": batch, "concurrency": concurrency},
+        "batching": {"batchSize": args.batch_size, "concurrency": args.concurrency},
     }
-    contract_path = workdir / f"contract-{rows}.json"
+
+
+def start_runner(
+    workdir: Path, name: str, contract: dict[str, Any], storage_url: str, **env: str
+) -> tuple[subprocess.Popen[bytes], Path]:
+    contract_path = workdir / f"contract-{name}.json"
     contract_path.write_bytes(orjson.dumps(contract))
-    log_path = workdir / f"runner-{rows}.log"
+    log_path = workdir / f"runner-{name}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [
@@ -199,24 +268,181 @@ def run_runner(
             cwd=REPO,
             stdout=log,
             stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
         )
-        started = time.perf_counter()
-        process.wait()
-        wall = time.perf_counter() - started
+    return process, log_path
+
+
+def outcome(process: subprocess.Popen[bytes], log_path: Path) -> dict[str, Any]:
     events = [orjson.loads(line) for line in log_path.read_bytes().splitlines() if line[:1] == b"{"]
     if process.returncode != 0:
-        raise RuntimeError(f"the runner failed ({process.returncode}): {events[-1]}")
-    timings = next(e for e in events if e["event"] == "stage timings")
-    peak = next(e for e in events if e["event"] == "bench peak")
-    return {"rows": rows, "wallSeconds": wall, "peakRssMiB": peak["vmHwmKiB"] / 1024, **timings}
+        raise RuntimeError(f"the runner failed ({process.returncode}): {events[-1:]}")
+    found: dict[str, Any] = {}
+    for event in events:
+        if event["event"] in ("stage timings", "stream done", "bench peak"):
+            found.update(event)
+    found["peakRssMiB"] = found.pop("vmHwmKiB") / 1024
+    return found
+
+
+def run_runner(
+    workdir: Path, name: str, contract: dict[str, Any], storage_url: str, **env: str
+) -> dict[str, Any]:
+    process, log_path = start_runner(workdir, name, contract, storage_url, **env)
+    started = time.perf_counter()
+    process.wait()
+    return {**outcome(process, log_path), "wallSeconds": time.perf_counter() - started}
+
+
+class CountingProxy:
+    """Forwards to the model server in a thread of its own, counting the rows predicted."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target.rstrip("/")
+        self.rows = 0
+        self.url = ""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    def __enter__(self) -> CountingProxy:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    async def _start(self) -> None:
+        app = web.Application(client_max_size=1 << 28)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        port = free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", port).start()
+        self.url = f"http://127.0.0.1:{port}"
+
+    async def _stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        assert self._session is not None
+        body = await request.read()
+        async with self._session.request(
+            request.method,
+            f"{self.target}{request.path_qs}",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        ) as answer:
+            payload = await answer.read()
+        if request.method == "POST" and answer.status == 200:
+            self.rows += int(orjson.loads(body)["inputs"][0]["shape"][0])
+        return web.Response(status=answer.status, body=payload, content_type=answer.content_type)
+
+
+def stored(db: Path, table: str) -> dict[str, int]:
+    with contextlib.closing(sqlite3.connect(db, timeout=60)) as conn:
+        count, keys, low, high = conn.execute(
+            f'SELECT count(*), count(DISTINCT rowkey), min(counter), max(counter) FROM "{table}"'
+        ).fetchone()
+    return {"count": count, "keys": keys, "min": low, "max": high}
+
+
+def stored_so_far(db: Path, table: str) -> int:
+    """Rows inserted so far: max(rowid), cheap (keyed rows are only ever inserted)."""
+    with contextlib.closing(sqlite3.connect(db, timeout=60)) as conn:
+        try:
+            return int(conn.execute(f'SELECT max(rowid) FROM "{table}"').fetchone()[0] or 0)
+        except sqlite3.OperationalError:
+            return 0
+
+
+def kill_and_resume(
+    workdir: Path,
+    db: Path,
+    model_url: str,
+    storage_url: str,
+    table: str,
+    rows: int,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    with CountingProxy(model_url.split("/v2/")[0]) as proxy:
+        proxied = f"{proxy.url}/v2/models/{MODEL}/infer"
+        contract = stream_contract("bench-kill", proxied, table, "out_kill", args)
+        process, _ = start_runner(workdir, "kill-1", contract, storage_url, POD_UID="pod-1")
+        threshold = int(rows * args.kill_at)
+        while (done := stored_so_far(db, "out_kill")) < threshold:
+            if process.poll() is not None:
+                raise RuntimeError(f"the runner ended ({process.returncode}) before the kill")
+            time.sleep(0.05)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        killed_at = stored_so_far(db, "out_kill")
+        predicted_first = proxy.rows
+        second = run_runner(workdir, "kill-2", contract, storage_url, POD_UID="pod-2")
+        predicted = proxy.rows
+    check = stored(db, "out_kill")
+    return {
+        "threshold": threshold,
+        "seenAtKill": done,
+        "storedAfterKill": killed_at,
+        "predictedByFirst": predicted_first,
+        "resumedRows": second["resumedRows"],
+        "redoneRows": predicted - rows,
+        "second": second,
+        **check,
+    }
+
+
+def run_shards(
+    workdir: Path,
+    model_url: str,
+    storage_url: str,
+    table: str,
+    shards: int,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    contract = stream_contract("bench-shards", model_url, table, "out_shards", args, shards)
+    started = time.perf_counter()
+    children = [
+        start_runner(
+            workdir,
+            f"shard-{index}",
+            contract,
+            storage_url,
+            JOB_COMPLETION_INDEX=str(index),
+            POD_UID=f"pod-{index}",
+        )
+        for index in range(shards)
+    ]
+    for process, _ in children:
+        process.wait()
+    wall = time.perf_counter() - started
+    results = [outcome(process, log) for process, log in children]
+    return {"wallSeconds": wall, "shards": results}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.runner_throughput", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.runner_throughput",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--page-size", type=int, default=10_000)
     parser.add_argument("--direct-rows", type=int, default=200_000)
+    parser.add_argument("--kill-at", type=float, default=0.9, help="0 skips the kill")
+    parser.add_argument("--shards", type=int, default=4, help="1 skips the sharded run")
+    parser.add_argument("--compat-rows", type=int, default=0, help="0 skips the unpaged run")
     parser.add_argument(
         "--child", nargs=2, metavar=("CONTRACT", "STORAGE_URL"), help=argparse.SUPPRESS
     )
@@ -226,14 +452,16 @@ def main(argv: list[str] | None = None) -> int:
 
     model_port, storage_port = free_port(), free_port()
     model_url = f"http://127.0.0.1:{model_port}/v2/models/{MODEL}/infer"
+    load = [os.getloadavg()]
     with tempfile.TemporaryDirectory(prefix="runner-bench-") as tmp:
         workdir = Path(tmp)
         db = workdir / "bench.sqlite"
-        from hack.storage_service import IRIS_COLUMNS, StorageService
-
-        seeding = StorageService(db, USER, PASSWORD)
-        for count in sorted({1000, args.rows}):
-            seeding.seed_table(f"rows{count}", IRIS_COLUMNS, iris_rows(count))
+        table = f"rows{args.rows}"
+        seeding = time.perf_counter()
+        seed(db, table, args.rows)
+        if args.compat_rows:
+            seed(db, f"rows{args.compat_rows}", args.compat_rows)
+        seeded = time.perf_counter() - seeding
         storage_cmd = [
             "hack.storage_service",
             "--port",
@@ -257,36 +485,93 @@ def main(argv: list[str] | None = None) -> int:
             before = asyncio.run(
                 direct_rows_per_second(model_url, direct_rows, args.batch_size, args.concurrency)
             )
-            small = run_runner(
-                workdir, model_url, storage_url, 1000, args.batch_size, args.concurrency
+            one = run_runner(
+                workdir,
+                "stream",
+                stream_contract("bench-stream", model_url, table, "out_stream", args),
+                storage_url,
             )
-            big = run_runner(
-                workdir, model_url, storage_url, args.rows, args.batch_size, args.concurrency
-            )
+            one_check = stored(db, "out_stream")
+            load.append(os.getloadavg())
+            killed = None
+            if args.kill_at:
+                killed = kill_and_resume(
+                    workdir, db, model_url, storage_url, table, args.rows, args
+                )
+                load.append(os.getloadavg())
+            sharded = None
+            if args.shards > 1:
+                sharded = run_shards(workdir, model_url, storage_url, table, args.shards, args)
+                sharded["check"] = stored(db, "out_shards")
+                load.append(os.getloadavg())
+            compat = None
+            if args.compat_rows:
+                compat = run_runner(
+                    workdir,
+                    "compat",
+                    compat_contract(model_url, args.compat_rows, args),
+                    storage_url,
+                )
             after = asyncio.run(
                 direct_rows_per_second(model_url, direct_rows, args.batch_size, args.concurrency)
             )
+            load.append(os.getloadavg())
 
-    runner_rate = big["rows"] / big["inferenceSeconds"]
+    rows = args.rows
     direct = (before + after) / 2
-    print(f"batch size {args.batch_size}, concurrency {args.concurrency}, {os.cpu_count()} CPUs")
+    rate = rows / one["seconds"]
     print(
-        f"model server, direct load generator ({args.direct_rows} rows): {direct:,.0f} rows/s "
-        f"(before the runner {before:,.0f}, after {after:,.0f})"
+        f"batch size {args.batch_size}, concurrency {args.concurrency}, page size "
+        f"{args.page_size}, {os.cpu_count()} CPUs; seeding {rows:,} rows took {seeded:.0f} s"
     )
     print(
-        f"runner, inference stage ({big['rows']} rows): {runner_rate:,.0f} rows/s "
-        f"= {runner_rate / direct:.2f} of the direct rate"
+        "load averages (start, after each part): "
+        + "; ".join(" ".join(f"{v:.2f}" for v in triple) for triple in load)
     )
     print(
-        f"runner, whole run ({big['rows']} rows): {big['wallSeconds']:.1f} s wall "
-        f"(input {big['inputSeconds']:.1f} s, inference {big['inferenceSeconds']:.1f} s, "
-        f"output {big['outputSeconds']:.1f} s, process start included in wall)"
+        f"model server, direct load generator ({args.direct_rows:,} rows): {direct:,.0f} rows/s "
+        f"(before the runners {before:,.0f}, after {after:,.0f})"
     )
     print(
-        f"runner peak RSS: {big['peakRssMiB']:.0f} MiB for {big['rows']} rows, "
-        f"{small['peakRssMiB']:.0f} MiB for {small['rows']} rows"
+        f"streaming runner, http provider, {rows:,} rows: {rate:,.0f} rows/s over the whole "
+        f"stream ({one['seconds']:.1f} s; {one['wallSeconds']:.1f} s wall with process start) "
+        f"= {rate / direct:.2f} of the direct rate; {one['pages']} pages, {one['chunks']} chunks"
     )
+    print(f"streaming runner peak RSS: {one['peakRssMiB']:.0f} MiB for {rows:,} rows")
+    print(
+        f"stored: {one_check['count']:,} rows, {one_check['keys']:,} distinct keys, positions "
+        f"{one_check['min']}..{one_check['max']}"
+    )
+    if killed is not None:
+        print(
+            f"kill at {args.kill_at:.0%}: SIGKILL once {killed['seenAtKill']:,} rows were stored "
+            f"({killed['storedAfterKill']:,} after the kill landed; the first pod had "
+            f"predicted {killed['predictedByFirst']:,}); the second pod resumed at "
+            f"{killed['resumedRows']:,} and finished in {killed['second']['seconds']:.1f} s; "
+            f"rows predicted twice: {killed['redoneRows']:,} "
+            f"({killed['redoneRows'] / args.page_size:.2f} pages of {args.page_size:,}); "
+            f"stored {killed['count']:,} rows, {killed['keys']:,} distinct keys, positions "
+            f"{killed['min']}..{killed['max']}; second pod peak RSS "
+            f"{killed['second']['peakRssMiB']:.0f} MiB"
+        )
+    if sharded is not None:
+        shards = sharded["shards"]
+        sharded_rate = rows / sharded["wallSeconds"]
+        one_rate = rows / one["wallSeconds"]
+        print(
+            f"{args.shards} shards at once: {sharded_rate:,.0f} rows/s by wall time "
+            f"({sharded['wallSeconds']:.1f} s) vs one shard {one_rate:,.0f} rows/s "
+            f"({one['wallSeconds']:.1f} s) = {sharded_rate / one_rate:.2f}x; rows per shard "
+            f"{[s['rows'] for s in shards]}, peak RSS per shard "
+            f"{[round(s['peakRssMiB']) for s in shards]} MiB; stored "
+            f"{sharded['check']['count']:,} rows, {sharded['check']['keys']:,} distinct keys"
+        )
+    if compat is not None:
+        print(
+            f"unpaged runner (krateo, one read, as upstream), {args.compat_rows:,} rows: "
+            f"inference {args.compat_rows / compat['inferenceSeconds']:,.0f} rows/s, "
+            f"{compat['wallSeconds']:.1f} s wall, peak RSS {compat['peakRssMiB']:.0f} MiB"
+        )
     return 0
 
 

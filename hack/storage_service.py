@@ -179,12 +179,17 @@ def page_rows(
     total = max(0, -(-(last - index) // count))
     low = index + count * offset + 1
     high = index + count * (offset + min(limit, total) - 1) + 1
-    cursor = db.execute(
-        f"SELECT * FROM {quoted} WHERE rowid BETWEEN ? AND ? AND (rowid - 1) % ? = ? "
-        "ORDER BY rowid",
-        (low, high, count, index),
-    )
-    return [[float(value) for value in row] for row in cursor], total
+    if count == 1:
+        cursor = db.execute(
+            f"SELECT * FROM {quoted} WHERE rowid BETWEEN ? AND ? ORDER BY rowid", (low, high)
+        )
+    else:
+        cursor = db.execute(
+            f"SELECT * FROM {quoted} WHERE rowid BETWEEN ? AND ? AND (rowid - 1) % ? = ? "
+            "ORDER BY rowid",
+            (low, high, count, index),
+        )
+    return [list(map(float, row)) for row in cursor], total
 
 
 def sklearn_input(db: sqlite3.Connection, arguments: dict[str, str]) -> str:
@@ -231,14 +236,16 @@ def store_keyed(
     with db:
         quoted = _keyed_table(db, table)
         before = db.total_changes
-        positions = (index + count * (offset + i) for i in range(len(values)))
+        first = index + count * offset
+        positions = range(first, first + count * len(values), count)
+        prefix = f"{job_uid}/{index}/"
         db.executemany(
             f"INSERT OR IGNORE INTO {quoted} (jobuid, poduid, prediction, counter, shard, rowkey) "
             "VALUES (?, ?, ?, ?, ?, ?)",
-            (
-                (job_uid, pod_uid, value, position, index, f"{job_uid}/{index}/{position}")
-                for value, position in zip(values, positions, strict=False)
-            ),
+            [
+                (job_uid, pod_uid, value, position, index, prefix + str(position))
+                for value, position in zip(values, positions, strict=True)
+            ],
         )
         stored = db.total_changes - before
     return {"stored": stored, "duplicates": len(values) - stored}
@@ -533,7 +540,11 @@ class StorageService:
     # -- notebooks ----------------------------------------------------------------------
 
     def connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.db_path, timeout=30)
+        db = sqlite3.connect(self.db_path, timeout=30)
+        # WAL: readers (a test, a benchmark polling the output) never block a write.
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        return db
 
     def run_notebook(
         self, notebook: Callable[[sqlite3.Connection, dict[str, str]], str], argv: list[str]
