@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import resource
 import signal
 import sqlite3
 import subprocess
@@ -84,7 +85,7 @@ def wait_until_ready(url: str, process: subprocess.Popen[bytes], within: float =
 
 
 @contextlib.contextmanager
-def server(args: list[str], ready_url: str) -> Iterator[None]:
+def server(args: list[str], ready_url: str) -> Iterator[subprocess.Popen[bytes]]:
     process = subprocess.Popen(
         [sys.executable, "-m", *args],
         cwd=REPO,
@@ -94,7 +95,7 @@ def server(args: list[str], ready_url: str) -> Iterator[None]:
     )
     try:
         wait_until_ready(ready_url, process)
-        yield
+        yield process
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
@@ -104,6 +105,12 @@ def server(args: list[str], ready_url: str) -> Iterator[None]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def iris_rows(count: int) -> list[list[float]]:
@@ -179,7 +186,17 @@ def child(contract_path: str, storage_url: str) -> int:
     peak_kib = next(
         int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")
     )
-    print(orjson.dumps({"event": "bench peak", "vmHwmKiB": peak_kib}).decode(), flush=True)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(
+        orjson.dumps(
+            {
+                "event": "bench peak",
+                "vmHwmKiB": peak_kib,
+                "cpuSeconds": usage.ru_utime + usage.ru_stime,
+            }
+        ).decode(),
+        flush=True,
+    )
     return code
 
 
@@ -478,19 +495,24 @@ def main(argv: list[str] | None = None) -> int:
             server(
                 ["hack.model_server", "--port", str(model_port)],
                 f"http://127.0.0.1:{model_port}/v2/health/ready",
-            ),
-            server(storage_cmd, f"{storage_url}/compute/none"),
+            ) as model_process,
+            server(storage_cmd, f"{storage_url}/compute/none") as storage_process,
         ):
             direct_rows = iris_rows(args.direct_rows)
             before = asyncio.run(
                 direct_rows_per_second(model_url, direct_rows, args.batch_size, args.concurrency)
             )
+            cpu_before = [cpu_seconds(p.pid) for p in (model_process, storage_process)]
             one = run_runner(
                 workdir,
                 "stream",
                 stream_contract("bench-stream", model_url, table, "out_stream", args),
                 storage_url,
             )
+            cpu = [
+                cpu_seconds(p.pid) - b
+                for p, b in zip((model_process, storage_process), cpu_before, strict=True)
+            ]
             one_check = stored(db, "out_stream")
             load.append(os.getloadavg())
             killed = None
@@ -538,6 +560,10 @@ def main(argv: list[str] | None = None) -> int:
         f"= {rate / direct:.2f} of the direct rate; {one['pages']} pages, {one['chunks']} chunks"
     )
     print(f"streaming runner peak RSS: {one['peakRssMiB']:.0f} MiB for {rows:,} rows")
+    print(
+        f"CPU seconds during that run: model server {cpu[0]:.1f}, storage service {cpu[1]:.1f}, "
+        f"runner {one['cpuSeconds']:.1f} (with its start), for {one['wallSeconds']:.1f} s wall"
+    )
     print(
         f"stored: {one_check['count']:,} rows, {one_check['keys']:,} distinct keys, positions "
         f"{one_check['min']}..{one_check['max']}"

@@ -1,0 +1,154 @@
+"""The streaming path's pure parts: paging settings, keys, answers, messages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from runner import storage
+from runner.batching import Deadline
+from runner.storage.base import (
+    Answer,
+    Paging,
+    Partition,
+    StorageContext,
+    StorageRejected,
+    Stored,
+    keyed_arguments,
+    next_from,
+    page_from,
+    paging_arguments,
+    stored_from,
+)
+from runner.streaming import StreamStats, missing_part
+from runner.termination import RunResult, success_message
+
+pytestmark = pytest.mark.unit
+
+REF = {"endpointRef": {"name": "s"}, "path": "/compute/sklearninput", "verb": "POST"}
+
+
+def answer(body: Any) -> Answer:
+    raw = body if isinstance(body, bytes) else orjson.dumps(body)
+    return Answer("POST", "http://s/x", 200, "application/json", raw)
+
+
+def context() -> StorageContext:
+    return StorageContext(
+        session=None,
+        secrets=None,
+        namespace="ns",
+        job_id="run-uid",
+        pod_uid="pod",
+        parameters={},
+        deadline=Deadline(None),
+        log=None,
+    )
+
+
+@pytest.mark.parametrize("key", ["krateo", "http"])
+def test_paging_is_read_from_the_input_entry_of_either_provider(key: str) -> None:
+    settings: dict[str, Any] = (
+        {"api": REF, "paging": {"pageSize": 500}}
+        if key == "krateo"
+        else {"secretRef": {"name": "s"}, "paging": {"pageSize": 500, "totalField": "meta.n"}}
+    )
+    provider = storage.resolve({key: settings}, "input", {})
+    expected = Paging(page_size=500, total_field="meta.n" if key == "http" else "total")
+    assert getattr(provider, "paging", None) == expected
+
+
+def test_without_paging_the_input_is_one_read_as_upstream() -> None:
+    provider = storage.resolve({"krateo": {"api": REF}}, "input", {})
+    assert getattr(provider, "paging", "absent") is None
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"pageSize": 0}, "pageSize: Input should be greater than or equal to 1"),
+        ({"pageSize": 10, "cursor": "x"}, "cursor: Extra inputs are not permitted"),
+    ],
+)
+def test_bad_paging_is_a_contract_error(settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        storage.resolve({"krateo": {"api": REF, "paging": settings}}, "input", {})
+
+
+def test_a_paged_input_may_not_have_a_parameter_named_like_a_paging_argument() -> None:
+    with pytest.raises(ValueError, match=r"\['offset'\]"):
+        storage.resolve(
+            {"krateo": {"api": REF, "paging": {"pageSize": 10}}}, "input", {"offset": "3"}
+        )
+
+
+def test_a_shard_is_the_positions_congruent_to_its_index() -> None:
+    part = Partition(index=2, count=4)
+    assert [part.position(k) for k in range(3)] == [2, 6, 10]
+    assert paging_arguments(5, 100, part) == {
+        "offset": "5",
+        "limit": "100",
+        "shard_index": "2",
+        "shard_count": "4",
+    }
+
+
+def test_a_chunk_key_names_the_run_the_shard_and_the_first_rows_position() -> None:
+    assert keyed_arguments(context(), 10, Partition(1, 3)) == {
+        "predictions_offset": "10",
+        "shard_index": "1",
+        "shard_count": "3",
+        "idempotency_key": "run-uid/1/31",
+    }
+
+
+def test_a_page_answer_gives_rows_and_maybe_the_shards_total() -> None:
+    paging = Paging(page_size=2)
+    page = page_from(answer({"result": [[1.0], [2.0]], "total": 7}), "result", paging, 4)
+    assert (page.offset, page.rows, page.total) == (4, [[1.0], [2.0]], 7)
+    assert page_from(answer({"result": []}), "result", paging, 0).total is None
+    assert page_from(answer({"result": [], "total": "7"}), "result", paging, 0).total is None
+
+
+def test_a_write_answer_may_count_what_was_stored() -> None:
+    assert stored_from(answer({"stored": 8, "duplicates": 2})) == Stored(8, 2)
+    assert stored_from(answer(b"")) == Stored()
+    assert stored_from(answer({"ok": True})) == Stored()
+
+
+def test_a_resume_answer_must_say_the_next_row() -> None:
+    assert next_from(answer({"stored": 30, "next": 30})) == 30
+    with pytest.raises(StorageRejected, match="without a 'next' row number"):
+        next_from(answer({"stored": 30}))
+    with pytest.raises(StorageRejected, match="not JSON"):
+        next_from(answer(b"Traceback: no such table"))
+
+
+def test_a_failed_streaming_run_says_what_is_stored_and_what_is_missing() -> None:
+    assert missing_part(StreamStats(), Partition()) == (
+        "(stored: nothing of the input; missing from row 0)"
+    )
+    assert missing_part(StreamStats(stored_next=300), Partition(1, 4)) == (
+        "(stored: rows 0..299 of shard 1/4; missing from row 300)"
+    )
+
+
+def test_the_result_of_an_unpaged_run_is_unchanged() -> None:
+    assert success_message(RunResult(150, 150, 1.2345)) == (
+        '{"rows":150,"predictions":150,"durationSeconds":1.234}'
+    )
+
+
+def test_the_result_of_a_streaming_run_says_how_many_rows_were_resumed() -> None:
+    result = RunResult(1000, 1000, 2.0, resumed_rows=900, pages=2, chunks=1, duplicates=0)
+    assert orjson.loads(success_message(result)) == {
+        "rows": 1000,
+        "predictions": 1000,
+        "durationSeconds": 2.0,
+        "resumedRows": 900,
+        "pages": 2,
+        "chunks": 1,
+        "duplicates": 0,
+    }
