@@ -1,0 +1,135 @@
+"""Measuring helpers shared by benchmarks: /proc readings, audit-log counts, quantiles.
+
+Nothing here talks to the API server: benchmarks do that through the
+controller's own client (``controller.kube.client.KubeClient``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MIB = 2**20
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds of a process so far (``/proc/<pid>/stat``)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    # Counted from the state field (field 3): utime is field 14, stime 15.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_rss_bytes(pid: int) -> int:
+    """``VmRSS`` of a process, in bytes (``/proc/<pid>/status``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def median_rss(pid: int, samples: int = 5, every: float = 0.4) -> int:
+    values = []
+    for index in range(samples):
+        if index:
+            time.sleep(every)
+        values.append(proc_rss_bytes(pid))
+    return int(statistics.median(values))
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} / {five:.2f} / {fifteen:.2f}"
+
+
+def machine() -> str:
+    mem = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            mem = int(line.split()[1]) * 1024
+    return (
+        f"{os.cpu_count()} cores, {mem / 2**30:.1f} GiB, {platform.system()} "
+        f"{platform.release()}, Python {platform.python_version()}"
+    )
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) by linear interpolation; NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def request_key(event: dict[str, Any]) -> str:
+    """``verb resource[/subresource]`` of an audit event."""
+    ref = event.get("objectRef") or {}
+    what = ref.get("resource", event.get("requestURI", "?"))
+    if ref.get("subresource"):
+        what += "/" + ref["subresource"]
+    return f"{event['verb']} {what}"
+
+
+@dataclass
+class AuditLog:
+    """Reads the API server's JSON audit log incrementally, counting requests per user.
+
+    A request counts once: at ``ResponseComplete``, except a watch, which
+    counts when it starts (``ResponseStarted``) so an open watch is seen.
+    """
+
+    path: Path
+    _offset: int = 0
+    _partial: bytes = b""
+    counts: dict[str, Counter[str]] = field(default_factory=dict)
+
+    def update(self) -> None:
+        if not self.path.exists():
+            return
+        with self.path.open("rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        self._offset += len(data)
+        data = self._partial + data
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            stage, verb = event.get("stage"), event.get("verb")
+            if verb == "watch":
+                if stage != "ResponseStarted":
+                    continue
+            elif stage != "ResponseComplete":
+                continue
+            user = event.get("user", {}).get("username", "")
+            self.counts.setdefault(user, Counter())[request_key(event)] += 1
+
+    def snapshot(self, users: Iterable[str]) -> Counter[str]:
+        """Requests of ``users`` so far (call :meth:`update` first)."""
+        total: Counter[str] = Counter()
+        for user in users:
+            total.update(self.counts.get(user, Counter()))
+        return total
+
+
+def since(now: Counter[str], before: Counter[str]) -> Counter[str]:
+    """Counts added between two snapshots."""
+    diff: Counter[str] = Counter()
+    for key, value in now.items():
+        if value - before.get(key, 0):
+            diff[key] = value - before.get(key, 0)
+    return diff
