@@ -55,6 +55,13 @@ CONTROLLER_SERVICE_ACCOUNT = FULLNAME
 RUNNER_SERVICE_ACCOUNT = f"{FULLNAME}-runner"
 
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+# The admission policy that narrows the controller's RBAC to its own objects.
+ADMISSION_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+CLUSTER_SCOPED_KINDS = ("ClusterRole", "ClusterRoleBinding", *ADMISSION_KINDS)
+# What the local control plane (Kubernetes 1.36) serves that `helm template`
+# cannot know offline (helm install asks the cluster): the chart's
+# .Capabilities checks then render as they do when installed on it.
+CLUSTER_API_VERSIONS = ("admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",)
 
 
 class HelmError(RuntimeError):
@@ -116,10 +123,13 @@ def render_text(
     release: str = RELEASE,
     include_crds: bool = False,
     extra_args: Sequence[str] = (),
+    api_versions: Sequence[str] = CLUSTER_API_VERSIONS,
 ) -> str:
     """``helm template`` output (multi-document YAML) for these values."""
     with tempfile.TemporaryDirectory(prefix="ksc-chart-") as tmp:
         args = ["template", release, str(CHART_DIR), "--namespace", namespace]
+        for version in api_versions:
+            args += ["--api-versions", version]
         if values:
             args += ["--values", str(_values_file(values, Path(tmp)))]
         if include_crds:
@@ -180,10 +190,11 @@ def controller_rbac_objects(
     """The chart's RBAC for a release in ``namespace`` watching ``watch_namespaces``.
 
     Returns the controller's ServiceAccount, its (Cluster)Role(s) and
-    (Cluster)RoleBinding(s), the leader-election Role and RoleBinding, and the
-    runner ServiceAccount, Role and RoleBinding in every runner namespace,
-    exactly as ``helm template`` renders them (empty ``watch_namespaces``: all
-    namespaces, i.e. a ClusterRole).
+    (Cluster)RoleBinding(s), the leader-election Role and RoleBinding, the
+    runner ServiceAccount, Role and RoleBinding in every runner namespace, and
+    the ValidatingAdmissionPolicy (and binding) that narrows the controller's
+    writes to its own objects, exactly as ``helm template`` renders them
+    (empty ``watch_namespaces``: all namespaces, i.e. a ClusterRole).
 
     ``omit`` removes (resource, verb) pairs such as ``("pods/log", "get")``
     from the controller's rules, for tests that show what a missing permission
@@ -191,7 +202,7 @@ def controller_rbac_objects(
     """
     merged: dict[str, Any] = {**(values or {}), "watchNamespaces": list(watch_namespaces)}
     rendered = render(merged, namespace=namespace, release=release)
-    objects = [obj for obj in rendered if obj["kind"] in RBAC_KINDS]
+    objects = [obj for obj in rendered if obj["kind"] in (*RBAC_KINDS, *ADMISSION_KINDS)]
     removals = list(omit)
     if removals:
         objects = [_without(obj, removals) if _is_controller_role(obj) else obj for obj in objects]
@@ -253,12 +264,12 @@ def apply(cluster: LocalCluster, objects: Iterable[Obj]) -> None:
 
 
 def delete_cluster_scoped(cluster: LocalCluster, objects: Iterable[Obj]) -> None:
-    """Delete the ClusterRoles/ClusterRoleBindings among ``objects`` (namespaces take the rest).
+    """Delete the cluster-scoped objects among ``objects`` (namespaces take the rest).
 
     CRDs are left alone: other tests share them.
     """
     for obj in objects:
-        if obj["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+        if obj["kind"] in CLUSTER_SCOPED_KINDS:
             cluster.kubectl(
                 "delete", obj["kind"].lower(), obj["metadata"]["name"], "--ignore-not-found"
             )

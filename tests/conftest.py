@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
 
+from hack import chart
 from hack.cluster import LocalCluster, ensure_binaries, leftover_processes
 from tests.controllerproc import ControllerProcess, controller_for
 from tests.servers import model_server
@@ -121,6 +123,26 @@ async def _namespace(
     finally:
         # Namespace deletion (and the GC behind it) runs in the background: tests don't wait.
         await core.delete_namespace(name)
+        await _delete_admission_policy(api, name)
+
+
+async def _delete_admission_policy(api: client.ApiClient, namespace: str) -> None:
+    """The chart's admission policy for a controller released in ``namespace``, if any.
+
+    It is cluster-scoped (named after the release and its namespace), so the
+    namespace's deletion does not take it.
+    """
+    admission = client.AdmissionregistrationV1Api(api)
+    name = f"{chart.FULLNAME}-{namespace}-own-objects"
+    for delete in (
+        admission.delete_validating_admission_policy_binding,
+        admission.delete_validating_admission_policy,
+    ):
+        try:
+            await delete(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
 
 @pytest.fixture

@@ -1,0 +1,164 @@
+"""The chart's ValidatingAdmissionPolicy on the real API server.
+
+RBAC lets the controller write every ConfigMap, Job and CronJob where it
+watches; the policy lets it write only those labelled as its own. Every other
+controller test runs under the same policy (``chart.controller_rbac_objects``
+includes it), which shows the controller never needs more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.kube.client import CONFIGMAPS, CRONJOBS, JOBS, ApiError, KubeClient, NotFound
+from controller.naming import MANAGED_BY_LABEL, MANAGED_BY_VALUE
+from hack.cluster import LocalCluster
+from tests import chart
+from tests.kubehelpers import eventually
+
+OWN = {MANAGED_BY_LABEL: MANAGED_BY_VALUE}
+
+
+def configmap(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, **({"labels": labels} if labels else {})},
+        "data": {"a": "1"},
+    }
+
+
+def job(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    container = {"name": "c", "image": "test.local/fake-ok:1"}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, **({"labels": labels} if labels else {})},
+        "spec": {
+            "suspend": True,
+            "template": {"spec": {"restartPolicy": "Never", "containers": [container]}},
+        },
+    }
+
+
+def cronjob(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": name, **({"labels": labels} if labels else {})},
+        "spec": {
+            "schedule": "0 0 1 1 *",
+            "suspend": True,
+            "jobTemplate": {"spec": job(name)["spec"]},
+        },
+    }
+
+
+@pytest.fixture
+def all_namespaces_release(cluster: LocalCluster, namespace: str) -> Iterator[list[Any]]:
+    """The chart's default mode: the controller may write anywhere (a ClusterRole)."""
+    objects = chart.controller_rbac_objects(namespace, [])
+    chart.apply(cluster, objects)
+    try:
+        yield objects
+    finally:
+        chart.delete_cluster_scoped(cluster, objects)
+
+
+@pytest.fixture
+async def as_controller(
+    cluster: LocalCluster, namespace: str, tmp_path: Path, all_namespaces_release: list[Any]
+) -> Any:
+    kubeconfig = chart.service_account_kubeconfig(
+        cluster, namespace, path=tmp_path / "controller.kubeconfig"
+    )
+    async with await KubeClient.connect(kubeconfig=str(kubeconfig)) as kube:
+        yield kube
+
+
+@pytest.fixture
+async def as_admin(cluster: LocalCluster) -> Any:
+    async with await KubeClient.connect(kubeconfig=str(cluster.kubeconfig)) as kube:
+        yield kube
+
+
+async def wait_enforced(as_controller: KubeClient, as_admin: KubeClient, namespace: str) -> None:
+    """A new policy takes a moment to reach the API server's admission chain."""
+    name = "policy-probe"
+
+    async def enforced() -> bool:
+        try:
+            await as_controller.create(CONFIGMAPS, namespace, configmap(name))
+        except ApiError as exc:
+            return exc.status == 403
+        await as_admin.delete(CONFIGMAPS, namespace, name)
+        return False
+
+    await eventually(enforced, within=30, interval=0.5, what="the admission policy in force")
+
+
+async def refused(write: Any) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        await write
+    assert caught.value.status == 403, caught.value
+    assert "kserve-inference-controller may only" in caught.value.message
+    return caught.value
+
+
+async def test_the_controller_may_write_only_what_it_labelled_as_its_own(
+    cluster: LocalCluster, namespace: str, as_controller: KubeClient, as_admin: KubeClient
+) -> None:
+    await wait_enforced(as_controller, as_admin, namespace)
+
+    # Create: only with the label.
+    error = await refused(as_controller.create(CONFIGMAPS, namespace, configmap("theirs")))
+    assert f"{namespace}/theirs would not be" in error.message
+    await refused(as_controller.create(JOBS, namespace, job("theirs")))
+    await refused(as_controller.create(CRONJOBS, namespace, cronjob("theirs")))
+    await as_controller.create(CONFIGMAPS, namespace, configmap("mine", OWN))
+    await as_controller.create(JOBS, namespace, job("mine", OWN))
+    await as_controller.create(CRONJOBS, namespace, cronjob("mine", OWN))
+
+    # Update: never taking the label off, nor putting it on someone else's object.
+    await as_controller.patch(CONFIGMAPS, namespace, "mine", {"data": {"a": "2"}})
+    await refused(
+        as_controller.patch(CONFIGMAPS, namespace, "mine", {"metadata": {"labels": None}})
+    )
+    await as_admin.create(CONFIGMAPS, namespace, configmap("users"))
+    await as_admin.create(JOBS, namespace, job("users"))
+    await refused(
+        as_controller.patch(CONFIGMAPS, namespace, "users", {"metadata": {"labels": OWN}})
+    )
+    await refused(as_controller.patch(JOBS, namespace, "users", {"spec": {"suspend": False}}))
+
+    # Delete: only its own.
+    await refused(as_controller.delete(CONFIGMAPS, namespace, "users"))
+    await refused(as_controller.delete(JOBS, namespace, "users"))
+    await as_controller.delete(CONFIGMAPS, namespace, "mine")
+    await as_controller.delete(CRONJOBS, namespace, "mine")
+    with pytest.raises(NotFound):
+        await as_admin.get(CONFIGMAPS, namespace, "mine")
+
+    # Everyone else is untouched by the policy.
+    await as_admin.patch(CONFIGMAPS, namespace, "users", {"data": {"a": "3"}})
+    await as_admin.delete(CONFIGMAPS, namespace, "users")
+
+
+async def test_kube_system_is_out_of_the_controllers_reach(
+    as_controller: KubeClient, as_admin: KubeClient
+) -> None:
+    """The default all-namespaces RBAC reaches kube-system; the policy does not let it."""
+
+    # Probed harmlessly (a create), never by deleting kube-system's objects.
+    await wait_enforced(as_controller, as_admin, "kube-system")
+    await refused(as_controller.delete(CONFIGMAPS, "kube-system", "kube-root-ca.crt"))
+    await refused(
+        as_controller.patch(
+            CONFIGMAPS, "kube-system", "kube-root-ca.crt", {"metadata": {"labels": OWN}}
+        )
+    )
+    assert await as_admin.get(CONFIGMAPS, "kube-system", "kube-root-ca.crt")
