@@ -18,7 +18,9 @@ may succeed), 6 input rejected, 7 inference rejected, 8 output rejected (the oth
 side refused: a 4xx other than 408/429, or an answer that is not what it should be;
 no attempt can succeed), 143 SIGTERM.
 The termination message (TERMINATION_LOG_PATH, default /dev/termination-log) holds
-{"rows", "predictions", "durationSeconds"} on success, a one-line reason otherwise.
+{"rows", "predictions", "durationSeconds"} on success (a streaming run, one whose
+input entry has paging, adds "resumedRows", "pages", "chunks", "duplicates"), a
+one-line reason otherwise.
 Progress: JSON lines {"event": "progress", "rowsDone", "rowsTotal"} on stdout.
 Environment: CONTRACT_PATH, TERMINATION_LOG_PATH, NODE_AGENT_ROOT, pod_uid,
 POD_NAMESPACE, JOB_COMPLETION_INDEX, RUNNER_DEADLINE_SECONDS, LOG_LEVEL,

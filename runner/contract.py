@@ -9,6 +9,11 @@ optional and only ever appended after those six:
 - ``sharding``: ``{"count": N}`` when one run is spread over the N pods of an
   Indexed Job; each pod learns its own index from ``JOB_COMPLETION_INDEX``.
 
+Paging, keyed (exactly-once) output and resume are not contract keys: they are
+settings of the storage entries (``input.<provider>.paging``,
+``output.<provider>.resumePath``), which reach the runner unmodified; see
+:mod:`runner.streaming` and the provider modules.
+
 This module is the one definition both sides use: the controller renders it,
 the runner validates it. It must never carry a credential: storage entries only
 *reference* Secrets (``endpointRef``).

@@ -6,9 +6,12 @@ inference stage::
 
     {"event": "progress", "rowsDone": 2048, "rowsTotal": 100000, ...}
 
-Other keys (``timestamp``, ``level``, ``shardIndex``) may appear and are
-ignored by the parser. ``rowsTotal`` is the number of rows this pod handles (its
-shard, when the run is sharded).
+Other keys (``timestamp``, ``level``, ``shardIndex``; a streaming run's
+``rowsResumed``, ``pages``, ``chunks``) may appear and are ignored by the parser.
+``rowsTotal`` is the number of rows this pod handles (its shard, when the run is
+sharded); in a streaming run ``rowsDone`` includes the rows an earlier pod
+stored, and ``rowsTotal`` is what the storage says the shard holds, or the rows
+seen so far when it does not say.
 
 **Reading it.** The controller reads the tail of the runner pod's log
 (``pods/log`` with ``tailLines``) while the pod runs and passes it to
