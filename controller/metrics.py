@@ -13,8 +13,10 @@ back without seeing each other's samples.
 
 from __future__ import annotations
 
+import functools
 import platform
 from importlib import metadata
+from typing import Any
 from urllib.parse import urlsplit
 
 from prometheus_client import (
@@ -84,6 +86,20 @@ def _version() -> str:
         return "unknown"
 
 
+@functools.lru_cache(maxsize=4096)
+def labelled(metric: Any, **labels: str) -> Any:
+    """``metric.labels(**labels)``, looked up once.
+
+    prometheus_client validates the names and takes a lock on every
+    ``labels()`` call; the hot paths (every request, watch event, reconcile
+    and queue operation) ask for the same few children again and again. A
+    child stays valid as long as nobody ``remove()``s it, which nothing here
+    does for the metrics it is used with.
+    """
+    return metric.labels(**labels)
+
+
+@functools.lru_cache(maxsize=64)
 def api_host(url: str) -> str:
     """client-go's ``host`` label: the API server's host[:port], no scheme or path."""
     return urlsplit(url).netloc or url

@@ -38,7 +38,7 @@ from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import Configuration
 from yarl import URL
 
-from controller.metrics import api_host
+from controller.metrics import api_host, labelled
 
 if TYPE_CHECKING:
     from controller.metrics import Metrics
@@ -665,18 +665,23 @@ class KubeClient:
 
     def _count(self, verb: str, method: str, code: str, seconds: float) -> None:
         if self._metrics is not None:
-            self._metrics.rest_client_requests_total.labels(
-                verb=verb, method=method, code=code, host=api_host(self.host)
+            host = api_host(self.host)
+            labelled(
+                self._metrics.rest_client_requests_total,
+                verb=verb,
+                method=method,
+                code=code,
+                host=host,
             ).inc()
-            self._metrics.rest_client_request_duration_seconds.labels(
-                verb=method, host=api_host(self.host)
+            labelled(
+                self._metrics.rest_client_request_duration_seconds, verb=method, host=host
             ).observe(seconds)
 
     async def _throttle(self, verb: str) -> None:
         loop_time = _loop_time()
         await self._limiter.acquire()
         if self._metrics is not None:
-            self._metrics.rest_client_rate_limiter_wait_seconds.labels(verb=verb).observe(
+            labelled(self._metrics.rest_client_rate_limiter_wait_seconds, verb=verb).observe(
                 _loop_time() - loop_time
             )
 

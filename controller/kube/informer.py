@@ -70,6 +70,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from controller.kube.client import ApiError, Obj, Resource, TransportError
+from controller.metrics import labelled
 
 if TYPE_CHECKING:
     from controller.metrics import Metrics
@@ -658,8 +659,8 @@ class Informer:
         if not isinstance(obj, dict):
             raise WatchFailed(f"watch event {kind!r} without an object")
         if self._metrics is not None:
-            self._metrics.informer_watch_events_total.labels(
-                resource=self.name, type=str(kind)
+            labelled(
+                self._metrics.informer_watch_events_total, resource=self.name, type=str(kind)
             ).inc()
         if kind == "ERROR":
             code = obj.get("code")

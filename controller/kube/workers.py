@@ -41,6 +41,7 @@ import structlog
 from controller.kube.client import ApiError
 from controller.kube.workqueue import ShutDown, WorkQueue
 from controller.logging import bound
+from controller.metrics import labelled
 
 if TYPE_CHECKING:
     from controller.metrics import Metrics
@@ -157,20 +158,20 @@ class Workers:
 
     def _panicked(self) -> None:
         if self._metrics is not None:
-            self._metrics.reconcile_panics_total.labels(controller=self.name).inc()
+            labelled(self._metrics.reconcile_panics_total, controller=self.name).inc()
 
     def _active(self, delta: int) -> None:
         if self._metrics is not None:
-            self._metrics.active_workers.labels(controller=self.name).inc(delta)
+            labelled(self._metrics.active_workers, controller=self.name).inc(delta)
 
     def _observe(self, result: str, seconds: float) -> None:
         if self._metrics is None:
             return
         m = self._metrics
-        m.reconcile_total.labels(controller=self.name, result=result).inc()
-        m.reconcile_time_seconds.labels(controller=self.name).observe(seconds)
+        labelled(m.reconcile_total, controller=self.name, result=result).inc()
+        labelled(m.reconcile_time_seconds, controller=self.name).observe(seconds)
         if result == "error":
-            m.reconcile_errors_total.labels(controller=self.name).inc()
+            labelled(m.reconcile_errors_total, controller=self.name).inc()
         elif result == "terminal_error":
-            m.reconcile_errors_total.labels(controller=self.name).inc()
-            m.terminal_reconcile_errors_total.labels(controller=self.name).inc()
+            labelled(m.reconcile_errors_total, controller=self.name).inc()
+            labelled(m.terminal_reconcile_errors_total, controller=self.name).inc()

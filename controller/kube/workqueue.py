@@ -58,6 +58,8 @@ from collections import deque
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
+from controller.metrics import labelled
+
 if TYPE_CHECKING:
     from controller.metrics import Metrics
 
@@ -198,23 +200,27 @@ class _Timing:
 
     def depth(self, value: int) -> None:
         if self._metrics is not None:
-            self._metrics.workqueue_depth.labels(name=self._name).set(value)
+            labelled(self._metrics.workqueue_depth, name=self._name).set(value)
 
     def added(self) -> None:
         if self._metrics is not None:
-            self._metrics.workqueue_adds_total.labels(name=self._name).inc()
+            labelled(self._metrics.workqueue_adds_total, name=self._name).inc()
 
     def retried(self) -> None:
         if self._metrics is not None:
-            self._metrics.workqueue_retries_total.labels(name=self._name).inc()
+            labelled(self._metrics.workqueue_retries_total, name=self._name).inc()
 
     def queued_for(self, seconds: float) -> None:
         if self._metrics is not None:
-            self._metrics.workqueue_queue_duration_seconds.labels(name=self._name).observe(seconds)
+            labelled(self._metrics.workqueue_queue_duration_seconds, name=self._name).observe(
+                seconds
+            )
 
     def worked_for(self, seconds: float) -> None:
         if self._metrics is not None:
-            self._metrics.workqueue_work_duration_seconds.labels(name=self._name).observe(seconds)
+            labelled(self._metrics.workqueue_work_duration_seconds, name=self._name).observe(
+                seconds
+            )
 
 
 class WorkQueue(Generic[K]):
