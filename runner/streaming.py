@@ -119,12 +119,20 @@ def missing_part(stats: StreamStats, part: Partition) -> str:
 
 async def _read(source: PagedInput, ctx: StorageContext, offset: int, part: Partition) -> Page:
     assert source.paging is not None
+    limit = source.paging.page_size
     try:
-        return await source.read_page(ctx, offset, source.paging.page_size, part)
+        page = await source.read_page(ctx, offset, limit, part)
     except StorageRejected as error:
         raise InputRejected(error.message) from None
     except StorageError as error:
         raise InputError(error.message) from None
+    if len(page.rows) > limit:
+        # A storage that ignores offset/limit would answer the same rows forever.
+        raise InputRejected(
+            f"the input answered {len(page.rows)} rows to a page of {limit} (offset {offset}): "
+            "it does not honour the paging arguments (offset, limit); read it without paging"
+        )
+    return page
 
 
 def _check_page(page: Page, first_row: Any) -> None:

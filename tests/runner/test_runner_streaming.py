@@ -374,3 +374,32 @@ async def test_a_runner_killed_mid_run_is_resumed_by_the_next_pod(
     assert (outcome.progress.rows_done, outcome.progress.rows_total) == (3000, 3000)
     first_progress = next(e for e in outcome.events() if e.get("event") == "progress")
     assert first_progress["rowsResumed"] == stored_before
+
+
+async def test_an_input_that_ignores_paging_is_rejected_not_read_forever(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], model_server: ModelServer
+) -> None:
+    async def everything(request: web.Request) -> web.Response:
+        return web.json_response({"rows": random_iris_rows(30)})
+
+    app = web.Application()
+    app.router.add_get("/rows", everything)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    await web.SockSite(runner, sock).start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    contract = paged_http_contract(model_server.infer_url(), 10)
+    contract["input"]["http"]["path"] = "/rows"
+    del contract["output"]["http"]["resumePath"]
+    try:
+        outcome = await run_runner(tmp_path, contract, http_secrets(url), capfd)
+    finally:
+        await runner.cleanup()
+
+    assert outcome.exit_code == ExitCode.INPUT_REJECTED
+    assert outcome.termination.startswith(
+        "input: the input answered 30 rows to a page of 10 (offset 0): it does not honour"
+    )
+    assert outcome.termination.endswith("(stored: nothing of the input; missing from row 0)")
