@@ -29,6 +29,7 @@ body with camelCase keys and without unset fields.
 
 from __future__ import annotations
 
+import functools
 import re
 import zoneinfo
 from collections import OrderedDict
@@ -440,6 +441,9 @@ def resource_requirements_errors(
 # Models.
 
 
+# Statuses repeat a handful of instants (the conditions of a pass share one),
+# and each is converted on every parse and every to_api(): remembered.
+@functools.lru_cache(maxsize=4096)
 def _utc(value: datetime) -> datetime:
     # Truncated to what the API server keeps (metav1.Time: seconds), so a
     # status built in memory compares equal to the same status read back.
@@ -447,6 +451,7 @@ def _utc(value: datetime) -> datetime:
     return value.replace(microsecond=0)
 
 
+@functools.lru_cache(maxsize=4096)
 def _rfc3339(value: datetime) -> str:
     # metav1.Time: second precision, UTC, "Z".
     return _utc(value).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -32,6 +32,7 @@ The rules that keep a stale or partial view from doing harm:
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -154,6 +155,53 @@ class Plan:
     events: list[Event] = field(default_factory=list)
     delete_run: bool = False
     requeue_after: float | None = None
+
+
+# ------------------------------------------------------------------------- memos
+
+
+class _Memo:
+    """Results of a pure function of parsed models, by the models' identity.
+
+    The reconciler reuses a parsed run or config while its resourceVersion is
+    the same (``controller.api.ModelCache``), so the next pass over an
+    unchanged run finds what this one computed from it. Entries hold their
+    models, so an id is never reused while its entry lives; at most ``size``
+    are kept. Results are shared: callers must not change them.
+    """
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[Any, ...], tuple[tuple[object, ...], Any]] = OrderedDict()
+
+    def get(self, models: tuple[object, ...], extra: tuple[Any, ...], make: Any) -> Any:
+        key = (*map(id, models), *extra)
+        found = self._items.get(key)
+        if found is not None and all(a is b for a, b in zip(found[0], models, strict=True)):
+            self._items.move_to_end(key)
+            return found[1]
+        value = make()
+        self._items[key] = (models, value)
+        self._items.move_to_end(key)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+        return value
+
+
+_CONTRACTS = _Memo()
+_STATUSES = _Memo()
+
+
+def status_contract(run: InferenceRun, config: InferenceConfig, name: str) -> Any:
+    """The contract as the run's status shows it (long strings cut)."""
+    return _CONTRACTS.get(
+        (run, config), (name,), lambda: cap_strings(contract_document(run, config, name=name))
+    )
+
+
+def _api_status(status: InferenceRunStatus) -> Any:
+    """``status.to_api()`` of a parsed run's status."""
+    return _STATUSES.get((status,), (), status.to_api)
 
 
 # ------------------------------------------------------------------------ children
@@ -301,6 +349,13 @@ def _children(view: View) -> _Children:
         return out
     if not run.spec.scheduled and run.status.phase in FINISHED:
         return out  # finished, and its Job collected or deleted since: never run again
+    if (configmap is None or workload is None) and not view.confirmed:
+        # Creating is irreversible (a Job runs), and the runs cache may lag:
+        # the run may be gone (its children deleted by the garbage collector,
+        # or never seen) or edited since. Look at it live first (nothing is
+        # rendered for a view that may be stale: it is rendered once confirmed).
+        out.confirm = True
+        return out
     desired_cm = desired_configmap(run, config, name=name)
     if configmap is None:
         out.writes.append(Create(CONFIGMAPS, desired_cm))
@@ -316,12 +371,6 @@ def _children(view: View) -> _Children:
         out.writes.append(Create(resource, desired))
     elif _differs(workload, desired):
         out.writes.append(_update(resource, workload, desired))
-    if any(isinstance(w, Create) for w in out.writes) and not view.confirmed:
-        # Creating is irreversible (a Job runs), and the runs cache may lag:
-        # the run may be gone (its children deleted by the garbage collector,
-        # or never seen) or edited since. Look at it live first.
-        out.writes = []
-        out.confirm = True
     return out
 
 
@@ -356,7 +405,7 @@ def plan(view: View) -> Plan:
     workload = workload_of(view)
     contract = None
     if view.config is not None:
-        contract = cap_strings(contract_document(run, view.config, name=names_for(view)))
+        contract = status_contract(run, view.config, names_for(view))
     problem = children.blocked or view.config_problem
     waiting = _config_grace_left(view)
     if waiting is not None and problem is view.config_problem:
@@ -382,7 +431,7 @@ def plan(view: View) -> Plan:
         status.message = view.config_problem[1]
         status.conditions = _waiting_conditions(status, view)
     out.status = status
-    out.status_changed = status.to_api() != run.status.to_api()
+    out.status_changed = status.to_api() != _api_status(run.status)
     out.events = phase_events(run.status, status, warnings)
 
     if view.config is not None and not run.spec.scheduled:
