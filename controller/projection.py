@@ -68,9 +68,13 @@ OBJECT_META = (
     "creationTimestamp",
     "deletionTimestamp",
 )
-# Labels read from children: the indexes (run, config) and the pods' Job and shard.
+# Labels read from children: the indexes (run, config), the pods' Job and shard,
+# and the Kueue queue a Job waits in (its status is Queued, not Suspended).
 JOB_NAME_LABEL = "job-name"
-LABELS = frozenset({RUN_UID_LABEL, CONFIG_UID_LABEL, JOB_NAME_LABEL, COMPLETION_INDEX_LABEL})
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+LABELS = frozenset(
+    {RUN_UID_LABEL, CONFIG_UID_LABEL, JOB_NAME_LABEL, COMPLETION_INDEX_LABEL, KUEUE_QUEUE_LABEL}
+)
 # Annotations read from children: drift, the spec a Job was made from, a probe's generation.
 ANNOTATIONS = frozenset(
     {DESIRED_HASH_ANNOTATION, RUN_SPEC_HASH_ANNOTATION, PROBE_GENERATION_ANNOTATION}

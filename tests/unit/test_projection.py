@@ -448,6 +448,18 @@ def scheduled_drift() -> tuple[Obj, dict[str, Any]]:
     }
 
 
+def queued() -> tuple[Obj, dict[str, Any]]:
+    """A Job waiting in a Kueue queue (suspended by Kueue, the run is not)."""
+    run = served_run()
+    configmap, job = children(
+        run,
+        status=job_status(("Suspended", "JobSuspended", "suspended")),
+        labels={"kueue.x-k8s.io/queue-name": "team-a", "kueue.x-k8s.io/priority": "1"},
+    )
+    job["spec"]["suspend"] = True
+    return run, {"configmaps": [configmap], "jobs": [job]}
+
+
 def wrong_kind() -> tuple[Obj, dict[str, Any]]:
     run = served_run()
     _, job = children(run, status=job_status())
@@ -459,6 +471,7 @@ SCENARIOS |= {
     "edited": edited,
     "scheduled drift": scheduled_drift,
     "schedule added": wrong_kind,
+    "queued": queued,
 }
 
 
