@@ -62,6 +62,13 @@ CLUSTER_SCOPED_KINDS = ("ClusterRole", "ClusterRoleBinding", *ADMISSION_KINDS)
 # cannot know offline (helm install asks the cluster): the chart's
 # .Capabilities checks then render as they do when installed on it.
 CLUSTER_API_VERSIONS = ("admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",)
+# A cluster with the Prometheus Operator's CRDs (the chart renders its
+# ServiceMonitor and PrometheusRule only where the API serves them).
+WITH_PROMETHEUS_OPERATOR = (
+    *CLUSTER_API_VERSIONS,
+    "monitoring.coreos.com/v1/ServiceMonitor",
+    "monitoring.coreos.com/v1/PrometheusRule",
+)
 
 
 class HelmError(RuntimeError):
@@ -148,10 +155,17 @@ def render(
     namespace: str = "kserve-controller-system",
     release: str = RELEASE,
     include_crds: bool = False,
+    api_versions: Sequence[str] = CLUSTER_API_VERSIONS,
 ) -> list[Obj]:
     """The chart's objects for these values, parsed."""
     return parse(
-        render_text(values, namespace=namespace, release=release, include_crds=include_crds)
+        render_text(
+            values,
+            namespace=namespace,
+            release=release,
+            include_crds=include_crds,
+            api_versions=api_versions,
+        )
     )
 
 

@@ -38,7 +38,10 @@ pytestmark = pytest.mark.timeout(900)
 
 @pytest.fixture(scope="module")
 def monitored() -> list[dict[str, object]]:
-    return render({"prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}})
+    return render(
+        {"prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}},
+        api_versions=chart.WITH_PROMETHEUS_OPERATOR,
+    )
 
 
 async def scrape() -> str:

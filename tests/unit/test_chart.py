@@ -19,13 +19,14 @@ import pytest
 import yaml
 
 from controller.metrics import Metrics
-from controller.settings import Settings, load_settings
+from controller.settings import Settings, SettingsError, load_settings
 from tests.chart import (
     CHART_DIR,
     CONTROLLER_SERVICE_ACCOUNT,
     FULLNAME,
     REPO,
     RUNNER_SERVICE_ACCOUNT,
+    WITH_PROMETHEUS_OPERATOR,
     HelmError,
     Obj,
     controller_rbac_objects,
@@ -84,6 +85,7 @@ def monitored_objects() -> list[Obj]:
             "grafanaDashboard": {"enabled": True},
         },
         namespace=NS,
+        api_versions=WITH_PROMETHEUS_OPERATOR,
     )
 
 
@@ -567,6 +569,7 @@ def sharded_objects() -> list[Obj]:
             "prometheusRule": {"enabled": True},
         },
         namespace=NS,
+        api_versions=WITH_PROMETHEUS_OPERATOR,
     )
 
 
@@ -589,7 +592,7 @@ def pod_environment(objects: list[Obj], obj: Obj) -> dict[str, str]:
 
 def test_one_shard_renders_exactly_as_without_sharding() -> None:
     assert render_text({"sharding": {"shards": 1}}) == render_text()
-    objects = render({"serviceMonitor": {"enabled": True}})
+    objects = render({"serviceMonitor": {"enabled": True}}, api_versions=WITH_PROMETHEUS_OPERATOR)
     text = json.dumps(objects)
     assert SHARD_LABEL not in text
     assert "SHARD_" not in text
@@ -710,3 +713,113 @@ def test_extra_env_cannot_set_the_shard() -> None:
     for name in ("SHARD_COUNT", "SHARD_INDEX"):
         with pytest.raises(HelmError, match=rf"extraEnv\.{name} is set by the chart"):
             render({"extraEnv": {name: "1"}})
+
+
+# ------------------------------------------------------------ values judged at install
+
+
+@pytest.mark.parametrize(
+    ("lease", "renew", "retry"),
+    [
+        ("15s", "10s", "2s"),  # client-go's defaults
+        ("10s", "10s", "2s"),  # lease == renew deadline
+        ("1m30s", "1m", "500ms"),
+        (20, "25s", "2s"),  # seconds as integers, lease shorter
+        ("15s", "2400ms", "2s"),  # renew deadline within 1.2 x retry period
+        ("15s", "2500ms", "2s"),
+        ("1h", "0.5h", "29m"),
+    ],
+)
+def test_lease_timings_are_refused_at_install_exactly_when_the_controller_would_refuse_them(
+    lease: str | int, renew: str, retry: str
+) -> None:
+    values = {
+        "leaderElection": {"leaseDuration": lease, "renewDeadline": renew, "retryPeriod": retry}
+    }
+    refusal = ""
+    try:
+        objects = render(values, namespace=NS)
+    except HelmError as exc:
+        refusal = str(exc)
+    chart_accepts = not refusal
+    if refusal:
+        assert "the controller refuses to start otherwise" in refusal
+    env = (
+        {**settings_data(objects), "POD_NAMESPACE": NS}
+        if chart_accepts
+        else {
+            "LEADER_ELECT": "true",
+            "POD_NAMESPACE": NS,
+            "LEASE_DURATION": str(lease),
+            "RENEW_DEADLINE": renew,
+            "RETRY_PERIOD": retry,
+        }
+    )
+    try:
+        load_settings([], env, namespace_file=Path("/nonexistent"))
+    except SettingsError:
+        controller_accepts = False
+    else:
+        controller_accepts = True
+    assert chart_accepts == controller_accepts
+
+
+@pytest.mark.parametrize(
+    "budget",
+    [
+        {"replicaCount": 1, "podDisruptionBudget": {"minAvailable": 1}},
+        {"replicaCount": 2, "podDisruptionBudget": {"minAvailable": 2}},
+        {"podDisruptionBudget": {"minAvailable": "100%"}},
+        {"podDisruptionBudget": {"maxUnavailable": 0}},
+        {"podDisruptionBudget": {"maxUnavailable": "0%"}},
+    ],
+)
+def test_a_disruption_budget_that_would_block_every_drain_is_refused(budget: Obj) -> None:
+    with pytest.raises(HelmError, match="every node drain would block"):
+        render(budget)
+
+
+def test_disruption_budgets_that_allow_an_eviction_render() -> None:
+    for budget in (
+        {"replicaCount": 1},  # maxUnavailable 1 by default
+        {"replicaCount": 3, "podDisruptionBudget": {"minAvailable": 2}},
+        {"replicaCount": 1, "podDisruptionBudget": {"enabled": False, "maxUnavailable": 0}},
+    ):
+        render(budget)
+
+
+def test_resources_must_be_kubernetes_quantities() -> None:
+    good = {"requests": {"cpu": "100m", "memory": "1.5Gi"}, "limits": {"nvidia.com/gpu": 1}}
+    (deployment,) = find(render({"resources": good}), "Deployment")
+    resources = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]
+    # Merged with the chart's default memory limit.
+    assert resources == {
+        "requests": good["requests"],
+        "limits": {"memory": "512Mi", "nvidia.com/gpu": 1},
+    }
+    for bad in ({"cpu": "lots"}, {"memory": -1}, {"cpus": 1}, {"memory": "1 Gi"}):
+        # helm names the wrong path for a bad key, but always the schema and the culprit.
+        (culprit,) = (k if k == "cpus" else v for k, v in bad.items())
+        with pytest.raises(HelmError, match="don't meet the specifications") as refused:
+            render({"resources": {"requests": bad}})
+        assert str(culprit) in str(refused.value)
+
+
+def test_prometheus_operator_objects_render_only_where_the_api_serves_them() -> None:
+    values = {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}
+    without = render(values)
+    assert not find(without, "ServiceMonitor")
+    assert not find(without, "PrometheusRule")
+    notes = helm(
+        "install",
+        "x",
+        str(CHART_DIR),
+        "--dry-run=client",
+        "--set",
+        "serviceMonitor.enabled=true",
+    ).stdout
+    assert "WARNING: serviceMonitor.enabled is true but this cluster does not serve" in notes
+    assert "prometheusRule.enabled is true" not in notes
+    with_operator = render(values, api_versions=WITH_PROMETHEUS_OPERATOR)
+    assert len(find(with_operator, "ServiceMonitor")) == 1
+    assert len(find(with_operator, "PrometheusRule")) == 1

@@ -209,3 +209,23 @@ ai.krateo.io/controller-shard: {{ .index | toString | quote }}
 {{- end }}
 {{- $names | toJson }}
 {{- end }}
+
+{{/*
+Seconds in a duration value: an integer (seconds) or a Go duration such as
+30s, 1m30s, 1.5h (values.schema.json has already checked the shape).
+*/}}
+{{- define "ksc.seconds" -}}
+{{- $value := toString . -}}
+{{- if regexMatch "^[0-9]+$" $value -}}
+{{- $value -}}
+{{- else -}}
+{{- $units := dict "ns" 0.000000001 "us" 0.000001 "µs" 0.000001 "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0 -}}
+{{- $total := 0.0 -}}
+{{- range regexFindAll "[0-9]+(\\.[0-9]+)?(ns|us|µs|ms|s|m|h)" $value -1 -}}
+{{- $number := regexFind "^[0-9]+(\\.[0-9]+)?" . | float64 -}}
+{{- $unit := regexReplaceAll "^[0-9]+(\\.[0-9]+)?" . "" -}}
+{{- $total = addf $total (mulf $number (get $units $unit)) -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}
+{{- end }}
