@@ -37,9 +37,10 @@ the controller reads of it, under 1 KB). The readers, and what they read:
 Everything else a reader looks at is absent, which the readers already take
 as "not set" (``.get``): a projection changes what is kept, never what a
 reader concludes. Strings many objects repeat (namespaces, kinds, label keys
-and values, uids, condition reasons, timestamps) are interned, so every
-cached object shares one copy. A projection never returns its input's
-dicts: the raw object of a watch event or a list page is not kept alive.
+and values, uids, condition reasons, timestamps, contract settings) are
+interned, so every cached object shares one copy. A projection never returns
+its input's dicts or lists: the raw object of a watch event or a list page is
+not kept alive.
 """
 
 from __future__ import annotations
@@ -141,13 +142,29 @@ def _dict(value: Any) -> dict[str, Any]:
 # ------------------------------------------------------------------------- the kinds
 
 
+def shared(value: Any) -> Any:
+    """A copy of a JSON value with every string interned (and the dicts and lists new)."""
+    if type(value) is str:
+        return sys.intern(value)
+    if type(value) is dict:
+        return {sys.intern(k): shared(v) for k, v in value.items()}
+    if type(value) is list:
+        return [shared(v) for v in value]
+    return value
+
+
 def project_custom(obj: Obj) -> Obj:
-    """An InferenceRun or InferenceConfig: type, the metadata read, spec and status whole."""
+    """An InferenceRun or InferenceConfig: type, the metadata read, spec and status whole.
+
+    Spec and status are copied with their strings interned: condition types,
+    reasons and times, the contract's model and storage settings, the Job's
+    name and uid repeat across runs and across a run's own children.
+    """
     out = _type_meta(obj)
     out["metadata"] = object_meta(_dict(obj.get("metadata")), children=False)
     for part in ("spec", "status"):
         if part in obj:
-            out[part] = obj[part]
+            out[part] = shared(obj[part])
     return out
 
 
