@@ -108,6 +108,8 @@ MAX_PARAMETERS = 64
 MAX_PARAMETER_NAME_LENGTH = 253
 MAX_PARAMETER_VALUE_LENGTH = 4096
 MAX_PARAMETERS_TOTAL_LENGTH = 32768
+# A DNS-1123 label (IsDNS1123Label), e.g. a Kueue LocalQueue's name.
+DNS_LABEL_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 # --------------------------------------------------------------------------------------------
 # Cron syntax. The same pattern is the CRD's CEL rule (a unit test checks the
@@ -556,6 +558,8 @@ class InferenceConfigSpec(_Model):
     image_pull_policy: ImagePullPolicy = "IfNotPresent"
     service_account_name: str | None = None
     batching: Batching | None = None
+    # Kueue's LocalQueue in the run's namespace: the label kueue.x-k8s.io/queue-name.
+    queue_name: str | None = Field(default=None, max_length=63, pattern=DNS_LABEL_PATTERN)
 
     def effective_kserve(self) -> KServe:
         """The model fields the contract gets: nested when non-empty, else flat."""

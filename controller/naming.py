@@ -48,6 +48,8 @@ CONFIG_NAME_LABEL = "ai.krateo.io/inference-config"
 # On a config's probe Job, its ConfigMap and pods (see controller/probe.py).
 CONFIG_UID_LABEL = "ai.krateo.io/config-uid"
 PROBE_COMPONENT_VALUE = "inference-probe"
+# Kueue's: the LocalQueue that admits a Job (InferenceConfig.spec.queueName).
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 # Set on every child: a hash of what the controller rendered, so drift is found
 # by comparing one annotation instead of diffing server-defaulted specs.

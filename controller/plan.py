@@ -60,7 +60,14 @@ from controller.render import (
     desired_configmap,
     desired_workload,
 )
-from controller.status import CONDITION_WARNING, Observed, derive_status, parse_time
+from controller.status import (
+    CONDITION_WARNING,
+    REASON_QUEUED,
+    Observed,
+    derive_status,
+    parse_time,
+    queue_of,
+)
 
 FINISHED = ("Succeeded", "Failed")
 # A Job that has had no pod for this long may be unable to create one: its
@@ -322,9 +329,13 @@ def _children(view: View) -> _Children:
     name = names_for(view)
     configmap = _pick(view.configmaps, name)
     if not run.spec.scheduled and workload is not None:
-        # A one-shot run's Job is never replaced: only suspend follows the run.
+        # A one-shot run's Job is never replaced: only suspend follows the run,
+        # and on a Job in a Kueue queue only towards true: Kueue un-suspends it
+        # when it admits it, and un-suspending it here would bypass the quota.
         spec = workload.get("spec") or {}
-        if not _job_finished(workload) and bool(spec.get("suspend")) != run.spec.suspend:
+        suspended = bool(spec.get("suspend"))
+        wanted = run.spec.suspend or (suspended and queue_of(workload) is not None)
+        if not _job_finished(workload) and suspended != wanted:
             meta = workload["metadata"]
             out.writes.append(
                 Patch(
@@ -490,6 +501,8 @@ def _requeue_after(view: View, status: InferenceRunStatus, workload: Obj | None)
     )
     if running:
         return view.progress_interval
+    if status.phase == "Pending" and status.reason == REASON_QUEUED:
+        return None  # Kueue's admission un-suspends the Job: its event brings the run back
     if status.phase == "Pending" and not view.run.spec.scheduled and workload is not None:
         # Pod creation failures reach us only through Events we do not watch.
         return PENDING_RECHECK
@@ -514,6 +527,8 @@ def phase_events(
                     f"{r.predictions} predictions for {r.rows} rows in {r.duration_seconds:.1f}s",
                 )
             )
+        elif new.phase == "Pending" and new.reason == REASON_QUEUED:
+            events.append(Event("Normal", REASON_QUEUED, message))
         elif new.reason == "Retrying" or (
             new.phase == "Pending" and new.reason not in (None, "Pending", "Creating", WAITING)
         ):

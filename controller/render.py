@@ -48,7 +48,13 @@ from controller.api import (
     InferenceConfig,
     InferenceRun,
 )
-from controller.naming import DESIRED_HASH_ANNOTATION, child_labels, job_name, probe_labels
+from controller.naming import (
+    DESIRED_HASH_ANNOTATION,
+    KUEUE_QUEUE_LABEL,
+    child_labels,
+    job_name,
+    probe_labels,
+)
 from runner.contract import Contract, Sharding
 from runner.exitcodes import PERMANENT
 
@@ -225,6 +231,14 @@ def _labels(run: InferenceRun) -> dict[str, str]:
     return child_labels(run.metadata.name, run.metadata.uid, run.spec.config_ref.name)
 
 
+def _job_labels(run: InferenceRun, config: InferenceConfig) -> dict[str, str]:
+    """Labels of the Job (or a CronJob's job template): the child labels, and Kueue's queue."""
+    labels = _labels(run)
+    if config.spec.queue_name:
+        labels[KUEUE_QUEUE_LABEL] = config.spec.queue_name
+    return labels
+
+
 def desired_hash(payload: Any) -> str:
     """Short, stable hash of a rendered object part (for the drift annotation)."""
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -381,13 +395,12 @@ def desired_job(
         raise ValueError(f"run {run.metadata.name!r} has a schedule: render its CronJob")
     name = name or child_name(run)
     spec = _job_spec(run, config, name, runner_service_account)
+    # Kueue's webhook suspends a queued Job at creation (and Kueue un-suspends it
+    # on admission); the controller creates it as the run asks.
     spec["suspend"] = run.spec.suspend
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": _metadata(run, name, spec),
-        "spec": spec,
-    }
+    metadata = _metadata(run, name, spec)
+    metadata["labels"] = _job_labels(run, config)
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
 
 
 def desired_cronjob(
@@ -407,7 +420,7 @@ def desired_cronjob(
         "concurrencyPolicy": run_spec.concurrency_policy or DEFAULT_CONCURRENCY_POLICY,
         "suspend": run_spec.suspend,
         "jobTemplate": {
-            "metadata": {"labels": _labels(run)},
+            "metadata": {"labels": _job_labels(run, config)},
             "spec": _job_spec(run, config, name, runner_service_account),
         },
     }

@@ -12,6 +12,8 @@ Job condition (status True)            run phase    reason
                                                     ``InferenceFailed``); else the
                                                     Job's (``BackoffLimitExceeded``)
 ``Suspended``                          Suspended    ``Suspended``
+``Suspended``, Job in a Kueue queue,   Pending      ``Queued`` (message names the
+the run not suspended                               queue)
 none, a runner pod running (or one    Running      ``Running``
 that exited 0, or one that failed and
 the Job will retry)                                 (``Retrying``, the failure's words)
@@ -68,10 +70,13 @@ from controller.api import (
     RunResult,
     set_condition,
 )
+from controller.naming import KUEUE_QUEUE_LABEL
 from controller.render import CONTAINER_NAME
 from runner.exitcodes import REASONS, ExitCode
 
 CONDITION_WARNING = "Warning"
+# A Job in a Kueue queue, suspended until Kueue admits it.
+REASON_QUEUED = "Queued"
 
 # The runner's exit codes (runner/exitcodes.py, their one definition) -> the
 # reason a run shows; 137 is the kernel's, not the runner's.
@@ -176,10 +181,24 @@ def runner_result(pods: Sequence[Json]) -> RunResult | None:
     return RunResult(rows=rows, predictions=predictions, duration_seconds=duration)
 
 
+def queue_of(job: Json) -> str | None:
+    """The Kueue LocalQueue a Job is in (its ``kueue.x-k8s.io/queue-name`` label), or None."""
+    queue = ((job.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+    return str(queue) if queue else None
+
+
 def _job_outcome(
-    job: Json, pods: Sequence[Json], job_events: Sequence[tuple[str, str]] = ()
+    job: Json,
+    pods: Sequence[Json],
+    job_events: Sequence[tuple[str, str]] = (),
+    *,
+    suspend_asked: bool = False,
 ) -> tuple[Phase, str, str]:
-    """``(phase, reason, message)`` of one Job, from its conditions and pods."""
+    """``(phase, reason, message)`` of one Job, from its conditions and pods.
+
+    ``suspend_asked``: the run asks for its Job to be suspended. A suspended
+    Job in a Kueue queue that the run did not suspend is waiting for Kueue.
+    """
     conditions = _conditions_of(job)
     for kind in ("Failed", "FailureTarget"):
         if kind in conditions:
@@ -196,6 +215,9 @@ def _job_outcome(
     if "Complete" in conditions or "SuccessCriteriaMet" in conditions:
         return "Succeeded", "Completed", ""
     if "Suspended" in conditions or (job.get("spec") or {}).get("suspend"):
+        queue = queue_of(job)
+        if queue is not None and not suspend_asked:
+            return "Pending", REASON_QUEUED, f"waiting for Kueue to admit it to queue {queue}"
         return "Suspended", "Suspended", "the Job is suspended"
     running = any("running" in (_runner_state(p) or {}) for p in pods)
     # A runner that exited 0 before the Job says Complete (the Job controller
@@ -417,7 +439,9 @@ def _one_shot(status: InferenceRunStatus, observed: Observed) -> None:
         else:
             status.phase, status.reason, status.message = "Pending", "Creating", None
         return
-    phase, reason, message = _job_outcome(job, observed.pods, observed.job_events)
+    phase, reason, message = _job_outcome(
+        job, observed.pods, observed.job_events, suspend_asked=observed.run.spec.suspend
+    )
     status.phase, status.reason, status.message = phase, reason, message or None
     job_status = job.get("status") or {}
     if phase != "Pending":
