@@ -195,8 +195,10 @@ class Store:
     def __init__(self, indexers: Mapping[str, IndexFunc] | None = None) -> None:
         self._items: dict[str, Obj] = {}
         self._indexers: dict[str, IndexFunc] = {}
-        # index name -> index value -> object keys
-        self._indices: dict[str, dict[str, set[str]]] = {}
+        # index name -> index value -> object key, or keys when more than one
+        # (most values, a run's uid, name one object: a set each would be most
+        # of the index's memory).
+        self._indices: dict[str, dict[str, str | set[str]]] = {}
         for name, func in (indexers or {}).items():
             self.add_indexer(name, func)
 
@@ -204,10 +206,10 @@ class Store:
         if name in self._indexers:
             raise ValueError(f"index {name!r} exists already")
         self._indexers[name] = func
-        index: dict[str, set[str]] = {}
+        index: dict[str, str | set[str]] = {}
         for key, obj in self._items.items():
             for value in func(obj):
-                index.setdefault(value, set()).add(key)
+                _index_add(index, value, key)
         self._indices[name] = index
 
     def __len__(self) -> int:
@@ -234,7 +236,7 @@ class Store:
             found = self._indices[index].get(value, ())
         except KeyError:
             raise KeyError(f"no index named {index!r}") from None
-        return sorted(found)
+        return [found] if isinstance(found, str) else sorted(found)
 
     def by_index(self, index: str, value: str) -> ObjList:
         return [self._items[key] for key in self.index_keys(index, value)]
@@ -259,17 +261,35 @@ class Store:
         for name, func in self._indexers.items():
             index = self._indices[name]
             for value in func(obj):
-                index.setdefault(value, set()).add(key)
+                _index_add(index, value, key)
 
     def _unindex(self, key: str, obj: Obj) -> None:
         for name, func in self._indexers.items():
             index = self._indices[name]
             for value in func(obj):
                 keys = index.get(value)
-                if keys is not None:
-                    keys.discard(key)
-                    if not keys:
+                if keys is None:
+                    continue
+                if isinstance(keys, str):
+                    if keys == key:
                         del index[value]
+                    continue
+                keys.discard(key)
+                if len(keys) == 1:
+                    index[value] = next(iter(keys))
+                elif not keys:
+                    del index[value]
+
+
+def _index_add(index: dict[str, str | set[str]], value: str, key: str) -> None:
+    keys = index.get(value)
+    if keys is None:
+        index[value] = key
+    elif isinstance(keys, str):
+        if keys != key:
+            index[value] = {keys, key}
+    else:
+        keys.add(key)
 
 
 @dataclass(frozen=True)
