@@ -216,7 +216,13 @@ def controller_rbac_objects(
     """
     merged: dict[str, Any] = {**(values or {}), "watchNamespaces": list(watch_namespaces)}
     rendered = render(merged, namespace=namespace, release=release)
-    objects = [obj for obj in rendered if obj["kind"] in (*RBAC_KINDS, *ADMISSION_KINDS)]
+    objects = [
+        obj
+        for obj in rendered
+        if obj["kind"] in (*RBAC_KINDS, *ADMISSION_KINDS)
+        # The roles for people (aggregated into edit/view) are not the controller's.
+        and (obj["metadata"].get("labels") or {}).get("app.kubernetes.io/component") != "user-roles"
+    ]
     removals = list(omit)
     if removals:
         objects = [_without(obj, removals) if _is_controller_role(obj) else obj for obj in objects]

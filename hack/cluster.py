@@ -63,6 +63,8 @@ KCM_CONTROLLERS = (
     "serviceaccount-controller",
     "root-ca-certificate-publisher-controller",
     "pod-garbage-collector-controller",
+    # Fills the default admin/edit/view ClusterRoles from aggregated ones (the chart ships some).
+    "clusterrole-aggregation-controller",
 )
 
 

@@ -823,3 +823,55 @@ def test_prometheus_operator_objects_render_only_where_the_api_serves_them() -> 
     with_operator = render(values, api_versions=WITH_PROMETHEUS_OPERATOR)
     assert len(find(with_operator, "ServiceMonitor")) == 1
     assert len(find(with_operator, "PrometheusRule")) == 1
+
+
+def test_user_roles_aggregate_into_the_default_roles() -> None:
+    roles = {
+        r["metadata"]["name"]: r
+        for r in find(render(namespace=NS), "ClusterRole")
+        if r["metadata"]["labels"].get("app.kubernetes.io/component") == "user-roles"
+    }
+    editor, viewer = roles[f"{FULLNAME}-{NS}-editor"], roles[f"{FULLNAME}-{NS}-viewer"]
+    aggregate = "rbac.authorization.k8s.io/aggregate-to-"
+    assert {k for k in editor["metadata"]["labels"] if k.startswith(aggregate)} == {
+        f"{aggregate}admin",
+        f"{aggregate}edit",
+    }
+    assert {k for k in viewer["metadata"]["labels"] if k.startswith(aggregate)} == {
+        f"{aggregate}view"
+    }
+    # Nobody but the controller writes status; nobody gets a wildcard.
+    for role in (editor, viewer):
+        for rule in role["rules"]:
+            assert "*" not in rule["verbs"] + rule["resources"]
+            if any(r.endswith("/status") for r in rule["resources"]):
+                assert set(rule["verbs"]) <= {"get", "list", "watch"}
+    assert not [
+        r
+        for r in find(render({"userRoles": {"aggregate": False}}), "ClusterRole")
+        if r["metadata"]["labels"].get("app.kubernetes.io/component") == "user-roles"
+    ]
+
+
+def test_the_network_policy_admits_only_metrics_and_health() -> None:
+    assert not find(render(), "NetworkPolicy")
+    peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mon"}}}]
+    objects = render({"networkPolicy": {"enabled": True, "metricsFrom": peers}})
+    (policy,) = find(objects, "NetworkPolicy")
+    (deployment,) = find(objects, "Deployment")
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == selector
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [
+        {"ports": [{"protocol": "TCP", "port": 8080}], "from": peers},
+        {"ports": [{"protocol": "TCP", "port": 8081}]},
+    ]
+    (open_policy,) = find(render({"networkPolicy": {"enabled": True}}), "NetworkPolicy")
+    assert "from" not in open_policy["spec"]["ingress"][0]
+
+
+def test_kube_version_is_what_the_chart_needs() -> None:
+    # CRD validation rules with the quantity library, reason and fieldPath: 1.29.
+    with pytest.raises(HelmError, match="kubeVersion"):
+        render_text(extra_args=["--kube-version", "1.28.9"])
+    render_text(extra_args=["--kube-version", "1.29.0"])
