@@ -601,7 +601,10 @@ class Informer:
         await asyncio.sleep(delay)
 
     async def _list(self, namespace: str | None) -> str:
-        items: list[Obj] = []
+        # Items of a built-in kind's list carry no apiVersion/kind; watch
+        # events do. Cached objects look the same whichever way they came.
+        type_meta = {"apiVersion": self.resource.api_version, "kind": self.resource.kind}
+        fresh: dict[str, Obj] = {}
         continue_token: str | None = None
         while True:
             page = await self.source.list(
@@ -612,8 +615,14 @@ class Informer:
                 limit=self.page_size,
                 continue_token=continue_token,
             )
-            items.extend(page.get("items") or [])
+            # Each page is slimmed and transformed as it comes, so only one
+            # page of whole objects is ever held, not the whole list.
+            for item in page.get("items") or []:
+                new = self._prepare({**type_meta, **item})
+                if new is not None:
+                    fresh[object_key(new)] = new
             metadata = page.get("metadata") or {}
+            del page
             continue_token = metadata.get("continue") or None
             if not continue_token:
                 break
@@ -622,10 +631,7 @@ class Informer:
         rv = str(metadata.get("resourceVersion") or "")
         if not rv:
             raise ApiError(0, "NoResourceVersion", "list answer has no resourceVersion")
-        # Items of a built-in kind's list carry no apiVersion/kind; watch
-        # events do. Cached objects look the same whichever way they came.
-        type_meta = {"apiVersion": self.resource.api_version, "kind": self.resource.kind}
-        self.replace(namespace, [{**type_meta, **item} for item in items])
+        self._replace_prepared(namespace, fresh)
         self._listed_at[namespace] = asyncio.get_running_loop().time()
         self.lists += 1
         return rv
@@ -721,6 +727,10 @@ class Informer:
             new = self._prepare(obj)
             if new is not None:
                 fresh[object_key(new)] = new
+        self._replace_prepared(namespace, fresh)
+
+    def _replace_prepared(self, namespace: str | None, fresh: dict[str, Obj]) -> None:
+        """:meth:`replace` with the list's objects already prepared, by key."""
         if namespace is None:
             stale = [key for key in self.store.list_keys() if key not in fresh]
         else:
