@@ -197,6 +197,7 @@ class _Memo:
 
 _CONTRACTS = _Memo()
 _STATUSES = _Memo()
+_SPEC_HASHES = _Memo()
 
 
 def status_contract(run: InferenceRun, config: InferenceConfig, name: str) -> Any:
@@ -254,6 +255,10 @@ def run_spec_hash(run: InferenceRun) -> str:
     """A hash of what the run asks for, less ``suspend`` (which an existing Job follows)."""
     # Defaults left out, so a field a later version adds does not make every
     # existing run look edited.
+    return str(_SPEC_HASHES.get((run.spec,), (), lambda: _spec_hash(run)))
+
+
+def _spec_hash(run: InferenceRun) -> str:
     spec = run.spec.model_dump(mode="json", exclude={"suspend"}, exclude_defaults=True)
     return hashlib.sha256(orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 

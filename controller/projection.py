@@ -96,8 +96,13 @@ def intern(value: Any) -> Any:
 
 
 def _pick(source: Mapping[str, Any], fields: Iterable[str]) -> dict[str, Any]:
-    """The ``fields`` that ``source`` has, strings interned."""
-    return {sys.intern(k): intern(source[k]) for k in fields if k in source}
+    """The ``fields`` that ``source`` has (the names are constants), strings interned."""
+    return {
+        k: sys.intern(v) if type(v) is str else v
+        for k in fields
+        if k in source
+        for v in (source[k],)
+    }
 
 
 def _type_meta(obj: Obj) -> dict[str, Any]:
