@@ -543,6 +543,249 @@ class ResourceRequirements(_Model):
         return self
 
 
+# --------------------------------------------------------------------------------------------
+# Runner pods: labels, annotations, scheduling and env (InferenceConfig.spec.runnerPod,
+# and the controller's RUNNER_POD_DEFAULTS). The same rules are the CRD's (a unit
+# test checks the patterns agree), so they use nothing RE2 and `re` read differently.
+
+# IsQualifiedName: an optional DNS-subdomain prefix (at most 253) and a name of at most 63.
+QUALIFIED_NAME_PATTERN = RESOURCE_NAME_PATTERN
+# IsValidLabelValue: at most 63, empty or alphanumeric at both ends.
+LABEL_VALUE_PATTERN = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+# IsDNS1123Subdomain (a PriorityClass's name).
+DNS_SUBDOMAIN_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# Environment variable names: letters, digits, '_', '-' and '.', not starting with a digit.
+ENV_NAME_PATTERN = "^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+MAX_POD_MAP_ENTRIES = 64
+MAX_ANNOTATION_VALUE_LENGTH = 4096
+MAX_TOLERATIONS = 32
+MAX_ENV = 64
+MAX_ENV_VALUE_LENGTH = 32768
+# Labels and annotations the controller (or the Job controller, or Kueue through
+# queueName) sets: a runner pod may not carry its own.
+RESERVED_METADATA_KEYS = (
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/component",
+    "job-name",
+    "controller-uid",
+    "kueue.x-k8s.io/queue-name",
+)
+RESERVED_METADATA_PREFIXES = ("ai.krateo.io/", "batch.kubernetes.io/")
+# What the renderer and the runner contract use (runner/app.py).
+RESERVED_ENV_NAMES = (
+    "pod_uid",
+    "POD_UID",
+    "POD_NAMESPACE",
+    "CONTRACT_PATH",
+    "TERMINATION_LOG_PATH",
+    "NODE_AGENT_ROOT",
+    "JOB_COMPLETION_INDEX",
+    "RUNNER_DEADLINE_SECONDS",
+)
+_QUALIFIED_NAME_RE = re.compile(QUALIFIED_NAME_PATTERN)
+_LABEL_VALUE_RE = re.compile(LABEL_VALUE_PATTERN)
+
+
+def qualified_name_error(key: str) -> str | None:
+    """Why ``key`` is not a label or annotation key (``IsQualifiedName``), or None."""
+    if not _QUALIFIED_NAME_RE.fullmatch(key):
+        return (
+            f"{key!r} is not a qualified name: an optional DNS subdomain prefix and '/', "
+            "then alphanumerics, '-', '_' or '.', starting and ending alphanumeric"
+        )
+    prefix, _, name = key.rpartition("/")
+    if len(name) > 63:
+        return f"{key!r}: the name after the prefix must be at most 63 characters"
+    if len(prefix) > 253:
+        return f"{key!r}: the prefix must be at most 253 characters"
+    return None
+
+
+def reserved_key(key: str) -> bool:
+    return key in RESERVED_METADATA_KEYS or key.startswith(RESERVED_METADATA_PREFIXES)
+
+
+def _metadata_keys(value: dict[str, str] | None, what: str) -> list[str]:
+    errors: list[str] = []
+    for key in value or {}:
+        problem = qualified_name_error(key)
+        if problem is not None:
+            errors.append(problem)
+        elif reserved_key(key):
+            hint = "; use spec.queueName" if key == "kueue.x-k8s.io/queue-name" else ""
+            errors.append(f"{what} {key!r} is set by the controller and cannot be overridden{hint}")
+    return errors
+
+
+def _label_map(value: dict[str, str] | None, what: str, *, reserved: bool) -> dict[str, str] | None:
+    if reserved:
+        errors = _metadata_keys(value, what)
+    else:
+        errors = [p for p in map(qualified_name_error, value or {}) if p is not None]
+    for key, item in (value or {}).items():
+        if len(item) > 63 or not _LABEL_VALUE_RE.fullmatch(item):
+            errors.append(
+                f"the value of {key!r} is not a label value: at most 63 alphanumerics, '-', '_' "
+                "or '.', starting and ending alphanumeric (or empty)"
+            )
+    if errors:
+        raise PydanticCustomError("InvalidRunnerPod", "{errors}", {"errors": "; ".join(errors)})
+    return value
+
+
+def _labels(value: dict[str, str] | None) -> dict[str, str] | None:
+    return _label_map(value, "label", reserved=True)
+
+
+def _node_selector(value: dict[str, str] | None) -> dict[str, str] | None:
+    return _label_map(value, "node selector", reserved=False)
+
+
+def _annotations(value: dict[str, str] | None) -> dict[str, str] | None:
+    errors = _metadata_keys(value, "annotation")
+    if errors:
+        raise PydanticCustomError("InvalidRunnerPod", "{errors}", {"errors": "; ".join(errors)})
+    return value
+
+
+PodLabels = Annotated[
+    dict[str, str] | None, Field(max_length=MAX_POD_MAP_ENTRIES), AfterValidator(_labels)
+]
+PodAnnotations = Annotated[
+    dict[str, Annotated[str, Field(max_length=MAX_ANNOTATION_VALUE_LENGTH)]] | None,
+    Field(max_length=MAX_POD_MAP_ENTRIES),
+    AfterValidator(_annotations),
+]
+NodeSelector = Annotated[
+    dict[str, str] | None, Field(max_length=MAX_POD_MAP_ENTRIES), AfterValidator(_node_selector)
+]
+
+
+class Toleration(_Model):
+    """``core/v1 Toleration``, held to what Pod validation accepts."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+    @model_validator(mode="after")
+    def _valid(self) -> Self:
+        errors: list[str] = []
+        if self.key:
+            problem = qualified_name_error(self.key)
+            if problem is not None:
+                errors.append(f"key {problem}")
+        elif self.operator != "Exists":
+            errors.append("a toleration without a key must have operator Exists")
+        if self.operator == "Exists" and self.value:
+            errors.append("a toleration with operator Exists must not have a value")
+        if self.value and (len(self.value) > 63 or not _LABEL_VALUE_RE.fullmatch(self.value)):
+            errors.append(f"value {self.value!r} is not a label value")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            errors.append("tolerationSeconds needs effect NoExecute")
+        if errors:
+            raise PydanticCustomError("InvalidRunnerPod", "{errors}", {"errors": "; ".join(errors)})
+        return self
+
+
+class EnvVar(_Model):
+    """``core/v1 EnvVar``: a value, or a ``valueFrom`` the API server checks."""
+
+    name: str = Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN)
+    value: str | None = Field(default=None, max_length=MAX_ENV_VALUE_LENGTH)
+    value_from: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _valid(self) -> Self:
+        if self.name in RESERVED_ENV_NAMES:
+            raise PydanticCustomError(
+                "InvalidRunnerPod",
+                "env {name} is set by the controller or read by the runner from it "
+                "(reserved: {reserved})",
+                {"name": self.name, "reserved": ", ".join(RESERVED_ENV_NAMES)},
+            )
+        if self.value and self.value_from is not None:
+            raise PydanticCustomError(
+                "InvalidRunnerPod", "env {name} has both value and valueFrom", {"name": self.name}
+            )
+        return self
+
+
+class RunnerPod(_Model):
+    """``InferenceConfig.spec.runnerPod``: what runner pods (and the config's probe) carry."""
+
+    labels: PodLabels = None
+    annotations: PodAnnotations = None
+    node_selector: NodeSelector = None
+    tolerations: list[Toleration] | None = Field(default=None, max_length=MAX_TOLERATIONS)
+    # Passed through as is: the API server validates it when the Job is created.
+    affinity: dict[str, Any] | None = None
+    priority_class_name: str | None = Field(
+        default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN
+    )
+    env: list[EnvVar] | None = Field(default=None, max_length=MAX_ENV)
+
+    @field_validator("env")
+    @classmethod
+    def _unique_env(cls, value: list[EnvVar] | None) -> list[EnvVar] | None:
+        names = [e.name for e in value or []]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise PydanticCustomError(
+                "InvalidRunnerPod", "env names must be unique: {names}", {"names": ", ".join(twice)}
+            )
+        return value
+
+
+class RunnerPodDefaults(RunnerPod):
+    """The controller's ``RUNNER_POD_DEFAULTS``: a ``runnerPod`` plus default ``resources``.
+
+    Also the shape of a config's effective runner pod (:func:`merge_runner_pod`).
+    """
+
+    resources: ResourceRequirements | None = None
+
+
+def merge_runner_pod(
+    config: RunnerPod | None,
+    defaults: RunnerPodDefaults | None,
+    resources: ResourceRequirements | None = None,
+) -> RunnerPodDefaults:
+    """A config's runner pod over the controller's defaults; the config wins.
+
+    Maps (labels, annotations, nodeSelector) merge key by key; env merges by
+    name (the defaults' order, then the config's new names); tolerations are
+    the defaults' then the config's, each once; affinity, priorityClassName and
+    ``resources`` (the config's ``spec.resources``) are the config's when set,
+    else the defaults'.
+    """
+    own = config or RunnerPod()
+    base = defaults or RunnerPodDefaults()
+
+    def maps(a: dict[str, str] | None, b: dict[str, str] | None) -> dict[str, str] | None:
+        merged = {**(a or {}), **(b or {})}
+        return merged or None
+
+    env: dict[str, EnvVar] = {e.name: e for e in base.env or []}
+    env.update({e.name: e for e in own.env or []})
+    tolerations: list[Toleration] = []
+    for toleration in [*(base.tolerations or []), *(own.tolerations or [])]:
+        if toleration not in tolerations:
+            tolerations.append(toleration)
+    return RunnerPodDefaults(
+        labels=maps(base.labels, own.labels),
+        annotations=maps(base.annotations, own.annotations),
+        node_selector=maps(base.node_selector, own.node_selector),
+        tolerations=tolerations or None,
+        affinity=own.affinity if own.affinity is not None else base.affinity,
+        priority_class_name=own.priority_class_name or base.priority_class_name,
+        env=list(env.values()) or None,
+        resources=resources if resources is not None else base.resources,
+    )
+
+
 class InferenceConfigSpec(_Model):
     image: str = Field(min_length=1)
     auto_delete_policy: AutoDeletePolicy = "None"
@@ -560,6 +803,7 @@ class InferenceConfigSpec(_Model):
     batching: Batching | None = None
     # Kueue's LocalQueue in the run's namespace: the label kueue.x-k8s.io/queue-name.
     queue_name: str | None = Field(default=None, max_length=63, pattern=DNS_LABEL_PATTERN)
+    runner_pod: RunnerPod | None = None
 
     def effective_kserve(self) -> KServe:
         """The model fields the contract gets: nested when non-empty, else flat."""

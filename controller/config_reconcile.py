@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from controller.api import InferenceConfig, ModelCache, describe_invalid
+from controller.api import InferenceConfig, ModelCache, RunnerPodDefaults, describe_invalid
 from controller.kube.client import CONFIGMAPS, JOBS, ApiError, Obj, Resource
 from controller.kube.events import EventRecorder
 from controller.kube.informer import Informer
@@ -47,6 +47,7 @@ class ConfigReconciler:
     events: EventRecorder
     probe_interval: float = 0.0
     runner_service_account: str | None = None
+    pod_defaults: RunnerPodDefaults | None = None
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     # Parsed configs, reused while their resourceVersion is the same.
     _models: ModelCache[InferenceConfig] = field(
@@ -74,6 +75,7 @@ class ConfigReconciler:
             probe_jobs=[j for j in self.jobs.by_index(BY_CONFIG_UID, uid) if _owned(j, uid)],
             probe_pods=self.pods.by_index(BY_CONFIG_UID, uid),
             runner_service_account=self.runner_service_account,
+            pod_defaults=self.pod_defaults,
         )
         plan = plan_config(view)
         try:

@@ -131,6 +131,7 @@ class Controller:
             caches=self.caches,
             events=self.events,
             runner_service_account=settings.runner_service_account,
+            pod_defaults=settings.runner_pod_defaults,
             watch_namespaces=tuple(namespaces),
             metrics=metrics,
         )
@@ -160,6 +161,7 @@ class Controller:
             events=self.events,
             probe_interval=settings.probe_interval,
             runner_service_account=settings.runner_service_account,
+            pod_defaults=settings.runner_pod_defaults,
         )
         self.config_workers = Workers(
             self.config_queue,

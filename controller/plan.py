@@ -49,6 +49,7 @@ from controller.api import (
     InferenceRun,
     InferenceRunStatus,
     Progress,
+    RunnerPodDefaults,
     run_config_warnings,
     set_condition,
 )
@@ -148,6 +149,8 @@ class View:
     # The run was read live in this reconcile (same uid, not being deleted).
     confirmed: bool = False
     runner_service_account: str | None = None
+    # The controller's RUNNER_POD_DEFAULTS (a config's runnerPod wins).
+    pod_defaults: RunnerPodDefaults | None = None
     # How often a running run's progress is looked at again.
     progress_interval: float = 10.0
 
@@ -378,7 +381,11 @@ def _children(view: View) -> _Children:
     elif _differs(configmap, desired_cm):
         out.writes.append(_update(CONFIGMAPS, configmap, desired_cm))
     desired = desired_workload(
-        run, config, runner_service_account=view.runner_service_account, name=name
+        run,
+        config,
+        runner_service_account=view.runner_service_account,
+        name=name,
+        pod_defaults=view.pod_defaults,
     )
     if not run.spec.scheduled:
         desired["metadata"]["annotations"][RUN_SPEC_HASH_ANNOTATION] = run_spec_hash(run)

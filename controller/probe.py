@@ -33,6 +33,7 @@ from controller.api import (
     Condition,
     InferenceConfig,
     InferenceConfigStatus,
+    RunnerPodDefaults,
     find_condition,
     set_condition,
 )
@@ -60,6 +61,7 @@ class ConfigView:
     probe_jobs: Sequence[Obj] = ()
     probe_pods: Sequence[Obj] = ()
     runner_service_account: str | None = None
+    pod_defaults: RunnerPodDefaults | None = None
 
 
 @dataclass
@@ -210,7 +212,10 @@ def plan_config(view: ConfigView) -> ConfigPlan:
             assert view.config is not None
             name = probe_name(meta["name"], meta["uid"], int(view.now.timestamp()))
             configmap, job = desired_probe(
-                view.config, name, runner_service_account=view.runner_service_account
+                view.config,
+                name,
+                runner_service_account=view.runner_service_account,
+                pod_defaults=view.pod_defaults,
             )
             job["metadata"] = {
                 **job["metadata"],

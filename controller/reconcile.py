@@ -55,6 +55,7 @@ from controller.api import (
     InferenceRunStatus,
     ModelCache,
     Progress,
+    RunnerPodDefaults,
     describe_invalid,
     set_condition,
 )
@@ -124,6 +125,7 @@ class Reconciler:
     caches: Caches
     events: EventRecorder
     runner_service_account: str | None = None
+    pod_defaults: RunnerPodDefaults | None = None
     progress_interval: float = 10.0
     # The namespaces the controller watches (empty: all); a config elsewhere is out of reach.
     watch_namespaces: tuple[str, ...] = ()
@@ -314,6 +316,7 @@ class Reconciler:
             refusal=refusal,
             confirmed=confirmed,
             runner_service_account=self.runner_service_account,
+            pod_defaults=self.pod_defaults,
             progress_interval=self.progress_interval,
         )
 

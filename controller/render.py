@@ -47,6 +47,8 @@ from controller.api import (
     RUN_KIND,
     InferenceConfig,
     InferenceRun,
+    RunnerPodDefaults,
+    merge_runner_pod,
 )
 from controller.naming import (
     DESIRED_HASH_ANNOTATION,
@@ -231,9 +233,12 @@ def _labels(run: InferenceRun) -> dict[str, str]:
     return child_labels(run.metadata.name, run.metadata.uid, run.spec.config_ref.name)
 
 
-def _job_labels(run: InferenceRun, config: InferenceConfig) -> dict[str, str]:
-    """Labels of the Job (or a CronJob's job template): the child labels, and Kueue's queue."""
-    labels = _labels(run)
+def _job_labels(
+    run: InferenceRun, config: InferenceConfig, shape: RunnerPodDefaults
+) -> dict[str, str]:
+    """Labels of the Job (or a CronJob's job template): the runner pod's, the child labels,
+    and Kueue's queue."""
+    labels = {**(shape.labels or {}), **_labels(run)}
     if config.spec.queue_name:
         labels[KUEUE_QUEUE_LABEL] = config.spec.queue_name
     return labels
@@ -269,7 +274,12 @@ def desired_configmap(
     }
 
 
-def _container(config: InferenceConfig) -> dict[str, Any]:
+def runner_pod(config: InferenceConfig, defaults: RunnerPodDefaults | None) -> RunnerPodDefaults:
+    """The config's runner pod shape over the controller's defaults (see ``merge_runner_pod``)."""
+    return merge_runner_pod(config.spec.runner_pod, defaults, config.spec.resources)
+
+
+def _container(config: InferenceConfig, shape: RunnerPodDefaults) -> dict[str, Any]:
     spec = config.spec
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
@@ -279,6 +289,7 @@ def _container(config: InferenceConfig) -> dict[str, Any]:
         # leaving it unset lets the test node agent relocate the file.
         "env": [
             {"name": "pod_uid", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+            *(e.to_api() for e in shape.env or []),
         ],
         "volumeMounts": [
             # /tmp stays writable (read-only root filesystem); the contract is
@@ -305,12 +316,14 @@ def _container(config: InferenceConfig) -> dict[str, Any]:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
-    if spec.resources is not None:
-        container["resources"] = spec.resources.to_api()
+    if shape.resources is not None:
+        container["resources"] = shape.resources.to_api()
     return container
 
 
-def _pod_spec(config: InferenceConfig, name: str, service_account: str | None) -> dict[str, Any]:
+def _pod_spec(
+    config: InferenceConfig, name: str, service_account: str | None, shape: RunnerPodDefaults
+) -> dict[str, Any]:
     """The runner pod: the config's image with the contract of ConfigMap ``name``."""
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -325,7 +338,7 @@ def _pod_spec(config: InferenceConfig, name: str, service_account: str | None) -
             "fsGroup": RUNNER_UID,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [_container(config)],
+        "containers": [_container(config, shape)],
         "volumes": [
             {"name": "tmp", "emptyDir": {}},
             {
@@ -343,13 +356,33 @@ def _pod_spec(config: InferenceConfig, name: str, service_account: str | None) -
         pod["serviceAccountName"] = account
     if config.spec.credentials_ref is not None:
         pod["imagePullSecrets"] = [{"name": config.spec.credentials_ref.name}]
+    if shape.node_selector:
+        pod["nodeSelector"] = dict(shape.node_selector)
+    if shape.tolerations:
+        pod["tolerations"] = [t.to_api() for t in shape.tolerations]
+    if shape.affinity is not None:
+        pod["affinity"] = shape.affinity
+    if shape.priority_class_name:
+        pod["priorityClassName"] = shape.priority_class_name
     return pod
 
 
+def _template_metadata(labels: dict[str, str], shape: RunnerPodDefaults) -> dict[str, Any]:
+    """Pod template metadata: the runner pod's labels under the controller's, its annotations."""
+    metadata: dict[str, Any] = {"labels": {**(shape.labels or {}), **labels}}
+    if shape.annotations:
+        metadata["annotations"] = dict(shape.annotations)
+    return metadata
+
+
 def _job_spec(
-    run: InferenceRun, config: InferenceConfig, name: str, service_account: str | None
+    run: InferenceRun,
+    config: InferenceConfig,
+    name: str,
+    service_account: str | None,
+    shape: RunnerPodDefaults,
 ) -> dict[str, Any]:
-    pod = _pod_spec(config, name, service_account)
+    pod = _pod_spec(config, name, service_account, shape)
     shards = run.spec.parallelism
     spec: dict[str, Any] = {
         "backoffLimit": run.spec.backoff_limit,
@@ -369,7 +402,7 @@ def _job_spec(
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
             ]
         },
-        "template": {"metadata": {"labels": _labels(run)}, "spec": pod},
+        "template": {"metadata": _template_metadata(_labels(run), shape), "spec": pod},
     }
     if shards > 1:
         # Each pod gets JOB_COMPLETION_INDEX; the contract says how many shards.
@@ -385,21 +418,24 @@ def desired_job(
     *,
     runner_service_account: str | None = None,
     name: str | None = None,
+    pod_defaults: RunnerPodDefaults | None = None,
 ) -> dict[str, Any]:
     """The Job of a one-shot run.
 
     ``runner_service_account`` is the controller's default for configs that
-    name none (``serviceAccountName`` in the config wins).
+    name none (``serviceAccountName`` in the config wins); ``pod_defaults``
+    its ``RUNNER_POD_DEFAULTS``, under the config's ``runnerPod``.
     """
     if run.spec.scheduled:
         raise ValueError(f"run {run.metadata.name!r} has a schedule: render its CronJob")
     name = name or child_name(run)
-    spec = _job_spec(run, config, name, runner_service_account)
+    shape = runner_pod(config, pod_defaults)
+    spec = _job_spec(run, config, name, runner_service_account, shape)
     # Kueue's webhook suspends a queued Job at creation (and Kueue un-suspends it
     # on admission); the controller creates it as the run asks.
     spec["suspend"] = run.spec.suspend
     metadata = _metadata(run, name, spec)
-    metadata["labels"] = _job_labels(run, config)
+    metadata["labels"] = _job_labels(run, config, shape)
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
 
 
@@ -409,19 +445,21 @@ def desired_cronjob(
     *,
     runner_service_account: str | None = None,
     name: str | None = None,
+    pod_defaults: RunnerPodDefaults | None = None,
 ) -> dict[str, Any]:
     """The CronJob of a scheduled run; its job template is the one-shot Job's spec."""
     if run.spec.schedule is None:
         raise ValueError(f"run {run.metadata.name!r} has no schedule: render its Job")
     name = name or child_name(run)
+    shape = runner_pod(config, pod_defaults)
     run_spec = run.spec
     spec: dict[str, Any] = {
         "schedule": run_spec.schedule,
         "concurrencyPolicy": run_spec.concurrency_policy or DEFAULT_CONCURRENCY_POLICY,
         "suspend": run_spec.suspend,
         "jobTemplate": {
-            "metadata": {"labels": _job_labels(run, config)},
-            "spec": _job_spec(run, config, name, runner_service_account),
+            "metadata": {"labels": _job_labels(run, config, shape)},
+            "spec": _job_spec(run, config, name, runner_service_account, shape),
         },
     }
     optional = {
@@ -445,10 +483,17 @@ def desired_workload(
     *,
     runner_service_account: str | None = None,
     name: str | None = None,
+    pod_defaults: RunnerPodDefaults | None = None,
 ) -> dict[str, Any]:
     """``desired_cronjob`` for a scheduled run, else ``desired_job``."""
     render = desired_cronjob if run.spec.scheduled else desired_job
-    return render(run, config, runner_service_account=runner_service_account, name=name)
+    return render(
+        run,
+        config,
+        runner_service_account=runner_service_account,
+        name=name,
+        pod_defaults=pod_defaults,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -473,9 +518,17 @@ def probe_contract(config: InferenceConfig, name: str) -> dict[str, Any]:
 
 
 def desired_probe(
-    config: InferenceConfig, name: str, *, runner_service_account: str | None = None
+    config: InferenceConfig,
+    name: str,
+    *,
+    runner_service_account: str | None = None,
+    pod_defaults: RunnerPodDefaults | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The ConfigMap and Job that run ``python -m runner --check`` for ``config``."""
+    """The ConfigMap and Job that run ``python -m runner --check`` for ``config``.
+
+    Its pod is shaped like a run's (a ResourceQuota or a node pool applies to
+    it too); its labels are the probe's, with the runner pod's under them.
+    """
     if not config.metadata.uid:
         raise ValueError(f"config {config.metadata.name!r} has no uid yet")
     labels = probe_labels(config.metadata.name, config.metadata.uid)
@@ -499,7 +552,8 @@ def desired_probe(
         "metadata": metadata,
         "data": {CONTRACT_KEY: go_json(probe_contract(config, name))},
     }
-    pod = _pod_spec(config, name, runner_service_account)
+    shape = runner_pod(config, pod_defaults)
+    pod = _pod_spec(config, name, runner_service_account, shape)
     pod["containers"][0]["args"] = list(PROBE_ARGS)
     job = {
         "apiVersion": "batch/v1",
@@ -510,7 +564,7 @@ def desired_probe(
             "activeDeadlineSeconds": PROBE_DEADLINE_SECONDS,
             # A safety net: the controller deletes a probe once it has read it.
             "ttlSecondsAfterFinished": 3600,
-            "template": {"metadata": {"labels": labels}, "spec": pod},
+            "template": {"metadata": _template_metadata(labels, shape), "spec": pod},
         },
     }
     return configmap, job

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
 
 import durationpy
+import orjson
 from pydantic import (
     AliasChoices,
     BeforeValidator,
@@ -55,6 +56,7 @@ from pydantic_settings import (
 )
 from pydantic_settings import SettingsError as _SourceError
 
+from controller.api import RunnerPodDefaults, describe_invalid
 from controller.sharding import lease_name
 
 # Below one second a "poll" is a hot loop against the API server.
@@ -140,12 +142,43 @@ def _duration_or_off(value: Any) -> float:
     return parse_duration(value)
 
 
+def parse_runner_pod_defaults(value: Any) -> RunnerPodDefaults | None:
+    """``RUNNER_POD_DEFAULTS``: JSON of an InferenceConfig's ``runnerPod`` plus ``resources``.
+
+    Empty (or ``{}``/``null``): no defaults. Held to the same rules as a
+    config's ``runnerPod``, so a default can never make a runner pod invalid.
+    """
+    if value is None or isinstance(value, RunnerPodDefaults):
+        return value
+    if isinstance(value, str):
+        if not value.strip():
+            return None
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"not JSON: {exc}") from None
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(
+            "expected a JSON object with labels, annotations, nodeSelector, tolerations, "
+            "affinity, priorityClassName, env and/or resources"
+        )
+    try:
+        return RunnerPodDefaults.model_validate(value)
+    except ValidationError as exc:
+        raise ValueError(describe_invalid(exc)[1]) from None
+
+
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 DurationOrOff = Annotated[float, BeforeValidator(_duration_or_off)]
 # NoDecode: a comma-separated string, not the JSON pydantic-settings expects for tuples.
 Namespaces = Annotated[tuple[str, ...], NoDecode, BeforeValidator(parse_namespaces)]
 OptionalBool = Annotated[bool | None, BeforeValidator(_parse_bool)]
 OptionalStr = Annotated[str | None, BeforeValidator(_empty_is_none)]
+PodDefaults = Annotated[
+    RunnerPodDefaults | None, NoDecode, BeforeValidator(parse_runner_pod_defaults)
+]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
@@ -176,6 +209,12 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("runner_service_account", "sa_runner"),
         description="Service account of runner pods when the config names none "
         "(unset: the namespace's default service account).",
+    )
+    runner_pod_defaults: PodDefaults = Field(
+        None,
+        description="JSON defaults for every runner pod (and config probe): labels, annotations, "
+        "nodeSelector, tolerations, affinity, priorityClassName, env and resources; a config's "
+        "spec.runnerPod (and spec.resources) wins. Empty: none.",
     )
     probe_interval: DurationOrOff = Field(
         1800.0,

@@ -726,6 +726,120 @@ INVALID: list[tuple[str, dict[str, Any], list[str], bool]] = [
         ["spec.timeZone: Invalid value"],
         True,
     ),
+    (
+        "queue-name-not-a-label",
+        config_with(queueName="Team A"),
+        ["spec.queueName", "should match"],
+        True,
+    ),
+    *[
+        (f"runner-pod-{name}", config_with(runnerPod=pod), expected, True)
+        for name, pod, expected in [
+            (
+                "label-key",
+                {"labels": {"team name!": "a"}},
+                ["spec.runnerPod.labels", "keys must be qualified names"],
+            ),
+            (
+                "label-key-name-too-long",
+                {"labels": {"example.com/" + "n" * 64: "a"}},
+                ["spec.runnerPod.labels", "keys must be qualified names"],
+            ),
+            (
+                "label-value",
+                {"labels": {"team": "a b"}},
+                ["spec.runnerPod.labels.team", "should match"],
+            ),
+            (
+                "reserved-label",
+                {"labels": {"ai.krateo.io/run-uid": "x"}},
+                ["spec.runnerPod.labels", "are set by the controller and cannot be overridden"],
+            ),
+            (
+                "job-name-label",
+                {"labels": {"job-name": "x"}},
+                ["spec.runnerPod.labels", "are set by the controller and cannot be overridden"],
+            ),
+            (
+                "queue-label",
+                {"labels": {"kueue.x-k8s.io/queue-name": "q"}},
+                ["spec.runnerPod.labels", "set from spec.queueName; use that"],
+            ),
+            (
+                "reserved-annotation",
+                {"annotations": {"batch.kubernetes.io/job-tracking": ""}},
+                ["spec.runnerPod.annotations", "are set by the controller"],
+            ),
+            (
+                "node-selector-key",
+                {"nodeSelector": {"/gpu": "yes"}},
+                ["spec.runnerPod.nodeSelector", "keys must be qualified names"],
+            ),
+            (
+                "toleration-exists-with-value",
+                {"tolerations": [{"key": "gpu", "operator": "Exists", "value": "x"}]},
+                ["spec.runnerPod.tolerations[0]", "operator Exists must not have a value"],
+            ),
+            (
+                "toleration-without-key",
+                {"tolerations": [{"operator": "Equal", "value": "x"}]},
+                ["spec.runnerPod.tolerations[0]", "without a key must have operator Exists"],
+            ),
+            (
+                "toleration-seconds",
+                {"tolerations": [{"key": "gpu", "effect": "NoSchedule", "tolerationSeconds": 5}]},
+                ["spec.runnerPod.tolerations[0]", "tolerationSeconds needs effect NoExecute"],
+            ),
+            (
+                "toleration-effect",
+                {"tolerations": [{"key": "gpu", "effect": "Never"}]},
+                ["spec.runnerPod.tolerations[0].effect", "Unsupported value"],
+            ),
+            (
+                "toleration-key",
+                {"tolerations": [{"key": "gpu type", "operator": "Exists"}]},
+                ["spec.runnerPod.tolerations[0].key", "must be a qualified name"],
+            ),
+            (
+                "reserved-env",
+                {"env": [{"name": "pod_uid", "value": "x"}]},
+                ["spec.runnerPod.env[0].name", "is set by the controller or read by the runner"],
+            ),
+            (
+                "contract-path-env",
+                {"env": [{"name": "CONTRACT_PATH", "value": "/x"}]},
+                ["spec.runnerPod.env[0].name", "is set by the controller or read by the runner"],
+            ),
+            (
+                "duplicate-env",
+                {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]},
+                ["spec.runnerPod.env[1]", "Duplicate value"],
+            ),
+            (
+                "env-value-and-value-from",
+                {
+                    "env": [
+                        {
+                            "name": "A",
+                            "value": "1",
+                            "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                        }
+                    ]
+                },
+                ["spec.runnerPod.env[0]", "value and valueFrom are exclusive"],
+            ),
+            (
+                "env-name",
+                {"env": [{"name": "1A", "value": "1"}]},
+                ["spec.runnerPod.env[0].name", "should match"],
+            ),
+            (
+                "priority-class-name",
+                {"priorityClassName": "High"},
+                ["spec.runnerPod.priorityClassName", "should match"],
+            ),
+        ]
+    ],
 ]
 
 
