@@ -374,12 +374,25 @@ class Phase:
     requests: dict[int, Counter[str]] = field(default_factory=dict)  # shard -> requests
     runs_by_shard: Counter[int] = field(default_factory=Counter)
     outcomes: Counter[str] = field(default_factory=Counter)
+    metrics: dict[str, float] = field(default_factory=dict)  # controllers' metric deltas
+
+
+# Controller metrics whose change over a phase says where a reconcile's time went.
+PHASE_METRICS = (
+    "controller_runtime_reconcile_total",
+    "controller_runtime_reconcile_time_seconds_sum",
+    "rest_client_requests_total",
+    "rest_client_request_duration_seconds_sum",
+    "rest_client_request_duration_seconds_count",
+    "workqueue_queue_duration_seconds_sum",
+    "workqueue_queue_duration_seconds_count",
+)
 
 
 @dataclass
 class Sample:
     elapsed: float
-    runs: int  # runs created so far (all kinds)
+    runs: int  # runs whose Job or CronJob exists so far (all kinds)
     rss: list[int]  # per shard, bytes
 
 
@@ -420,7 +433,7 @@ class Bench:
             with contextlib.suppress(OSError):
                 rss = [proc_rss_bytes(s.pid) for s in self.shards]
                 self.samples.append(
-                    Sample(time.monotonic() - self.started, self.created_total, rss)
+                    Sample(time.monotonic() - self.started, len(self.tracker.child_seen), rss)
                 )
             await asyncio.sleep(2.0)
 
@@ -459,6 +472,18 @@ class Bench:
     def phase_requests(self, phase: Phase, before: list[Counter[str]]) -> None:
         after = self.requests()
         phase.requests = {i: since(after[i], before[i]) for i in range(len(self.shards))}
+
+    def metric_mark(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for shard in self.shards:
+            values = shard.metrics()
+            for name in PHASE_METRICS:
+                totals[name] = totals.get(name, 0.0) + values.get(name, 0.0)
+        return totals
+
+    def phase_metrics(self, phase: Phase, before: dict[str, float]) -> None:
+        after = self.metric_mark()
+        phase.metrics = {name: after[name] - before.get(name, 0.0) for name in after}
 
     # ---- steps
 
@@ -502,6 +527,23 @@ class Bench:
         await self.kube.delete(NAMESPACES, None, namespace)
         return count / meter.wall, meter
 
+    async def wait_writes_quiet(self, within: float, still: float = 10.0) -> None:
+        """Until the controllers made no write for ``still`` seconds (or ``within`` passed)."""
+        deadline = time.monotonic() + within
+        last = sum(self._writes(c) for c in self.requests())
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline:
+            await asyncio.sleep(1.0)
+            now = sum(self._writes(c) for c in self.requests())
+            if now != last:
+                last, quiet_since = now, time.monotonic()
+            elif time.monotonic() - quiet_since >= still:
+                return
+
+    @staticmethod
+    def _writes(counts: Counter[str]) -> int:
+        return sum(v for k, v in counts.items() if k.split()[0] in WRITE_VERBS)
+
     async def wait_namespaces_gone(self, prefix: str, within: float = 300.0) -> None:
         deadline = time.monotonic() + within
         while True:
@@ -530,6 +572,7 @@ class Bench:
         for uid in uids:
             phase.runs_by_shard[self.shard_of(self.tracker.namespace_of[uid])] += 1
         before = self.requests()
+        marks = self.metric_mark()
         with self.meter() as meter:
             t0 = time.monotonic()
             await asyncio.gather(
@@ -544,6 +587,7 @@ class Bench:
             phase.latencies = {uid: (self.tracker.child_seen.get(uid, t0) - t0) for uid in uids}
             await asyncio.to_thread(wait_quiet, self.shards, 600)
         phase.cpu, phase.wall = meter.used, meter.wall
+        self.phase_metrics(phase, marks)
         phase.settle_seconds = drained
         self.phase_requests(phase, before)
         return phase, count / drained
@@ -557,6 +601,7 @@ class Bench:
         ]
         phase = Phase(f"one-shot runs at {rate:g}/s", count, rate)
         before = self.requests()
+        marks = self.metric_mark()
         with self.meter() as meter:
             t0 = time.monotonic()
             uids = await self.create_paced(bodies, rate)
@@ -565,6 +610,7 @@ class Bench:
             phase.settle_seconds = time.monotonic() - t0
             await asyncio.to_thread(wait_quiet, self.shards, 900)
         phase.cpu, phase.wall = meter.used, meter.wall
+        self.phase_metrics(phase, marks)
         self.phase_requests(phase, before)
         for uid in uids:
             phase.runs_by_shard[self.shard_of(self.tracker.namespace_of[uid])] += 1
@@ -589,6 +635,7 @@ class Bench:
         ]
         phase = Phase(f"scheduled runs at {rate:g}/s", count, rate)
         before = self.requests()
+        marks = self.metric_mark()
         with self.meter() as meter:
             t0 = time.monotonic()
             uids = await self.create_paced(bodies, rate)
@@ -597,6 +644,7 @@ class Bench:
             phase.settle_seconds = time.monotonic() - t0
             await asyncio.to_thread(wait_quiet, self.shards, 600)
         phase.cpu, phase.wall = meter.used, meter.wall
+        self.phase_metrics(phase, marks)
         self.phase_requests(phase, before)
         for uid in uids:
             phase.runs_by_shard[self.shard_of(self.tracker.namespace_of[uid])] += 1
@@ -641,6 +689,7 @@ class Results:
     settled_rss: list[int]
     idle_requests: list[Counter[str]]
     idle_seconds: float
+    events_drain: float
     restart_ready: list[float]
     restart_quiet: float
     restart_rss: list[int]
@@ -697,6 +746,31 @@ _UID_SHARD: dict[str, int] = {}
 
 def _shard_by_uid(results: Results, uid: str) -> int:
     return _UID_SHARD.get(uid, 0)
+
+
+def where_table(results: Results) -> list[str]:
+    """Where a reconcile's time went, from the controllers' own metrics over each phase."""
+    lines = [
+        "| phase | reconciles per run | mean reconcile | API requests per run | mean API "
+        "request (controller's view) | mean wait in work queue |",
+        "|---|---|---|---|---|---|",
+    ]
+    every = ([results.backlog] if results.backlog else []) + results.phases
+    for phase in every:
+        m = phase.metrics
+        reconciles = m.get("controller_runtime_reconcile_total", 0.0)
+        requests = m.get("rest_client_request_duration_seconds_count", 0.0)
+        queued = m.get("workqueue_queue_duration_seconds_count", 0.0)
+        if not reconciles:
+            continue
+        lines.append(
+            f"| {phase.name} | {reconciles / phase.runs:.2f} | "
+            f"{ms(m.get('controller_runtime_reconcile_time_seconds_sum', 0.0) / reconciles)} | "
+            f"{requests / phase.runs:.2f} | "
+            f"{ms(m.get('rest_client_request_duration_seconds_sum', 0.0) / max(requests, 1))} | "
+            f"{ms(m.get('workqueue_queue_duration_seconds_sum', 0.0) / max(queued, 1))} |"
+        )
+    return lines
 
 
 def cpu_table(results: Results) -> list[str]:
@@ -775,6 +849,13 @@ def report(results: Results) -> str:
     ]
     lines += cpu_table(results)
     lines += [""]
+    lines += where_table(results)
+    lines += [
+        "",
+        f"After the last reconcile the controller kept writing (Events, budget EVENTS_QPS) for "
+        f"{results.events_drain:.0f} s more; the idle minute starts after that.",
+        "",
+    ]
     lines += requests_table(
         f"requests per idle minute ({results.idle_seconds:.0f} s idle, "
         f"{results.cached_runs} runs cached)",
@@ -860,16 +941,21 @@ def plot(results: Results, bench: Bench, plots_dir: Path) -> list[Path]:
         points = [(i, v) for i, v, p in bench.series if p == name]
         ax.scatter([i for i, _ in points], [v for _, v in points], s=2, label=name, alpha=0.6)
     window = 200
-    ordered = [v for _, v, _ in bench.series]
-    xs, p50, p99 = [], [], []
-    for start in range(0, max(0, len(ordered) - window + 1), max(1, window // 4)):
-        chunk = ordered[start : start + window]
-        xs.append(start + window / 2)
-        p50.append(quantile(chunk, 0.5))
-        p99.append(quantile(chunk, 0.99))
-    if xs:
-        ax.plot(xs, p50, color="black", linewidth=1, label=f"p50 over {window} runs")
-        ax.plot(xs, p99, color="red", linewidth=1, label=f"p99 over {window} runs")
+    for number, name in enumerate(phases):
+        points = [(i, v) for i, v, p in bench.series if p == name]
+        xs, p50, p99 = [], [], []
+        step = max(1, window // 4)
+        for start in range(0, max(1, len(points) - window + 1), step):
+            chunk = [v for _, v in points[start : start + window]]
+            xs.append(points[min(start + len(chunk) // 2, len(points) - 1)][0])
+            p50.append(quantile(chunk, 0.5))
+            p99.append(quantile(chunk, 0.99))
+        first = number == 0
+        ax.plot(
+            xs, p50, color="black", linewidth=1, label=f"p50 over {window} runs" if first else None
+        )
+        ax.plot(xs, p99, color="red", linewidth=1,
+                label=f"p99 over {window} runs" if first else None)  # fmt: skip
     ax.axhline(0.5, color="black", linestyle=":", linewidth=0.8)
     ax.axhline(2.0, color="red", linestyle=":", linewidth=0.8)
     ax.set_yscale("log")
@@ -896,7 +982,7 @@ def plot(results: Results, bench: Bench, plots_dir: Path) -> list[Path]:
             linewidth=0.8,
             label=f"controller shard {shard}" if results.args.shards > 1 else "controller",
         )
-    ax.set_xlabel("runs created so far (all kinds; each with its ConfigMap, Job or CronJob, pods)")
+    ax.set_xlabel("runs with their Job or CronJob so far (plus ConfigMaps, pods; all kinds)")
     ax.set_ylabel("controller VmRSS (MiB)")
     ax.set_title("controller memory vs runs (sampled every 2 s; restart not shown)")
     ax.legend(loc="upper left", fontsize=8)
@@ -930,21 +1016,25 @@ def profile_summary(raw: Path, top: int = 15) -> str:
         return ""
     inclusive: Counter[str] = Counter()
     own: Counter[str] = Counter()
-    total = 0
+    total = idle = 0
     for line in raw.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
             continue
         count = int(count_text)
-        total += count
         frames = stack.split(";")
+        if _short(frames[-1]).startswith(("EpollSelector.select", "select (")):
+            idle += count  # the event loop waiting: not CPU
+            continue
+        total += count
         for frame in set(frames):
             inclusive[_short(frame)] += count
         own[_short(frames[-1])] += count
     if not total:
         return ""
     lines = [
-        f"py-spy profile of the controller ({total} samples at 50 Hz, idle included):",
+        f"py-spy profile of the controller: {total} busy samples at 50 Hz "
+        f"({idle} more were the event loop waiting); share of busy samples:",
         "",
         "| function (self) | self % | | function (inclusive) | inclusive % |",
         "|---|---|---|---|---|",
@@ -1047,6 +1137,12 @@ async def measure(
         )
         for uid, ns in tracker.namespace_of.items():
             _UID_SHARD[uid] = bench.shard_of(ns)
+        # The Events writer has a budget of its own (EVENTS_QPS): after a burst
+        # it is still writing when every reconcile is done. Idle starts after it.
+        events_started = time.monotonic()
+        await bench.wait_writes_quiet(args.settle_limit)
+        events_drain = time.monotonic() - events_started
+        print(f"controller writes quiet after {events_drain:.0f} s more", flush=True)
         before = bench.requests()
         await asyncio.sleep(args.idle_seconds)
         after = bench.requests()
@@ -1085,6 +1181,7 @@ async def measure(
             settled_rss=settled_rss,
             idle_requests=idle_requests,
             idle_seconds=args.idle_seconds,
+            events_drain=events_drain,
             restart_ready=restart_ready,
             restart_quiet=restart_quiet,
             restart_rss=restart_rss,
@@ -1119,6 +1216,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--run-seconds", type=float, default=2.0)
     parser.add_argument("--failure-share", type=float, default=0.1)
     parser.add_argument("--idle-seconds", type=float, default=60.0)
+    parser.add_argument(
+        "--settle-limit", type=float, default=1800.0,
+        help="longest wait for the controller's writes (Events) to stop before the idle minute",
+    )  # fmt: skip
     parser.add_argument("--shards", type=int, default=1)
     parser.add_argument("--workers", type=int, default=1, help="MAX_RECONCILE_RATE (chart: 1)")
     parser.add_argument(
