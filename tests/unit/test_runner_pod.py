@@ -308,3 +308,31 @@ def test_bad_runner_pod_defaults_are_a_clear_error(value: str, fragment: str) ->
         load_settings([], {"RUNNER_POD_DEFAULTS": value})
     assert str(err.value).startswith("invalid setting RUNNER_POD_DEFAULTS=")
     assert fragment in str(err.value)
+
+
+# ------------------------------------------------------------------------ chart
+
+
+def test_the_chart_passes_runner_pod_defaults_to_the_controller() -> None:
+    from tests.chart import CONTROLLER_SERVICE_ACCOUNT, HelmError, one, render
+
+    def settings_of(values: dict[str, Any]) -> Any:
+        objects = render(values, namespace="ksc")
+        data = one(objects, "ConfigMap", f"{CONTROLLER_SERVICE_ACCOUNT}-settings")["data"]
+        return load_settings([], {**data, "POD_NAMESPACE": "ksc"}, namespace_file=Path("/x"))
+
+    assert settings_of({}).runner_pod_defaults is None
+    pod_defaults = {
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+        "labels": {"cost-center": "ml-platform"},
+        "annotations": {"sidecar.istio.io/inject": "false"},
+        "tolerations": [GPU],
+        "env": [{"name": "HTTP_PROXY", "value": "http://proxy:3128"}],
+    }
+    defaults = settings_of({"runner": {"podDefaults": pod_defaults}}).runner_pod_defaults
+    assert defaults is not None
+    assert defaults.to_api() == pod_defaults
+    with pytest.raises(HelmError, match=r"extraEnv\.RUNNER_POD_DEFAULTS is set by the chart"):
+        render({"extraEnv": {"RUNNER_POD_DEFAULTS": "{}"}})
+    with pytest.raises(HelmError, match="podDefaults"):
+        render({"runner": {"podDefaults": {"nodeSelecter": {"pool": "gpu"}}}})
