@@ -1,0 +1,179 @@
+"""Writes made from projected caches, against the real API server.
+
+The caches keep projections (``controller.projection``): a run without its
+labels, annotations, finalizers or managedFields, children without most of
+their spec and status. The status write PUTs ``{**cached run, "status": new}``
+to the status subresource; the API server must keep everything the
+projection left out, and a pass over an unchanged run must write nothing (the
+projection keeps what drift detection and the status compare).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from controller.config_reconcile import BY_CONFIG_UID, ConfigReconciler, config_uid_index
+from controller.kube.client import CONFIGMAPS, CRONJOBS, JOBS, PODS, KubeClient
+from controller.kube.events import EventRecorder
+from controller.kube.informer import Informer
+from controller.naming import managed_selector
+from controller.projection import projection
+from controller.reconcile import (
+    BY_CONFIG,
+    BY_RUN_UID,
+    CONFIGS,
+    RUNS,
+    Caches,
+    Reconciler,
+    config_index,
+    run_uid_index,
+)
+from hack.cluster import LocalCluster
+from hack.crds import install_crds
+from tests.kubehelpers import eventually
+from tests.runs import inference_config, inference_run
+
+IMAGE = "test.local/fake-slow:1"
+
+
+@pytest.fixture
+async def kube(cluster: LocalCluster) -> AsyncIterator[KubeClient]:
+    install_crds(cluster)
+    async with await KubeClient.connect(kubeconfig=str(cluster.kubeconfig)) as client:
+        yield client
+
+
+class Projected:
+    """The controller's caches, projected as the controller builds them, and its reconcilers."""
+
+    def __init__(self, kube: KubeClient, namespace: str) -> None:
+        def informer(resource: Any, **kw: Any) -> Informer:
+            return Informer(
+                kube, resource, namespaces=[namespace], transform=projection(resource.kind), **kw
+            )
+
+        children = {BY_RUN_UID: run_uid_index, BY_CONFIG_UID: config_uid_index}
+        selector = managed_selector()
+        self.caches = Caches(
+            runs=informer(RUNS, indexers={BY_CONFIG: config_index}),
+            configs=informer(CONFIGS),
+            jobs=informer(JOBS, label_selector=selector, indexers=children),
+            cronjobs=informer(CRONJOBS, label_selector=selector, indexers=children),
+            configmaps=informer(CONFIGMAPS, label_selector=selector, indexers=children),
+            pods=informer(PODS, label_selector=selector, indexers=children),
+        )
+        events = EventRecorder(kube)
+        self.runs = Reconciler(client=kube, caches=self.caches, events=events)
+        self.configs = ConfigReconciler(
+            client=kube,
+            configs=self.caches.configs,
+            jobs=self.caches.jobs,
+            configmaps=self.caches.configmaps,
+            pods=self.caches.pods,
+            events=events,
+        )
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> Projected:
+        for name in ("runs", "configs", "jobs", "cronjobs", "configmaps", "pods"):
+            informer: Informer = getattr(self.caches, name)
+            self.tasks.append(asyncio.create_task(informer.run()))
+            await informer.wait_for_sync()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+# A yearly schedule: nothing fires, and the next tick in the status stays the same.
+@pytest.mark.parametrize("schedule", [None, "0 3 1 1 *"])
+async def test_status_writes_from_projected_objects_keep_the_rest_and_settle(
+    kube: KubeClient, namespace: str, schedule: str | None
+) -> None:
+    config = inference_config("cfg", IMAGE)
+    config["metadata"]["labels"] = {"team": "ml"}
+    config["metadata"]["annotations"] = {"example.com/note": "kept"}
+    await kube.create(CONFIGS, namespace, config)
+    spec: dict[str, Any] = {"suspend": True} if schedule is None else {"schedule": schedule}
+    run = inference_run("r", "cfg", **spec)
+    run["metadata"]["labels"] = {"app": "demo"}
+    run["metadata"]["annotations"] = {"example.com/owner": "me"}
+    run["metadata"]["finalizers"] = ["example.com/keep"]
+    await kube.create(RUNS, namespace, run)
+    key = f"{namespace}/r"
+    async with Projected(kube, namespace) as harness:
+        try:
+
+            async def config_cached() -> bool:
+                return harness.caches.configs.get(namespace, "cfg") is not None
+
+            await eventually(config_cached, within=10, what="the config in the cache")
+            await harness.configs.reconcile(f"{namespace}/cfg")
+            workload = harness.caches.cronjobs if schedule else harness.caches.jobs
+            want = "Scheduled" if schedule else "Suspended"
+
+            async def settled() -> bool:
+                await harness.runs.reconcile(key)
+                cached = harness.caches.runs.get_by_key(key) or {}
+                phase = (cached.get("status") or {}).get("phase")
+                return phase == want and len(workload.list(namespace)) == 1
+
+            await eventually(settled, within=30, what=f"the run {want} with its children")
+            # The cached run is a projection ...
+            cached = harness.caches.runs.get_by_key(key)
+            assert cached is not None
+            assert "labels" not in cached["metadata"]
+            assert "managedFields" not in cached["metadata"]
+            # ... but what the API server keeps is whole.
+            live = await kube.get(RUNS, namespace, "r")
+            assert live["metadata"]["labels"] == {"app": "demo"}
+            assert live["metadata"]["annotations"]["example.com/owner"] == "me"
+            assert live["metadata"]["finalizers"] == ["example.com/keep"]
+            assert live["spec"]["configRef"] == {"name": "cfg"}
+            assert live["status"]["phase"] == want
+            live_config = await kube.get(CONFIGS, namespace, "cfg")
+            assert live_config["metadata"]["labels"] == {"team": "ml"}
+            assert live_config["metadata"]["annotations"] == {"example.com/note": "kept"}
+            assert [c["type"] for c in live_config["status"]["conditions"]][:1] == ["Ready"]
+
+            # Nothing changed: more passes write nothing (no repair loop, no status churn).
+            versions = {
+                "run": live["metadata"]["resourceVersion"],
+                "config": live_config["metadata"]["resourceVersion"],
+            }
+            children = {
+                o["metadata"]["name"]: o["metadata"]["resourceVersion"]
+                for resource in (CONFIGMAPS, CRONJOBS if schedule else JOBS)
+                for o in (await kube.list(resource, namespace, label_selector=managed_selector()))[
+                    "items"
+                ]
+            }
+            for _ in range(3):
+                await harness.runs.reconcile(key)
+                await harness.configs.reconcile(f"{namespace}/cfg")
+                await asyncio.sleep(0.3)
+            assert (await kube.get(RUNS, namespace, "r"))["metadata"]["resourceVersion"] == (
+                versions["run"]
+            )
+            assert (await kube.get(CONFIGS, namespace, "cfg"))["metadata"]["resourceVersion"] == (
+                versions["config"]
+            )
+            after = {
+                o["metadata"]["name"]: o["metadata"]["resourceVersion"]
+                for resource in (CONFIGMAPS, CRONJOBS if schedule else JOBS)
+                for o in (await kube.list(resource, namespace, label_selector=managed_selector()))[
+                    "items"
+                ]
+            }
+            assert after == children
+        finally:
+            await kube.patch(RUNS, namespace, "r", {"metadata": {"finalizers": None}})
