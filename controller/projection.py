@@ -53,6 +53,7 @@ from controller.kube.client import Obj
 from controller.naming import (
     CONFIG_UID_LABEL,
     DESIRED_HASH_ANNOTATION,
+    KUEUE_QUEUE_LABEL,
     RUN_SPEC_HASH_ANNOTATION,
     RUN_UID_LABEL,
 )
@@ -72,7 +73,6 @@ OBJECT_META = (
 # Labels read from children: the indexes (run, config), the pods' Job and shard,
 # and the Kueue queue a Job waits in (its status is Queued, not Suspended).
 JOB_NAME_LABEL = "job-name"
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 LABELS = frozenset(
     {RUN_UID_LABEL, CONFIG_UID_LABEL, JOB_NAME_LABEL, COMPLETION_INDEX_LABEL, KUEUE_QUEUE_LABEL}
 )
