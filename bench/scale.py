@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -292,12 +293,14 @@ def start_shards(shards: Sequence[Shard], within: float = 600.0) -> list[float]:
     for shard in shards:
         shard.proc.log.write_text("")
     started = time.monotonic()
-    ready: list[float] = []
-    for shard in shards:
+
+    def start(shard: Shard) -> float:
         shard.generation += 1
         shard.proc.start(timeout=within)
-        ready.append(time.monotonic() - started)
-    return ready
+        return time.monotonic() - started
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(shards)) as pool:
+        return list(pool.map(start, shards))
 
 
 def wait_quiet(shards: Sequence[Shard], within: float, still: float = 3.0) -> float:
