@@ -342,6 +342,44 @@ async def test_storage_passes_through_the_api_server_unmodified(
     assert '"é":"naïve — 日本"' in text
 
 
+async def test_a_full_runner_pod_is_kept_as_written(crds: LocalCluster, scratch: str) -> None:
+    runner_pod = {
+        "labels": {"cost-center": "ml-42", "example.com/team": "a", "empty": ""},
+        "annotations": {"sidecar.istio.io/inject": "false", "example.com/note": "any text: ok"},
+        "nodeSelector": {"cloud.google.com/gke-nodepool": "gpu-pool"},
+        "tolerations": [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute",
+             "tolerationSeconds": 30},
+            {"operator": "Exists"},
+        ],
+        "affinity": {
+            "nodeAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 1, "preference": {"matchExpressions": [
+                        {"key": "zone", "operator": "In", "values": ["a"]}
+                    ]}}
+                ]
+            }
+        },
+        "priorityClassName": "batch-high",
+        "env": [
+            {"name": "LOG_LEVEL", "value": "DEBUG"},
+            {"name": "MY_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        ],
+    }  # fmt: skip
+    body = obj("InferenceConfig", "shaped", {**CONFIG_SPEC, "runnerPod": runner_pod})
+    body["spec"]["queueName"] = "team-a"
+    done = create(crds, scratch, body)
+    assert done.returncode == 0, done.stderr
+    stored = get_json(crds, scratch, "infcfg", "shaped")
+    assert stored["spec"]["runnerPod"] == runner_pod
+    assert stored["spec"]["queueName"] == "team-a"
+    config = InferenceConfig.model_validate(stored)
+    assert config.spec.runner_pod is not None
+    assert config.spec.runner_pod.to_api() == runner_pod
+
+
 async def test_defaults_are_applied(crds: LocalCluster, namespace: str) -> None:
     apply(
         crds, namespace, json.dumps(obj("InferenceConfig", "cfg", {**CONFIG_SPEC, "batching": {}}))
