@@ -30,6 +30,7 @@ termination message (``runner/termination.py`` writes a one-line reason on
 failure and ``{"rows", "predictions", "durationSeconds"}`` on success).
 
 A scheduled run is ``Scheduled`` (``Running`` while an execution runs,
+reason ``Queued`` while every execution under way waits for Kueue,
 ``Suspended`` when suspended); its ``lastExecution`` and ``recentExecutions``
 describe the newest Jobs the CronJob started, ``nextScheduleTime`` its next
 tick. Conditions: ``Ready`` (upstream's: True once the children exist and the
@@ -546,9 +547,18 @@ def _scheduled(status: InferenceRunStatus, observed: Observed) -> None:
                 status.result = result
         if phase == "Running" and observed.progress is not None:
             status.progress = observed.progress
-    active = bool(cron_status.get("active"))
+    active = {ref.get("name") for ref in cron_status.get("active") or []}
+    queued = (
+        {e.name for e in status.recent_executions or [] if e.reason == REASON_QUEUED}
+        if observed.executions
+        else set()
+    )
     if run.spec.suspend:
         status.phase, status.reason, status.message = "Suspended", "Suspended", None
+    elif active and active <= queued:
+        # Every execution under way waits for Kueue: nothing runs.
+        waiting = next(e for e in status.recent_executions or [] if e.name in active)
+        status.phase, status.reason, status.message = "Scheduled", REASON_QUEUED, waiting.message
     elif active:
         status.phase, status.reason, status.message = "Running", "Running", None
     else:

@@ -207,3 +207,28 @@ def test_a_scheduled_execution_waiting_for_kueue_is_queued() -> None:
     assert status.last_execution is not None
     assert (status.last_execution.phase, status.last_execution.reason) == ("Pending", "Queued")
     assert status.last_execution.message == "waiting for Kueue to admit it to queue team-a"
+
+
+def test_a_scheduled_run_whose_only_execution_waits_for_kueue_is_not_running() -> None:
+    config = make_config(queueName="team-a")
+    run = make_run(schedule="0 * * * *")
+    name = "inf-r-5be07ada-29000000"
+    cron = existing(desired_cronjob(run, config), active=[{"kind": "Job", "name": name}])
+    execution = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "labels": cron["spec"]["jobTemplate"]["metadata"]["labels"],
+            "creationTimestamp": "2026-11-23T11:00:00Z",
+        },
+        "spec": {"suspend": True},
+        "status": {},
+    }
+    status = derive_status(Observed(run=run, now=NOW, cronjob=cron, executions=[execution]))
+    assert (status.phase, status.reason) == ("Scheduled", "Queued")
+    assert status.message == "waiting for Kueue to admit it to queue team-a"
+    # Admitted: running as usual.
+    execution["spec"] = {"suspend": False}
+    status = derive_status(Observed(run=run, now=NOW, cronjob=cron, executions=[execution]))
+    assert (status.phase, status.reason) == ("Running", "Running")
