@@ -1,7 +1,8 @@
 """Runner throughput against the model server's own limit, peak memory, resume, shards.
 
     python -m bench.runner_throughput [--rows 1000000] [--batch-size 1000] [--concurrency 4]
-        [--page-size 10000] [--kill-at 0.9] [--shards 4] [--compat-rows 0]
+        [--page-size 10000] [--pages-in-flight 2] [--kill-at 0.9] [--shards 4]
+        [--compat-rows 0]
 
 Everything on loopback, in separate processes, on this machine:
 
@@ -230,7 +231,7 @@ def stream_contract(
                 "method": "GET",
                 "path": f"/tables/{table}/rows",
                 "rowsField": "rows",
-                "paging": {"pageSize": args.page_size},
+                "paging": {"pageSize": args.page_size, "pagesInFlight": args.pages_in_flight},
             }
         },
         "output": {
@@ -456,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--page-size", type=int, default=10_000)
+    parser.add_argument("--pages-in-flight", type=int, default=2)
     parser.add_argument("--direct-rows", type=int, default=200_000)
     parser.add_argument("--kill-at", type=float, default=0.9, help="0 skips the kill")
     parser.add_argument("--shards", type=int, default=4, help="1 skips the sharded run")
@@ -544,7 +546,8 @@ def main(argv: list[str] | None = None) -> int:
     rate = rows / one["seconds"]
     print(
         f"batch size {args.batch_size}, concurrency {args.concurrency}, page size "
-        f"{args.page_size}, {os.cpu_count()} CPUs; seeding {rows:,} rows took {seeded:.0f} s"
+        f"{args.page_size}, {args.pages_in_flight} pages in flight, {os.cpu_count()} CPUs; "
+        f"seeding {rows:,} rows took {seeded:.0f} s"
     )
     print(
         "load averages (start, after each part): "

@@ -12,12 +12,12 @@ request and stores the predictions after the last batch, as upstream
    is the last) and holds at most one page ahead;
 2. the *dispatcher* cuts each page into batches and keeps ``concurrency``
    batches in flight across page boundaries (the model never waits for a page
-   to finish), with at most :data:`PAGES_IN_FLIGHT` pages between "first batch
-   sent" and "stored";
+   to finish), with at most ``paging.pagesInFlight`` (default 2) pages between
+   "first batch sent" and "stored";
 3. the *writer* stores each page's predictions, in page order, as one keyed
    chunk (:meth:`~runner.storage.base.KeyedOutput.store_keyed`).
 
-So memory is bounded by the page size (about ``PAGES_IN_FLIGHT + 2`` pages of
+So memory is bounded by the page size (about ``pagesInFlight + 2`` pages of
 rows and predictions) and the batch size times the concurrency, never by the
 input's size.
 
@@ -31,8 +31,10 @@ has stored is a prefix of its rows.
 
 **Resume.** With the output's ``resumePath``, a pod first asks what its shard
 already stored (``{"stored": n, "next": k}``) and starts at the shard's row
-``k``. As chunks are stored in order and each is one transaction, it redoes at
-most the chunk whose write was cut off, plus the page it was predicting.
+``k``. As chunks are stored in order and each is one transaction, what a kill
+costs is the pages in flight: with the default ``pagesInFlight: 2``, the chunk
+whose write was cut off and the page being predicted (``pagesInFlight: 4`` keeps
+the model busier while chunks are written, and may cost up to 4 pages).
 
 **Counting.** Progress lines and the termination message count the shard's
 rows: ``rowsDone`` includes the rows resumed; ``rowsTotal`` is the shard's size
@@ -79,8 +81,6 @@ from runner.storage.base import (
     StorageError,
     StorageRejected,
 )
-
-PAGES_IN_FLIGHT = 2
 
 
 @dataclass
@@ -227,6 +227,7 @@ async def stream(
         batchSize=plan.batch_size,
         concurrency=plan.concurrency,
         pageSize=page_size,
+        pagesInFlight=source.paging.pages_in_flight,
         startRow=start,
         **shard_fields,
     )
@@ -242,7 +243,7 @@ async def stream(
 
     pages: asyncio.Queue[Page | None] = asyncio.Queue(maxsize=1)
     done: asyncio.Queue[tuple[Page, asyncio.Future[list[Any]]] | None] = asyncio.Queue()
-    window = asyncio.Semaphore(PAGES_IN_FLIGHT)
+    window = asyncio.Semaphore(source.paging.pages_in_flight)
     slots = asyncio.Semaphore(plan.concurrency)
 
     async def reader() -> None:

@@ -109,6 +109,9 @@ class Paging(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
     page_size: int = Field(ge=1, le=1_000_000)
+    # Pages between "first batch sent" and "stored" (runner/streaming.py): more keeps
+    # the model busier while chunks are written, and costs more rows redone after a kill.
+    pages_in_flight: int = Field(default=2, ge=1, le=16)
     # Where a page answer may say how many rows the (shard's) input has.
     total_field: str = "total"
 

@@ -11,7 +11,7 @@ Contract entry (the same for ``input`` and ``output``; keys marked *input* or
       rowsField: result       # input: where the rows are, dotted ("data.rows"); "" = the body
       predictionsAs: array    # output: "array" (default) or "string" (JSON-encoded, like krateo)
       chunkSize: 50000        # output: predictions per request; default all in one
-      paging: {pageSize: 10000, totalField: total}   # input: read in pages (below)
+      paging: {pageSize: 10000, totalField: total, pagesInFlight: 2}   # input (below)
       resumePath: /tables/out/progress   # output: where a restarted pod asks (below)
       resumeMethod: GET       # output: default GET
 

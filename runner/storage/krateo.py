@@ -10,7 +10,7 @@ Contract entry (upstream's shape, accepted unchanged)::
         headers: ["Accept: application/json"]
         payload: ...                     # ignored, as upstream: the body is the parameters
       chunkSize: 20000                   # output only, optional (see below)
-      paging: {pageSize: 10000}          # input only, optional: read in pages (see below)
+      paging: {pageSize: 10000, pagesInFlight: 2}   # input only, optional (see below)
       resumePath: /compute/sklearnoutput    # output only, optional: resume (see below)
 
 **Secret** (``endpointRef``; its namespace defaults to the pod's): ``server-url``

@@ -110,6 +110,7 @@ async def test_krateo_paging_streams_pages_and_stores_keyed_chunks(
     rows = random_iris_rows(1000)
     storage.seed_table("big", IRIS_COLUMNS, rows)
     contract = paged_krateo_contract(f"{fault_proxy.url}/v2/models/sklearn-iris/infer", 300)
+    contract["input"]["krateo"]["paging"]["pagesInFlight"] = 4
 
     outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
 

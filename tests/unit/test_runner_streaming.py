@@ -70,6 +70,7 @@ def test_without_paging_the_input_is_one_read_as_upstream() -> None:
     [
         ({"pageSize": 0}, "pageSize: Input should be greater than or equal to 1"),
         ({"pageSize": 10, "cursor": "x"}, "cursor: Extra inputs are not permitted"),
+        ({"pageSize": 10, "pagesInFlight": 0}, "pagesInFlight: Input should be greater"),
     ],
 )
 def test_bad_paging_is_a_contract_error(settings: dict[str, Any], message: str) -> None:
