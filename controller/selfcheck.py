@@ -51,8 +51,8 @@ RUNS = Resource(GROUP, VERSION, RUN_PLURAL, RUN_KIND)
 CHECKED_RESOURCES = (CONFIGS, RUNS)
 SELF_SUBJECT_REVIEWS = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
 INSTALL_CRDS = (
-    "install them: kubectl apply --server-side -f crds/ (or helm show crds <chart> | "
-    "kubectl apply --server-side -f -; Helm installs crds/ on first install only)"
+    "install them: helm upgrade with crds.install=true (the release owning them), or "
+    "kubectl apply --server-side -f crds/"
 )
 # Requests of the check give up sooner than the controller's (30 s): a helm
 # test should fail in seconds, with the reason.

@@ -128,7 +128,6 @@ def render_text(
     *,
     namespace: str = "kserve-controller-system",
     release: str = RELEASE,
-    include_crds: bool = False,
     extra_args: Sequence[str] = (),
     api_versions: Sequence[str] = CLUSTER_API_VERSIONS,
 ) -> str:
@@ -139,8 +138,6 @@ def render_text(
             args += ["--api-versions", version]
         if values:
             args += ["--values", str(_values_file(values, Path(tmp)))]
-        if include_crds:
-            args.append("--include-crds")
         return helm(*args, *extra_args).stdout
 
 
@@ -154,7 +151,6 @@ def render(
     *,
     namespace: str = "kserve-controller-system",
     release: str = RELEASE,
-    include_crds: bool = False,
     api_versions: Sequence[str] = CLUSTER_API_VERSIONS,
 ) -> list[Obj]:
     """The chart's objects for these values, parsed."""
@@ -163,7 +159,6 @@ def render(
             values,
             namespace=namespace,
             release=release,
-            include_crds=include_crds,
             api_versions=api_versions,
         )
     )

@@ -410,6 +410,8 @@ async def test_helm_install_and_upgrades_change_the_shard_count(
             ns,
             "--set",
             f"sharding.shards={shards}",
+            "--set",
+            "crds.install=false",  # the run's shared CRDs were applied without Helm
             kubeconfig=cluster.kubeconfig,
         )
         assert "STATUS: deployed" in done.stdout, done.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,7 @@ def test_helm_test_upgrade_and_uninstall(kube: LocalCluster, release: str, tmp_p
         runner={"namespaces": []},
         replicaCount=1,
         leaderElection={"enabled": True},
+        crds={"install": False},  # the first release owns them
     )
     helm_install(kube, LIFE, LIFE, values, tmp_path)
     kubeconfig = kube.kubeconfig
@@ -208,5 +210,39 @@ def test_helm_test_upgrade_and_uninstall(kube: LocalCluster, release: str, tmp_p
         within=120,
         what=f"nothing of release {LIFE} left",
     )
-    # The CRDs stay (Helm never deletes them): the other release's runs are safe.
+    # The CRDs stay (the first release owns them): its runs are safe.
     kube.kubectl("get", "crd", "inferenceruns.ai.krateo.io")
+
+
+def test_the_release_owns_the_crds_and_helm_upgrade_updates_them(
+    kube: LocalCluster, release: str, tmp_path: Path
+) -> None:
+    """CRDs are chart templates: installed with the first release, upgraded with it, kept."""
+    runs_crd = "inferenceruns.ai.krateo.io"
+    crd = get(kube, "crd", runs_crd)
+    assert crd["metadata"]["annotations"]["meta.helm.sh/release-name"] == RELEASE
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+    # A new chart version whose CRD changed (here: the schema's description).
+    newer = tmp_path / "chart"
+    shutil.copytree(chart.CHART_DIR, newer)
+    crd_file = newer / "files" / "crds" / f"{runs_crd}.yaml"
+    document = yaml.safe_load(crd_file.read_text())
+    marker = "Upgraded by helm upgrade (test)."
+    document["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"] = marker
+    crd_file.write_text(yaml.safe_dump(document))
+
+    def upgrade(chart_dir: Path) -> None:
+        chart.helm(
+            "upgrade", RELEASE, str(chart_dir), "--namespace", release, "--reuse-values",
+            "--wait", "--timeout", "5m", kubeconfig=kube.kubeconfig, timeout=400,
+        )  # fmt: skip
+
+    def description() -> str:
+        served = get(kube, "crd", runs_crd)
+        return str(served["spec"]["versions"][0]["schema"]["openAPIV3Schema"].get("description"))
+
+    upgrade(newer)
+    assert description() == marker
+    upgrade(chart.CHART_DIR)  # and back, for whatever runs after
+    assert description() != marker

@@ -24,6 +24,7 @@ from tests.chart import (
     CHART_DIR,
     CONTROLLER_SERVICE_ACCOUNT,
     FULLNAME,
+    RELEASE,
     REPO,
     RUNNER_SERVICE_ACCOUNT,
     WITH_PROMETHEUS_OPERATOR,
@@ -110,22 +111,36 @@ def test_helm_lint_is_clean() -> None:
 
 def test_chart_crds_are_byte_identical_to_the_repository_crds() -> None:
     source = {p.name: p.read_bytes() for p in sorted((REPO / "crds").glob("*.yaml"))}
-    chart = {p.name: p.read_bytes() for p in sorted((CHART_DIR / "crds").glob("*.yaml"))}
+    chart = {p.name: p.read_bytes() for p in sorted((CHART_DIR / "files" / "crds").glob("*.yaml"))}
     assert source, "no CRDs in crds/"
     stale = sorted(
         name for name in source.keys() | chart.keys() if source.get(name) != chart.get(name)
     )
     assert not stale, (
         f"deploy's CRDs differ from crds/ ({', '.join(stale)}): "
-        f"rm {CHART_DIR.relative_to(REPO)}/crds/*.yaml && "
-        f"cp crds/*.yaml {CHART_DIR.relative_to(REPO)}/crds/"
+        f"rm {CHART_DIR.relative_to(REPO)}/files/crds/*.yaml && "
+        f"cp crds/*.yaml {CHART_DIR.relative_to(REPO)}/files/crds/"
     )
 
 
-def test_include_crds_renders_both_crds() -> None:
-    objects = render(include_crds=True)
-    names = {o["metadata"]["name"] for o in find(objects, "CustomResourceDefinition")}
-    assert names == {"inferenceconfigs.ai.krateo.io", "inferenceruns.ai.krateo.io"}
+def test_the_crds_are_release_templates_kept_on_uninstall() -> None:
+    crds = find(render(), "CustomResourceDefinition")
+    source = {p.name: yaml.safe_load(p.read_text()) for p in (REPO / "crds").glob("*.yaml")}
+    assert {c["metadata"]["name"] for c in crds} == {
+        "inferenceconfigs.ai.krateo.io",
+        "inferenceruns.ai.krateo.io",
+    }
+    for crd in crds:
+        original = source[f"{crd['metadata']['name']}.yaml"]
+        assert crd["spec"] == original["spec"]  # the schema exactly as in crds/
+        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        assert crd["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+        assert crd["metadata"]["labels"]["app.kubernetes.io/component"] == "crd"
+    unkept = find(render({"crds": {"keep": False}}), "CustomResourceDefinition")
+    assert all(
+        "helm.sh/resource-policy" not in c["metadata"].get("annotations", {}) for c in unkept
+    )
+    assert not find(render({"crds": {"install": False}}), "CustomResourceDefinition")
 
 
 def test_object_names_stay_valid_for_long_release_names() -> None:
