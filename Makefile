@@ -17,7 +17,7 @@ help:
 	@echo "make unit    - only the unit tests (no binaries, no servers)"
 	@echo "make node    - only the real-node tier (images, chart, real kubelets; root)"
 	@echo "make cluster - a local control plane in the foreground (Ctrl-C stops it)"
-	@echo "make lint    - ruff check, ruff format --check, mypy"
+	@echo "make lint    - ruff check, ruff format --check, mypy, lint-imports (layering)"
 
 # uv installs the test extra (KServe, scikit-learn) in seconds where pip takes minutes.
 $(STAMP): pyproject.toml
@@ -40,6 +40,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-logo --no-cache
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .
