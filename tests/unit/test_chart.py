@@ -277,7 +277,7 @@ def test_settings_configmap_loads_as_the_controller_would(watch: list[str]) -> N
     settings = load_settings([], env, namespace_file=Path("/nonexistent"))
     assert settings.watch_namespaces == tuple(watch)
     assert settings.polling_interval == 300.0
-    assert settings.max_reconcile_rate == 1
+    assert settings.max_reconcile_rate == 4
     assert settings.leader_election is True
     assert settings.lease_namespace == NS
     assert settings.lease_name == CONTROLLER_SERVICE_ACCOUNT
