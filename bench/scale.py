@@ -9,8 +9,8 @@ without the node agent (``hack.cluster.LocalCluster``), kwok with ``--nodes``
 fake Nodes whose pods go Pending -> Running -> Succeeded (or Failed for
 ``--failure-share`` of them; ``hack/kwok.py``), and the controller (``python -m
 controller`` under the Helm chart's RBAC for all namespaces, chart defaults:
-1 worker, ``KUBE_API_QPS=200``, polling 5 min; config probes off so that
-every Job counted is a run's). Then, in this order:
+``settings.maxReconcileRate`` workers, ``KUBE_API_QPS=200``, polling 5 min;
+config probes off so that every Job counted is a run's). Then, in this order:
 
 1. **API server's own rate** (before any controller runs): the bench writes,
    for ``--backlog`` suspended runs, exactly what the controller's planner
@@ -63,6 +63,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import (
@@ -1224,7 +1225,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="longest wait for the controller's writes (Events) to stop before the idle minute",
     )  # fmt: skip
     parser.add_argument("--shards", type=int, default=1)
-    parser.add_argument("--workers", type=int, default=1, help="MAX_RECONCILE_RATE (chart: 1)")
+    parser.add_argument(
+        "--workers", type=int, default=chart_workers(),
+        help="MAX_RECONCILE_RATE (default: the chart's settings.maxReconcileRate)",
+    )  # fmt: skip
     parser.add_argument(
         "--profile", type=float, default=0.0,
         help="py-spy the controller for this many seconds from the start of the last phase",
@@ -1235,6 +1239,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.runs < len(args.rates) or args.namespaces < 1 or args.nodes < 1 or args.shards < 1:
         parser.error("need runs >= number of rates, and at least one namespace, node and shard")
     return args
+
+
+def chart_workers() -> int:
+    """The chart's default MAX_RECONCILE_RATE, so the bench measures what operators install."""
+    values = yaml.safe_load((chart.CHART_DIR / "values.yaml").read_text())
+    return int(values["settings"]["maxReconcileRate"])
 
 
 def main(argv: list[str] | None = None) -> int:
