@@ -3,7 +3,8 @@
     .venv/bin/python -m bench.controller_memory [--runs 1000]
 
 On one fresh local control plane, the controller (``python -m controller``,
-the Helm chart's RBAC, ``MAX_RECONCILE_RATE=4``) watching one namespace:
+the Helm chart's RBAC, ``MAX_RECONCILE_RATE=4``, ``POLLING_INTERVAL=1h`` so
+that resyncs never keep it from settling) watching one namespace:
 
 1. **Empty**: a fresh controller, caches synced with no run, settled (work
    queue empty, no reconcile for a few seconds): its RSS.
@@ -193,8 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     loads = [load_average()]
     with tempfile.TemporaryDirectory(prefix="ksc-bench-") as tmp, running_cluster() as cluster:
         setup = prepare(cluster, Path(tmp))
-        first = Controller(setup, WORKERS, name="controller-1")
-        second = Controller(setup, WORKERS, name="controller-2")
+        # No resync while the runs are created: at a few thousand runs creating
+        # them takes longer than the default 5 minutes, and the resyncs would
+        # keep the controller from ever settling.
+        quiet = {"POLLING_INTERVAL": "1h"}
+        first = Controller(setup, WORKERS, name="controller-1", extra_env=quiet)
+        second = Controller(setup, WORKERS, name="controller-2", extra_env=quiet)
         try:
             first.start()
             first.wait_quiet()
