@@ -47,14 +47,13 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
-    EnvSettingsSource,
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
-from pydantic_settings import SettingsError as _SourceError
 
 from controller.api import RunnerPodDefaults, describe_invalid
 from controller.sharding import lease_name
@@ -172,7 +171,8 @@ def parse_runner_pod_defaults(value: Any) -> RunnerPodDefaults | None:
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 DurationOrOff = Annotated[float, BeforeValidator(_duration_or_off)]
-# NoDecode: a comma-separated string, not the JSON pydantic-settings expects for tuples.
+# NoDecode: a comma-separated string, not the JSON pydantic-settings expects for tuples
+# (load_settings reads the environment itself; this keeps any settings source from decoding).
 Namespaces = Annotated[tuple[str, ...], NoDecode, BeforeValidator(parse_namespaces)]
 OptionalBool = Annotated[bool | None, BeforeValidator(_parse_bool)]
 OptionalStr = Annotated[str | None, BeforeValidator(_empty_is_none)]
@@ -459,15 +459,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _MappingEnvSource(EnvSettingsSource):
-    """pydantic-settings' environment source reading a given mapping, not os.environ."""
+def _env_names(name: str, field: FieldInfo) -> tuple[str, ...]:
+    """The lower-case variable names a setting is read from, first match wins.
 
-    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
-        self._given_env = env
-        super().__init__(settings_cls, case_sensitive=False)
+    The field's name, or its validation aliases (``SA_RUNNER`` besides
+    ``RUNNER_SERVICE_ACCOUNT``) in their order.
+    """
+    alias = field.validation_alias
+    if isinstance(alias, AliasChoices):
+        return tuple(choice.lower() for choice in alias.choices if isinstance(choice, str))
+    if isinstance(alias, str):
+        return (alias.lower(),)
+    return (name.lower(),)
 
-    def _load_env_vars(self) -> Mapping[str, str | None]:
-        return {key.lower(): value for key, value in self._given_env.items()}
+
+def _from_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Each setting's raw value from ``env``, matched case-insensitively.
+
+    Keyed by field name (so a bad ``SA_RUNNER`` is reported as
+    ``RUNNER_SERVICE_ACCOUNT``, as before). Values stay strings, empty ones
+    included: the field validators parse them. Public API only (no
+    pydantic-settings source internals), so an upgrade of pydantic-settings
+    cannot change what is read.
+    """
+    lowered = {key.lower(): value for key, value in env.items()}
+    values: dict[str, str] = {}
+    for name, field in Settings.model_fields.items():
+        for key in _env_names(name, field):
+            if key in lowered:
+                values[name] = lowered[key]
+                break
+    return values
 
 
 def _in_cluster(env: Mapping[str, str], kubeconfig: str | None) -> bool:
@@ -489,10 +511,7 @@ def load_settings(
     env = dict(env) if env is not None else dict(os.environ)
 
     flags = vars(build_parser().parse_args(argv))
-    try:
-        values: dict[str, Any] = dict(_MappingEnvSource(Settings, env)())
-    except _SourceError as exc:
-        raise SettingsError(f"invalid environment: {exc}") from None
+    values: dict[str, Any] = dict(_from_env(env))
     values.update(flags)
 
     kubeconfig = flags.get("kubeconfig") or env.get("KUBECONFIG") or None
