@@ -16,6 +16,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from hack.cluster import LocalCluster, free_port, spawn, wait_http
 from hack.crds import install_crds
 from tests import chart
@@ -58,6 +60,28 @@ class ControllerProcess:
 
     def metrics(self) -> str:
         return self._get(self.metrics_port, "/metrics")[1]
+
+    def metric(self, name: str, page: str | None = None, **labels: str) -> float:
+        """The sum of the samples called ``name`` whose labels include ``labels``.
+
+        From ``page`` (a /metrics page already scraped), else a fresh scrape.
+        """
+        total = 0.0
+        for family in text_string_to_metric_families(self.metrics() if page is None else page):
+            for sample in family.samples:
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in labels.items()
+                ):
+                    total += sample.value
+        return total
+
+    def idle(self) -> bool:
+        """No key queued and none being reconciled, in one scrape (one instant of the loop)."""
+        page = self.metrics()
+        return (
+            self.metric("workqueue_depth", page) == 0
+            and self.metric("controller_runtime_active_workers", page) == 0
+        )
 
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""

@@ -54,6 +54,26 @@ async def event_reasons(api: client.ApiClient, namespace: str, name: str) -> lis
     return [e.reason for e in events.items]
 
 
+async def caught_up(runs: Runs, controller: ControllerProcess, marker: str) -> None:
+    """Wait until the controller has handled every run event before now, and what they queued.
+
+    Used before asserting that something did NOT happen, instead of sleeping
+    "long enough". A marker run naming a config that does not exist is
+    created; the controller writes its status only after its run informer
+    (one ordered watch) has delivered every earlier run event, each of which
+    queued its key then. Then the work queues are waited empty with no
+    reconcile in flight, so every reconcile those events asked for is done.
+    The marker makes no Job, ConfigMap or pod.
+    """
+    await runs.create(inference_run(marker, "no-such-config"))
+    await runs.wait(marker, lambda r: bool(status(r).get("phase")), what=f"{marker} handled")
+
+    async def idle() -> bool:
+        return await asyncio.to_thread(controller.idle)
+
+    await eventually(idle, within=60, what="the controller's work queues empty and idle")
+
+
 async def test_one_shot_success(
     api_client: client.ApiClient,
     namespace: str,
@@ -215,7 +235,8 @@ async def test_auto_delete_policies(
         await no_children(api_client, namespace, uid)
     else:
         await runs.wait_phase("r", "Failed")
-        await asyncio.sleep(2)  # give a wrong deletion the chance to happen
+        # A wrong deletion would come from reconciling the Failed run: wait for that.
+        await caught_up(runs, controller, "marker")
         assert await runs.get("r") is not None
         assert (await children(api_client, namespace, uid))["jobs"]
 
@@ -258,6 +279,9 @@ async def test_job_deleted_out_of_band_is_recreated_only_while_unfinished(
     finished = await runs.create(inference_run("finished", "okcfg"))
     await runs.wait_phase("finished", "Succeeded")
     (done_job,) = (await children(api_client, namespace, finished["metadata"]["uid"]))["jobs"]
+    deletes = controller.metric(
+        "informer_watch_events_total", resource="jobs.batch", type="DELETED"
+    )
     await batch.delete_namespaced_job(
         done_job.metadata.name, namespace, propagation_policy="Background"
     )
@@ -265,7 +289,17 @@ async def test_job_deleted_out_of_band_is_recreated_only_while_unfinished(
         lambda: _no_jobs(api_client, namespace, finished["metadata"]["uid"]),
         what="the finished run's Job gone",
     )
-    await asyncio.sleep(3)  # a wrong recreation would happen within this
+
+    # A wrong recreation would come from reconciling the run after the
+    # controller's Job informer saw the delete: wait for both.
+    async def delete_seen() -> bool:
+        seen = await asyncio.to_thread(
+            controller.metric, "informer_watch_events_total", resource="jobs.batch", type="DELETED"
+        )
+        return seen > deletes
+
+    await eventually(delete_seen, within=30, what="the controller to see the Job deleted")
+    await caught_up(runs, controller, "marker")
     assert not (await children(api_client, namespace, finished["metadata"]["uid"]))["jobs"]
     assert status(await runs.get("finished") or {})["phase"] == "Succeeded"
 
@@ -468,7 +502,8 @@ async def test_run_the_schema_accepts_but_the_controller_cannot_use_is_an_error(
     ready = condition(errored, "Ready")
     assert ready is not None
     assert (ready["status"], ready["reason"]) == ("False", "InvalidSchedule")
-    await asyncio.sleep(2)
+    # A second write would come from reconciling after the controller's own Error write.
+    await caught_up(runs, controller, "marker")
     again = await runs.get("never")
     assert again is not None
     assert again["metadata"]["resourceVersion"] == errored["metadata"]["resourceVersion"]
