@@ -157,10 +157,26 @@ async def test_status_writes_from_projected_objects_keep_the_rest_and_settle(
                     "items"
                 ]
             }
+
+            async def caught_up() -> bool:
+                run = harness.caches.runs.get_by_key(key) or {}
+                cfg = harness.caches.configs.get(namespace, "cfg") or {}
+                cached = {
+                    o["metadata"]["name"]: o["metadata"]["resourceVersion"]
+                    for informer in (harness.caches.configmaps, workload)
+                    for o in informer.list(namespace)
+                }
+                return (
+                    run.get("metadata", {}).get("resourceVersion") == versions["run"]
+                    and cfg.get("metadata", {}).get("resourceVersion") == versions["config"]
+                    and cached == children
+                )
+
+            # The caches hold what the API server holds; then passes write nothing.
+            await eventually(caught_up, within=30, what="the caches to catch up")
             for _ in range(3):
                 await harness.runs.reconcile(key)
                 await harness.configs.reconcile(f"{namespace}/cfg")
-                await asyncio.sleep(0.3)
             assert (await kube.get(RUNS, namespace, "r"))["metadata"]["resourceVersion"] == (
                 versions["run"]
             )
