@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from controller.kube.client import CONFIGMAPS, CRONJOBS, JOBS, PODS, KubeClient
+from controller.kube.client import CONFIGMAPS, CRONJOBS, JOBS, PODS, KubeClient, NotFound
 from controller.kube.events import EventRecorder
 from controller.kube.informer import Informer
 from controller.naming import managed_selector
@@ -99,6 +100,24 @@ def job_creates(cluster: LocalCluster, namespace: str) -> int:
     )
 
 
+async def audit_caught_up(cluster: LocalCluster, kube: KubeClient, namespace: str) -> None:
+    """Wait until the audit log holds a request made now, so it holds every earlier one.
+
+    Used before counting what did NOT happen, instead of sleeping: the
+    reconciles are awaited, so their requests came before this marker GET.
+    """
+    marker = f"audit-marker-{secrets.token_hex(4)}"
+    with contextlib.suppress(NotFound):
+        await kube.get(CONFIGMAPS, namespace, marker)
+
+    def logged() -> bool:
+        return any(
+            (e.get("objectRef") or {}).get("name") == marker for e in cluster.audit_events("admin")
+        )
+
+    await eventually(lambda: asyncio.to_thread(logged), within=30, what="the audit log's marker")
+
+
 @pytest.mark.parametrize("schedule", [None, "* * * * *"])
 async def test_a_deleted_run_in_a_stale_cache_gets_no_new_children(
     kube: KubeClient, namespace: str, cluster: LocalCluster, schedule: str | None
@@ -134,7 +153,7 @@ async def test_a_deleted_run_in_a_stale_cache_gets_no_new_children(
 
         for _ in range(5):
             await harness.reconciler.reconcile(key)
-        await asyncio.sleep(1)
+        await audit_caught_up(cluster, kube, namespace)
         assert not (await kube.list(JOBS, namespace)).get("items")
         assert not (await kube.list(CRONJOBS, namespace)).get("items")
         assert not (await kube.list(CONFIGMAPS, namespace, label_selector=managed_selector()))[
