@@ -33,7 +33,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from hack.cluster import LocalCluster
-from tests.controllerproc import controller_for
+from tests.controllerproc import ControllerProcess, controller_for
 from tests.faults.conftest import (
     FAIL,
     OK,
@@ -58,6 +58,7 @@ from tests.faults.invariants import (
     report,
     writes_after,
 )
+from tests.kubehelpers import eventually
 from tests.runs import Runs, inference_config, inference_run
 
 ONE_SHOT = 50
@@ -158,7 +159,7 @@ async def test_controller_killed_at_random_moments(
         starts.append(now())
         await start_in_thread(proc)
         timeline.note("controller started again")
-        await asyncio.sleep(8)  # its start-up pass over every run, and a margin
+        await _start_up_pass_done(proc, len(plan))
     finally:
         creating.cancel()
         settling.cancel()
@@ -190,6 +191,28 @@ async def test_controller_killed_at_random_moments(
     ]
     print("\n".join(context))  # shown with -s, and with a failure
     assert not violations, report("controller kills", violations, context)
+
+
+async def _start_up_pass_done(proc: ControllerProcess, runs: int, within: float = 60) -> None:
+    """Wait until the fresh controller has reconciled every run and has nothing left to do.
+
+    Its start-up list queues each of the ``runs`` keys once: its reconcile
+    counter reaching ``runs`` with the run queue empty and no reconcile in
+    flight (one /metrics scrape) means the start-up pass is over.
+    """
+
+    def done() -> bool:
+        page = proc.metrics()
+        return (
+            proc.metric("controller_runtime_reconcile_total", page, controller="inferencerun")
+            >= runs
+            and proc.metric("workqueue_depth", page) == 0
+            and proc.metric("controller_runtime_active_workers", page) == 0
+        )
+
+    await eventually(
+        lambda: asyncio.to_thread(done), within=within, what="the start-up pass to finish"
+    )
 
 
 async def _settle(settled: dict[str, datetime], ledger: Ledger, within: float) -> None:
