@@ -16,9 +16,12 @@ import pytest
 
 from controller.kube.client import CONFIGMAPS, CRONJOBS, JOBS, ApiError, KubeClient, NotFound
 from controller.naming import MANAGED_BY_LABEL, MANAGED_BY_VALUE
+from controller.reconcile import RUNS
 from hack.cluster import LocalCluster
+from hack.crds import install_crds
 from tests import chart
 from tests.kubehelpers import eventually
+from tests.runs import inference_run
 
 OWN = {MANAGED_BY_LABEL: MANAGED_BY_VALUE}
 
@@ -105,7 +108,7 @@ async def refused(write: Any) -> ApiError:
     with pytest.raises(ApiError) as caught:
         await write
     assert caught.value.status == 403, caught.value
-    assert "kserve-inference-controller may only" in caught.value.message
+    assert "kserve-inference-controller may only" in caught.value.message, caught.value
     return caught.value
 
 
@@ -162,3 +165,35 @@ async def test_kube_system_is_out_of_the_controllers_reach(
         )
     )
     assert await as_admin.get(CONFIGMAPS, "kube-system", "kube-root-ca.crt")
+
+
+async def test_a_child_an_inference_run_controls_may_be_adopted_and_nothing_else(
+    cluster: LocalCluster, namespace: str, as_controller: KubeClient, as_admin: KubeClient
+) -> None:
+    """What the upstream controller left (owned by a run, unlabelled) may get the label."""
+    install_crds(cluster)
+    await wait_enforced(as_controller, as_admin, namespace)
+    run = await as_admin.create(RUNS, namespace, inference_run("upstream", "cfg"))
+    owner = {
+        "apiVersion": "ai.krateo.io/v1",
+        "kind": "InferenceRun",
+        "name": "upstream",
+        "uid": run["metadata"]["uid"],
+        "controller": True,
+    }
+    child = configmap("inf-upstream-12345678")
+    child["metadata"]["ownerReferences"] = [owner]
+    await as_admin.create(CONFIGMAPS, namespace, child)
+    stranger = configmap("not-a-child")
+    stranger["metadata"]["ownerReferences"] = [{**owner, "controller": False}]
+    await as_admin.create(CONFIGMAPS, namespace, stranger)
+
+    # Adoption: the label goes on; the policy's first rule keeps it on.
+    await as_controller.patch(
+        CONFIGMAPS, namespace, "inf-upstream-12345678", {"metadata": {"labels": OWN}}
+    )
+    # An object a run does not control stays out of reach, and so do deletes.
+    await refused(
+        as_controller.patch(CONFIGMAPS, namespace, "not-a-child", {"metadata": {"labels": OWN}})
+    )
+    await refused(as_controller.delete(CONFIGMAPS, namespace, "not-a-child"))
