@@ -4,15 +4,19 @@ sample-controller's shape in asyncio. :class:`Controller` builds the caches
 for runs, configs and the children it owns (label-selected, so the cache holds
 only what this controller made), wires their events into two work queues,
 one of run keys and one of config keys, and runs both queues' workers, behind
-leader election when enabled:
+leader election when enabled.
 
-- a run's own events enqueue the run;
-- a child's events (ConfigMap, Job, CronJob, pod) enqueue the run named by its
-  ``ai.krateo.io/run-uid`` label's owner, found through the runs cache;
-- a config's events enqueue the config and every run that uses it (an
-  index, not a scan);
-- a probe's events (its Job, pod, ConfigMap: ``ai.krateo.io/config-uid``)
-  enqueue the config;
+``Controller._watches`` is the one table of what is watched and which
+handler each informer's events go to:
+
+- ``enqueue_run`` / ``forget_run``: a run's own events enqueue the run;
+- ``handle_owned_object`` (sample-controller's ``handleObject``): a child's
+  events (ConfigMap, Job, CronJob, pod) enqueue the run whose uid is its
+  ``ai.krateo.io/run-uid`` label, found through the runs cache;
+- ``enqueue_runs_of_config``: a config's events enqueue the config and every
+  run that uses it (an index, not a scan);
+- ``enqueue_probed_config``: a probe's events (its Job, pod, ConfigMap:
+  ``ai.krateo.io/config-uid``) enqueue the config;
 - every key comes back every ``POLLING_INTERVAL`` at low priority (resync).
 
 Informers run on a standby replica too, so it is ready (and ``/readyz`` says
@@ -38,7 +42,7 @@ from controller.api import Phase
 from controller.config_reconcile import BY_CONFIG_UID, ConfigReconciler, config_uid_index
 from controller.kube.client import CONFIGMAPS, CRONJOBS, JOBS, PODS, KubeClient, Obj
 from controller.kube.events import EventRecorder
-from controller.kube.informer import Informer, object_key
+from controller.kube.informer import Informer, OnAdd, OnDelete, OnUpdate, object_key
 from controller.kube.leaderelection import LeaderElector, make_identity
 from controller.kube.workers import Workers
 from controller.kube.workqueue import WorkQueue, default_rate_limiter
@@ -68,6 +72,15 @@ PHASES = get_args(Phase)
 def _uid_index(obj: Obj) -> list[str]:
     uid = obj["metadata"].get("uid")
     return [uid] if uid else []
+
+
+def _with_new(handler: OnAdd) -> OnUpdate:
+    """An update handler that hands the new object to ``handler``."""
+
+    def on_update(_old: Obj, new: Obj) -> None:
+        handler(new)
+
+    return on_update
 
 
 class Controller:
@@ -189,61 +202,61 @@ class Controller:
 
     # ----------------------------------------------------------------- events
 
+    def _watches(self) -> list[tuple[Informer, OnAdd, OnDelete]]:
+        """What is watched, in one place: each informer, and what its events enqueue.
+
+        A row is ``(informer, on add or update, on delete)``; an update hands
+        the new object to the first handler.
+        """
+        c = self.caches
+        return [
+            (c.runs, self.enqueue_run, self.forget_run),
+            # A child's events enqueue the run that owns it (handleObject).
+            (c.jobs, self.handle_owned_object, self.handle_owned_object),
+            (c.cronjobs, self.handle_owned_object, self.handle_owned_object),
+            (c.configmaps, self.handle_owned_object, self.handle_owned_object),
+            (c.pods, self.handle_owned_object, self.handle_owned_object),
+            # A probe's Job, pod and ConfigMap enqueue the config they probe.
+            (c.jobs, self.enqueue_probed_config, self.enqueue_probed_config),
+            (c.configmaps, self.enqueue_probed_config, self.enqueue_probed_config),
+            (c.pods, self.enqueue_probed_config, self.enqueue_probed_config),
+            (c.configs, self.enqueue_runs_of_config, self.enqueue_runs_of_config),
+        ]
+
     def _wire(self) -> None:
-        runs = self.caches.runs
-
-        def enqueue(obj: Obj) -> None:
-            self.queue.add(object_key(obj))
-
-        def forget(obj: Obj) -> None:
-            key = object_key(obj)
-            self.queue.cancel_resync(key)
-            self.queue.add(key)  # one last pass drops its per-run state
-
-        runs.add_event_handler(
-            on_add=enqueue, on_update=lambda _old, new: enqueue(new), on_delete=forget
-        )
-
-        def enqueue_owner(obj: Obj) -> None:
-            for uid in run_uid_index(obj):
-                for run in runs.by_index(BY_UID, uid):
-                    self.queue.add(object_key(run))
-
-        for child in (
-            self.caches.jobs,
-            self.caches.cronjobs,
-            self.caches.configmaps,
-            self.caches.pods,
-        ):
-            child.add_event_handler(
-                on_add=enqueue_owner,
-                on_update=lambda _old, new: enqueue_owner(new),
-                on_delete=enqueue_owner,
+        for informer, on_change, on_delete in self._watches():
+            informer.add_event_handler(
+                on_add=on_change, on_update=_with_new(on_change), on_delete=on_delete
             )
 
-        def enqueue_runs_of(config: Obj) -> None:
-            if self.shard.owns(config["metadata"].get("namespace")):
-                self.config_queue.add(object_key(config))
-            for run in runs.by_index(BY_CONFIG, object_key(config)):
+    def enqueue_run(self, run: Obj) -> None:
+        """A run was added or changed: reconcile it."""
+        self.queue.add(object_key(run))
+
+    def forget_run(self, run: Obj) -> None:
+        """A run was deleted: no more resyncs, and one last pass drops its per-run state."""
+        key = object_key(run)
+        self.queue.cancel_resync(key)
+        self.queue.add(key)
+
+    def handle_owned_object(self, obj: Obj) -> None:
+        """A child changed: enqueue the run named by its ``ai.krateo.io/run-uid`` label."""
+        for uid in run_uid_index(obj):
+            for run in self.caches.runs.by_index(BY_UID, uid):
                 self.queue.add(object_key(run))
 
-        def enqueue_probed_config(obj: Obj) -> None:
-            for uid in config_uid_index(obj):
-                for config in self.caches.configs.by_index(BY_UID, uid):
-                    self.config_queue.add(object_key(config))
+    def enqueue_runs_of_config(self, config: Obj) -> None:
+        """A config changed: reconcile it (on its shard) and every run that uses it."""
+        if self.shard.owns(config["metadata"].get("namespace")):
+            self.config_queue.add(object_key(config))
+        for run in self.caches.runs.by_index(BY_CONFIG, object_key(config)):
+            self.queue.add(object_key(run))
 
-        for probe_child in (self.caches.jobs, self.caches.configmaps, self.caches.pods):
-            probe_child.add_event_handler(
-                on_add=enqueue_probed_config,
-                on_update=lambda _old, new: enqueue_probed_config(new),
-                on_delete=enqueue_probed_config,
-            )
-
-        self.caches.configs.add_event_handler(
-            on_add=enqueue_runs_of,
-            on_update=lambda _old, new: enqueue_runs_of(new),
-            on_delete=enqueue_runs_of,
-        )
+    def enqueue_probed_config(self, obj: Obj) -> None:
+        """A probe's child changed: enqueue the config named by its ``ai.krateo.io/config-uid``."""
+        for uid in config_uid_index(obj):
+            for config in self.caches.configs.by_index(BY_UID, uid):
+                self.config_queue.add(object_key(config))
 
     # -------------------------------------------------------------------- run
 
