@@ -59,10 +59,12 @@ from controller.naming import (
 )
 from runner.contract import Contract, Sharding
 from runner.exitcodes import PERMANENT
+from runner.paths import CONTRACT, TERMINATION_LOG
+from runner.paths import CONTRACT_DIR as CONTRACT_DIR
+from runner.paths import CONTRACT_KEY as CONTRACT_KEY
 
-CONTRACT_KEY = "contract.json"
-CONTRACT_DIR = "/tmp"
-CONTRACT_PATH = f"{CONTRACT_DIR}/{CONTRACT_KEY}"
+# Where the contract is mounted: the runner's default path (runner.paths, its one definition).
+CONTRACT_PATH = CONTRACT
 CONTAINER_NAME = "inference"
 # The runner's exit codes that mean "retrying cannot help" (a bad contract, or a
 # request the storage or the model refused): the Job fails at once on them.
@@ -304,7 +306,7 @@ def _container(config: InferenceConfig, shape: RunnerPodDefaults) -> dict[str, A
         ],
         # The runner writes its one-line summary there; if it dies before,
         # the tail of its log is the next best message for the run's status.
-        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
             "allowPrivilegeEscalation": False,

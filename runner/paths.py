@@ -22,7 +22,13 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-CONTRACT = "/tmp/contract.json"  # the pod's mount point, fixed by the controller
+# Where the pod finds its contract and writes its termination message: one
+# definition for both sides. controller.render mounts the contract ConfigMap's
+# CONTRACT_KEY at CONTRACT (a subPath over a writable emptyDir at CONTRACT_DIR)
+# and sets the container's terminationMessagePath to TERMINATION_LOG.
+CONTRACT_DIR = "/tmp"
+CONTRACT_KEY = "contract.json"
+CONTRACT = f"{CONTRACT_DIR}/{CONTRACT_KEY}"
 TERMINATION_LOG = "/dev/termination-log"
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 SERVICE_ACCOUNT_TOKEN = f"{SERVICE_ACCOUNT_DIR}/token"
