@@ -41,13 +41,12 @@ from controller.kube.client import Obj
 from controller.naming import probe_name
 from controller.plan import Event
 from controller.render import CONTAINER_NAME, desired_probe
-from controller.status import EXIT_REASONS, parse_time
+from controller.status import EXIT_REASONS, one_line, parse_time
 
 # The generation a probe Job was made for, so a result is matched to its spec.
 PROBE_GENERATION_ANNOTATION = "ai.krateo.io/config-generation"
 # While a probe runs, look again at least this often (its pod's events also bring the config back).
 PROBE_RECHECK = 15.0
-MAX_MESSAGE = 1024
 
 
 @dataclass(frozen=True)
@@ -93,11 +92,6 @@ def _generation(job: Obj) -> int | None:
     return int(value) if value and value.isdigit() else None
 
 
-def _one_line(text: str) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= MAX_MESSAGE else line[: MAX_MESSAGE - 1] + "…"
-
-
 def probe_outcome(job: Obj, pods: Sequence[Obj]) -> tuple[bool, str, str]:
     """``(passed, reason, message)`` of a finished probe Job."""
     name = job["metadata"]["name"]
@@ -109,24 +103,24 @@ def probe_outcome(job: Obj, pods: Sequence[Obj]) -> tuple[bool, str, str]:
             if status.get("name") != CONTAINER_NAME or not term:
                 continue
             code = int(term.get("exitCode", 1))
-            text = _one_line(term.get("message") or "")
+            text = one_line(term.get("message") or "")
             if code == 0:
                 return True, "ProbeSucceeded", text
             reason = EXIT_REASONS.get(code, "ProbeFailed")
-            return False, reason, _one_line(f"probe exited with code {code}: {text}")
+            return False, reason, one_line(f"probe exited with code {code}: {text}")
     for pod in pods:
         if (pod["metadata"].get("labels") or {}).get("job-name") != name:
             continue
         for status in (pod.get("status") or {}).get("containerStatuses") or []:
             waiting = (status.get("state") or {}).get("waiting") or {}
             if waiting.get("reason") and waiting["reason"] != "ContainerCreating":
-                text = _one_line(waiting.get("message") or waiting["reason"])
+                text = one_line(waiting.get("message") or waiting["reason"])
                 return False, str(waiting["reason"]), f"probe pod could not start: {text}"
     cond = _finished(job) or {}
     if cond.get("type") == "Complete":
         return True, "ProbeSucceeded", ""
     reason = "ProbeTimedOut" if cond.get("reason") == "DeadlineExceeded" else "ProbeFailed"
-    return False, reason, _one_line(f"probe Job {name}: {cond.get('message') or 'failed'}")
+    return False, reason, one_line(f"probe Job {name}: {cond.get('message') or 'failed'}")
 
 
 def _condition(

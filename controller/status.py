@@ -60,6 +60,7 @@ from controller.api import (
     CONDITION_READY,
     CONDITION_RECONCILING,
     CONDITION_STALLED,
+    MAX_MESSAGE_LENGTH,
     Condition,
     ConditionStatus,
     Execution,
@@ -83,7 +84,8 @@ REASON_QUEUED = "Queued"
 # reason a run shows; 137 is the kernel's, not the runner's.
 EXIT_REASONS = {int(code): reason for code, reason in REASONS.items() if code != ExitCode.DONE}
 EXIT_REASONS[137] = "RunnerKilled"
-MAX_MESSAGE = 1024
+# A condition message is at most this long (controller.api, its one definition).
+MAX_MESSAGE = MAX_MESSAGE_LENGTH
 
 Json = dict[str, Any]
 
@@ -135,7 +137,8 @@ def _terminated(pod: Json) -> Json | None:
     return (state or {}).get("terminated")
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
+    """``text`` on one line, cut to :data:`MAX_MESSAGE` characters with an ellipsis."""
     line = " ".join(text.split())
     return line if len(line) <= MAX_MESSAGE else line[: MAX_MESSAGE - 1] + "…"
 
@@ -156,7 +159,7 @@ def runner_failure(pods: Sequence[Json]) -> tuple[str, str] | None:
     code = int(term.get("exitCode", 1))
     reason = EXIT_REASONS.get(code, "RunnerFailed")
     text = " ".join((term.get("message") or "").split())
-    return reason, _one_line(f"runner exited with code {code}" + (f": {text}" if text else ""))
+    return reason, one_line(f"runner exited with code {code}" + (f": {text}" if text else ""))
 
 
 def runner_result(pods: Sequence[Json]) -> RunResult | None:
@@ -211,7 +214,7 @@ def _job_outcome(
                 message = job_message
                 if failure is not None:
                     message = f"{job_message}; last runner: {failure[1]}".strip("; ")
-                return "Failed", job_reason, _one_line(message)
+                return "Failed", job_reason, one_line(message)
             return "Failed", failure[0], failure[1]
     if "Complete" in conditions or "SuccessCriteriaMet" in conditions:
         return "Succeeded", "Completed", ""
@@ -248,11 +251,11 @@ def pod_waiting(pods: Sequence[Json]) -> tuple[str, str] | None:
         waiting = (_runner_state(pod) or {}).get("waiting") or {}
         reason = waiting.get("reason")
         if reason and reason not in _STARTING:
-            return reason, _one_line(waiting.get("message") or reason)
+            return reason, one_line(waiting.get("message") or reason)
         for cond in (pod.get("status") or {}).get("conditions") or []:
             if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
                 reason = cond.get("reason") or "Unschedulable"
-                return reason, _one_line(cond.get("message") or reason)
+                return reason, one_line(cond.get("message") or reason)
     return None
 
 
