@@ -6,7 +6,8 @@ account in-cluster). It moves raw dicts, addressed by a :class:`Resource`
 (group, version, plural) plus namespace and name:
 
 - ``get``, ``list``, ``create``, ``replace``, ``patch``, ``update_status``,
-  ``patch_status``, ``delete`` return the API server's JSON as a dict;
+  ``delete`` return the API server's JSON as a dict; ``read_pod_log`` and
+  ``follow_pod_log`` read a container's log;
 - ``watch`` yields raw watch events, parsed with orjson line by line (no line
   length limit: big objects arrive as big lines);
 - failures raise :class:`ApiError` subclasses carrying the HTTP status and the
@@ -159,10 +160,6 @@ class ApiError(Exception):
     @property
     def is_gone(self) -> bool:
         return self.status == 410
-
-    @property
-    def is_invalid(self) -> bool:
-        return self.status == 422
 
     @property
     def is_forbidden(self) -> bool:
@@ -451,7 +448,6 @@ class KubeClient:
         patch: Mapping[str, Any] | JsonArray,
         *,
         patch_type: PatchType = "merge",
-        subresource: str | None = None,
         force: bool = False,
     ) -> Obj:
         params: dict[str, str] = {"fieldManager": self.field_manager}
@@ -460,21 +456,11 @@ class KubeClient:
         return await self.request(
             "patch",
             "PATCH",
-            resource.path(namespace, name, subresource),
+            resource.path(namespace, name),
             params=params,
             body=patch,
             content_type=_PATCH_CONTENT_TYPES[patch_type],
         )
-
-    async def patch_status(
-        self,
-        resource: Resource,
-        namespace: str | None,
-        name: str,
-        patch: Mapping[str, Any],
-    ) -> Obj:
-        """Merge-patch the status subresource."""
-        return await self.patch(resource, namespace, name, patch, subresource="status")
 
     async def read_pod_log(
         self, namespace: str, name: str, *, container: str, tail_lines: int
@@ -516,22 +502,18 @@ class KubeClient:
         *,
         propagation_policy: Literal["Background", "Foreground", "Orphan"] | None = "Background",
         uid: str | None = None,
-        resource_version: str | None = None,
-        grace_period_seconds: int | None = None,
     ) -> Obj:
         """Delete; dependents go too (Background) unless told otherwise.
 
-        ``uid``/``resource_version`` are preconditions: the delete fails with
-        :class:`Conflict` if the object was replaced or changed meanwhile.
+        ``uid`` is a precondition: the delete fails with :class:`Conflict` if
+        the object was replaced meanwhile.
         """
         options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
         if propagation_policy is not None:
             options["propagationPolicy"] = propagation_policy
-        preconditions = _params(uid=uid, resourceVersion=resource_version)
+        preconditions = _params(uid=uid)
         if preconditions:
             options["preconditions"] = preconditions
-        if grace_period_seconds is not None:
-            options["gracePeriodSeconds"] = grace_period_seconds
         return await self.request("delete", "DELETE", resource.path(namespace, name), body=options)
 
     async def watch(
