@@ -202,25 +202,43 @@ class Follower:
                 rv = fresh["metadata"]["resourceVersion"]
                 yield fresh
 
-    async def _events(self, run: Obj) -> None:
-        uid = run["metadata"]["uid"]
-        selector = f"involvedObject.uid={uid}"
-        listed = await self.kube.list(EVENTS, self.namespace, field_selector=selector)
-        for event in sorted(listed.get("items") or [], key=_event_time):
-            self._print_event(event)
+    async def _present_and_later(
+        self,
+        resource: Resource,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        order: Callable[[Obj], str] | None = None,
+    ) -> AsyncIterator[Obj]:
+        """Every object the selector matches now (a list, in ``order``), then each one added or
+        changed."""
+        listed = await self.kube.list(
+            resource, self.namespace, label_selector=label_selector, field_selector=field_selector
+        )
+        items = list(listed.get("items") or [])
+        for obj in sorted(items, key=order) if order is not None else items:
+            yield obj
         rv = listed["metadata"]["resourceVersion"]
         while True:
             async for event in self.kube.watch(
-                EVENTS,
+                resource,
                 self.namespace,
                 resource_version=rv,
-                field_selector=selector,
+                label_selector=label_selector,
+                field_selector=field_selector,
                 timeout_seconds=WATCH_SECONDS,
             ):
                 obj = event.get("object") or {}
                 rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
                 if event.get("type") in ("ADDED", "MODIFIED"):
-                    self._print_event(obj)
+                    yield obj
+
+    async def _events(self, run: Obj) -> None:
+        selector = f"involvedObject.uid={run['metadata']['uid']}"
+        async for event in self._present_and_later(
+            EVENTS, field_selector=selector, order=_event_time
+        ):
+            self._print_event(event)
 
     def _print_event(self, event: Obj) -> None:
         key = ((event.get("metadata") or {}).get("uid"), event.get("count"))
@@ -234,22 +252,8 @@ class Follower:
         selector = run_selector(run["metadata"]["uid"])
         if job_name is not None:
             selector += f",job-name={job_name}"
-        listed = await self.kube.list(PODS, self.namespace, label_selector=selector)
-        for pod in listed.get("items") or []:
+        async for pod in self._present_and_later(PODS, label_selector=selector):
             self._maybe_follow_pod(pod)
-        rv = listed["metadata"]["resourceVersion"]
-        while True:
-            async for event in self.kube.watch(
-                PODS,
-                self.namespace,
-                resource_version=rv,
-                label_selector=selector,
-                timeout_seconds=WATCH_SECONDS,
-            ):
-                obj = event.get("object") or {}
-                rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                if event.get("type") in ("ADDED", "MODIFIED"):
-                    self._maybe_follow_pod(obj)
 
     def _maybe_follow_pod(self, pod: Obj) -> None:
         name = pod["metadata"]["name"]
@@ -275,24 +279,10 @@ class Follower:
 
     async def _next_job(self, run: Obj, known: set[str]) -> str:
         selector = run_selector(run["metadata"]["uid"])
-        listed = await self.kube.list(JOBS, self.namespace, label_selector=selector)
-        for job in listed.get("items") or []:
+        async for job in self._present_and_later(JOBS, label_selector=selector):
             if job["metadata"]["name"] not in known:
                 return str(job["metadata"]["name"])
-        rv = listed["metadata"]["resourceVersion"]
-        while True:
-            async for event in self.kube.watch(
-                JOBS,
-                self.namespace,
-                resource_version=rv,
-                label_selector=selector,
-                timeout_seconds=WATCH_SECONDS,
-            ):
-                obj = event.get("object") or {}
-                rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                name = (obj.get("metadata") or {}).get("name")
-                if event.get("type") == "ADDED" and name not in known:
-                    return str(name)
+        raise AssertionError("not reached: the watch is renewed for ever")
 
 
 def _container_started(pod: Obj) -> bool:
