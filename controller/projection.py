@@ -173,27 +173,28 @@ def project_custom(obj: Obj) -> Obj:
     return out
 
 
-def project_job(obj: Obj) -> Obj:
+def _child(obj: Obj, status: dict[str, Any] | None = None) -> Obj:
+    """What every child keeps: its type, the metadata read, ``spec.suspend`` when it has
+    one (Jobs, CronJobs) and ``status`` (the fields kept of it) unless nothing was."""
     out = _type_meta(obj)
     out["metadata"] = object_meta(_dict(obj.get("metadata")), children=True)
     spec = _dict(obj.get("spec"))
     if "suspend" in spec:
         out["spec"] = {"suspend": spec["suspend"]}
+    if status:
+        out["status"] = status
+    return out
+
+
+def project_job(obj: Obj) -> Obj:
     status = _dict(obj.get("status"))
     kept = _pick(status, JOB_STATUS_FIELDS)
     if status.get("conditions"):
         kept["conditions"] = _conditions(status, CONDITION_FIELDS)
-    if kept:
-        out["status"] = kept
-    return out
+    return _child(obj, kept)
 
 
 def project_cronjob(obj: Obj) -> Obj:
-    out = _type_meta(obj)
-    out["metadata"] = object_meta(_dict(obj.get("metadata")), children=True)
-    spec = _dict(obj.get("spec"))
-    if "suspend" in spec:
-        out["spec"] = {"suspend": spec["suspend"]}
     status = _dict(obj.get("status"))
     kept = _pick(status, ("lastScheduleTime",))
     if status.get("active"):
@@ -201,14 +202,11 @@ def project_cronjob(obj: Obj) -> Obj:
         kept["active"] = [
             _pick(ref, ("name", "uid")) for ref in status["active"] if isinstance(ref, dict)
         ]
-    if kept:
-        out["status"] = kept
-    return out
+    return _child(obj, kept)
 
 
 def project_configmap(obj: Obj) -> Obj:
-    out = _type_meta(obj)
-    out["metadata"] = object_meta(_dict(obj.get("metadata")), children=True)
+    out = _child(obj)
     if "binaryData" in obj:
         # Read only for whether it is there (an update then clears it).
         out["binaryData"] = {}
@@ -230,8 +228,6 @@ def _container_status(status: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def project_pod(obj: Obj) -> Obj:
-    out = _type_meta(obj)
-    out["metadata"] = object_meta(_dict(obj.get("metadata")), children=True)
     status = _dict(obj.get("status"))
     kept: dict[str, Any] = {}
     # Every container: a probe pod that cannot start is told by any container's waiting state.
@@ -242,9 +238,7 @@ def project_pod(obj: Obj) -> Obj:
         kept["containerStatuses"] = containers
     if status.get("conditions"):
         kept["conditions"] = _conditions(status, POD_CONDITION_FIELDS)
-    if kept:
-        out["status"] = kept
-    return out
+    return _child(obj, kept)
 
 
 PROJECTIONS: dict[str, Projection] = {
