@@ -15,43 +15,22 @@
 # Everything but the final path goes to stderr so callers can capture it.
 set -euo pipefail
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$(dirname "${BASH_SOURCE[0]}")/../gobuild.sh"
+gobuild_bins=(promtool)
 
-if [ -n "${PROMTOOL:-}" ] && [ -x "$PROMTOOL" ]; then
-  echo "promtool: using PROMTOOL=$PROMTOOL (no build)" >&2
-  echo "$PROMTOOL"
-  exit 0
-fi
-
-module_version=$(awk '$1 == "require" && $2 == "github.com/prometheus/prometheus" {print $3; exit} $1 == "github.com/prometheus/prometheus" {print $2; exit}' "$here/go.mod")
-if [ -z "$module_version" ]; then
-  echo "promtool: no github.com/prometheus/prometheus requirement in $here/go.mod" >&2
-  exit 1
-fi
+gobuild_use_env promtool PROMTOOL
+module_version=$(gobuild_version promtool github.com/prometheus/prometheus)
 # Module v0.X.Y is Prometheus vX/100.X%100.Y (v0.316.0 is 3.16.0).
 minor=${module_version#v0.}
 minor=${minor%%.*}
 patch=${module_version##*.}
 release="$((minor / 100)).$((minor % 100)).$patch"
-# The key covers go.sum too, so any dependency change gets its own directory.
-key=$(cat "$here/go.mod" "$here/go.sum" | sha256sum | cut -c1-12)
-cache_root=${KSC_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kserve-controller}
-out="$cache_root/promtool/${release}-${key}"
-
-# One build at a time per cache directory: tests and CI may all ask at once,
-# and a second build would pull the first one's directory away.
-mkdir -p "$(dirname "$out")"
-exec 9>"$out.lock"
-flock 9
-if [ -x "$out/promtool" ]; then
-  echo "promtool: cached binary in $out (no build)" >&2
-  echo "$out/promtool"
-  exit 0
-fi
+out="$gobuild_cache_root/promtool/${release}-$(gobuild_key)"
+gobuild_reuse promtool "$out"
 
 # 3. Debian's package, when apt can fetch it.
 if command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then
-  deb_dir="$cache_root/promtool/debian"
+  deb_dir="$gobuild_cache_root/promtool/debian"
   if [ -x "$deb_dir/promtool" ]; then
     echo "promtool: cached Debian promtool in $deb_dir (no build)" >&2
     echo "$deb_dir/promtool"
@@ -78,18 +57,11 @@ if command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then
   echo "promtool: Debian's prometheus package could not be fetched; building instead" >&2
 fi
 
-echo "promtool: building promtool $release ($module_version) into $out" >&2
-start=$(date +%s)
-rm -rf "$out.partial"
-mkdir -p "$out.partial"
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-trimpath -mod=readonly"
 # The stamps Prometheus' own release build sets, so that `promtool --version`
 # names the pinned release.
-ld="-s -w -X github.com/prometheus/common/version.Version=$release"
-ld="$ld -X github.com/prometheus/common/version.Branch=HEAD"
-cd "$here"
-go build -tags tools -ldflags "$ld" -o "$out.partial/promtool" github.com/prometheus/prometheus/cmd/promtool >&2
-rm -rf "$out"
-mv "$out.partial" "$out"
-echo "promtool: built in $(( $(date +%s) - start ))s" >&2
-echo "$out/promtool"
+build() {
+  local ld="-s -w -X github.com/prometheus/common/version.Version=$release"
+  ld="$ld -X github.com/prometheus/common/version.Branch=HEAD"
+  go build -tags tools -ldflags "$ld" -o "$1/promtool" github.com/prometheus/prometheus/cmd/promtool
+}
+gobuild_build promtool "$out" "promtool $release ($module_version)" build
