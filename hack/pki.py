@@ -13,7 +13,7 @@ import datetime as dt
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, Unpack
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -57,24 +57,30 @@ class Pki:
     sa_pub: Path
 
 
+class LeafOptions(TypedDict, total=False):
+    """What a leaf certificate may add to its common name; one list for every issuer."""
+
+    org: str | None  # the subject's organization (Kubernetes reads it as a group)
+    server: bool  # a serving certificate (with ``dns``/``ips`` SANs), else a client one
+    dns: tuple[str, ...]
+    ips: tuple[str, ...]
+
+
 def _leaf(
     ca_cert: x509.Certificate,
     ca_key: ec.EllipticCurvePrivateKey,
     directory: Path,
     stem: str,
     common_name: str,
-    *,
-    org: str | None = None,
-    server: bool = False,
-    dns: tuple[str, ...] = (),
-    ips: tuple[str, ...] = (),
+    **options: Unpack[LeafOptions],
 ) -> tuple[Path, Path]:
+    server = options.get("server", False)
     now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)  # tolerate small clock skew
     key = ec.generate_private_key(ec.SECP256R1())
     usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
     builder = (
         x509.CertificateBuilder()
-        .subject_name(_name(common_name, org))
+        .subject_name(_name(common_name, options.get("org")))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -84,8 +90,8 @@ def _leaf(
         .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
     )
     if server:
-        sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
-        sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
+        sans: list[x509.GeneralName] = [x509.DNSName(d) for d in options.get("dns", ())]
+        sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in options.get("ips", ())]
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
     cert_path, key_path = directory / f"{stem}.crt", directory / f"{stem}.key"
@@ -95,24 +101,14 @@ def _leaf(
 
 
 def issue(
-    pki: Pki,
-    stem: str,
-    common_name: str,
-    *,
-    org: str | None = None,
-    server: bool = False,
-    dns: tuple[str, ...] = (),
-    ips: tuple[str, ...] = (),
+    pki: Pki, stem: str, common_name: str, **options: Unpack[LeafOptions]
 ) -> tuple[Path, Path]:
     """One more certificate from ``pki``'s CA (e.g. a real kubelet's), beside its files."""
     ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
     ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
         raise TypeError(f"{pki.ca_key} is not the EC key make_pki writes")
-    return _leaf(
-        ca_cert, ca_key, pki.ca_cert.parent, stem, common_name,
-        org=org, server=server, dns=dns, ips=ips,
-    )  # fmt: skip
+    return _leaf(ca_cert, ca_key, pki.ca_cert.parent, stem, common_name, **options)
 
 
 def make_pki(directory: Path) -> Pki:
@@ -151,8 +147,8 @@ def make_pki(directory: Path) -> Pki:
     ca_cert_path.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     _write_key(ca_key_path, ca_key)
 
-    def leaf(stem: str, common_name: str, **kwargs: Any) -> tuple[Path, Path]:
-        return _leaf(ca_cert, ca_key, directory, stem, common_name, **kwargs)
+    def leaf(stem: str, common_name: str, **options: Unpack[LeafOptions]) -> tuple[Path, Path]:
+        return _leaf(ca_cert, ca_key, directory, stem, common_name, **options)
 
     api_cert, api_key = leaf(
         "apiserver",
