@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -103,17 +104,31 @@ def build_models() -> list[Any]:
             result = result[:, :, 0]
         return {"predictions": result.tolist()}
 
-    class IrisModel(kserve.Model):  # type: ignore[misc]
+    class PlumbingModel(kserve.Model):  # type: ignore[misc]
+        """One v2 input, one v2 output, and the function from one to the other."""
+
+        def __init__(
+            self,
+            name: str,
+            input_type: dict[str, Any],
+            output_type: dict[str, Any],
+            compute: Callable[[Any], NDArray[Any]],
+            prepare: Callable[[], object] = lambda: None,
+        ) -> None:
+            super().__init__(name)
+            self.input_type, self.output_type = input_type, output_type
+            self.compute, self.prepare = compute, prepare
+
         def load(self) -> bool:
-            train_iris()
+            self.prepare()
             self.ready = True
             return True
 
         def get_input_types(self) -> list[dict[str, Any]]:
-            return [{"name": IRIS_INPUT, "datatype": "FP32", "shape": [-1, IRIS_FEATURES]}]
+            return [self.input_type]
 
         def get_output_types(self) -> list[dict[str, Any]]:
-            return [{"name": "output-0", "datatype": "INT64", "shape": [-1]}]
+            return [self.output_type]
 
         async def predict(
             self,
@@ -122,35 +137,27 @@ def build_models() -> list[Any]:
             response_headers: dict[str, str] | None = None,
         ) -> Any:
             try:
-                result = iris_predict(first_input(payload))
+                result = self.compute(first_input(payload))
             except ValueError as exc:
                 raise InvalidInput(str(exc)) from exc
-            return answer(payload, self.name, "output-0", result, "INT64")
+            output = self.output_type
+            return answer(payload, self.name, output["name"], result, output["datatype"])
 
-    class TTMModel(kserve.Model):  # type: ignore[misc]
-        def load(self) -> bool:
-            self.ready = True
-            return True
-
-        def get_input_types(self) -> list[dict[str, Any]]:
-            return [{"name": TTM_INPUT, "datatype": "FP32", "shape": [-1, TTM_CONTEXT, 1]}]
-
-        def get_output_types(self) -> list[dict[str, Any]]:
-            return [{"name": "forecast_output", "datatype": "FP32", "shape": [-1, TTM_HORIZON, -1]}]
-
-        async def predict(
-            self,
-            payload: Any,
-            headers: dict[str, str] | None = None,
-            response_headers: dict[str, str] | None = None,
-        ) -> Any:
-            try:
-                result = ttm_forecast(first_input(payload))
-            except ValueError as exc:
-                raise InvalidInput(str(exc)) from exc
-            return answer(payload, self.name, "forecast_output", result, "FP32")
-
-    models: list[Any] = [IrisModel(IRIS_MODEL), TTMModel(TTM_MODEL)]
+    models: list[Any] = [
+        PlumbingModel(
+            IRIS_MODEL,
+            {"name": IRIS_INPUT, "datatype": "FP32", "shape": [-1, IRIS_FEATURES]},
+            {"name": "output-0", "datatype": "INT64", "shape": [-1]},
+            iris_predict,
+            prepare=train_iris,  # train at start, not on the first request
+        ),
+        PlumbingModel(
+            TTM_MODEL,
+            {"name": TTM_INPUT, "datatype": "FP32", "shape": [-1, TTM_CONTEXT, 1]},
+            {"name": "forecast_output", "datatype": "FP32", "shape": [-1, TTM_HORIZON, -1]},
+            ttm_forecast,
+        ),
+    ]
     for model in models:
         model.load()
     return models
