@@ -13,34 +13,9 @@ from controller.naming import KUEUE_QUEUE_LABEL, RUN_SPEC_HASH_ANNOTATION
 from controller.plan import Patch, View, plan, run_spec_hash
 from controller.render import desired_configmap, desired_cronjob, desired_job, desired_workload
 from controller.status import Observed, derive_status
-
-pytestmark = pytest.mark.unit
+from tests.unit.helpers import make_config, make_run
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
-UID = "5be07ada-5fe0-4c9e-a8bc-aaae67d8d344"
-
-
-def make_config(**spec: Any) -> InferenceConfig:
-    return InferenceConfig.model_validate(
-        {
-            "metadata": {"name": "cfg", "namespace": "ns", "uid": "cfg-uid"},
-            "spec": {
-                "image": "runner:1",
-                "kserve": {"modelUrl": "127.0.0.1:1/v2/models/m/infer"},
-                "storage": {"input": {"http": {"url": "http://in"}}},
-                **spec,
-            },
-        }
-    )
-
-
-def make_run(**spec: Any) -> InferenceRun:
-    return InferenceRun.model_validate(
-        {
-            "metadata": {"name": "r", "namespace": "ns", "uid": UID, "generation": 1},
-            "spec": {"configRef": {"name": "cfg"}, **spec},
-        }
-    )
 
 
 def existing(obj: dict[str, Any], *, suspend: bool | None = None, **status: Any) -> dict[str, Any]:

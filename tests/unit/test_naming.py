@@ -18,12 +18,10 @@ from controller.naming import (
     run_selector,
     uid_part,
 )
-
-pytestmark = pytest.mark.unit
+from tests.unit.helpers import UID
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-UID = "5be07ada-5fe0-4c9e-a8bc-aaae67d8d344"
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,6 @@ from controller.api import (
     QUALIFIED_NAME_PATTERN,
     RESERVED_ENV_NAMES,
     RESERVED_METADATA_KEYS,
-    InferenceConfig,
-    InferenceRun,
     ResourceRequirements,
     RunnerPod,
     RunnerPodDefaults,
@@ -27,34 +25,8 @@ from controller.api import (
 from controller.naming import KUEUE_QUEUE_LABEL, RUN_UID_LABEL
 from controller.render import desired_cronjob, desired_job, desired_probe
 from controller.settings import SettingsError, load_settings
-
-pytestmark = pytest.mark.unit
-
-REPO = Path(__file__).resolve().parents[2]
-UID = "5be07ada-5fe0-4c9e-a8bc-aaae67d8d344"
-
-
-def make_config(**spec: Any) -> InferenceConfig:
-    return InferenceConfig.model_validate(
-        {
-            "metadata": {"name": "cfg", "namespace": "ns", "uid": "cfg-uid"},
-            "spec": {
-                "image": "runner:1",
-                "kserve": {"modelUrl": "127.0.0.1:1/v2/models/m/infer"},
-                "storage": {"input": {"http": {"url": "http://in"}}},
-                **spec,
-            },
-        }
-    )
-
-
-def make_run(**spec: Any) -> InferenceRun:
-    return InferenceRun.model_validate(
-        {
-            "metadata": {"name": "r", "namespace": "ns", "uid": UID, "generation": 1},
-            "spec": {"configRef": {"name": "cfg"}, **spec},
-        }
-    )
+from tests.chart import REPO
+from tests.unit.helpers import UID, make_config, make_run
 
 
 def refusal(**runner_pod: Any) -> tuple[str, str]:
