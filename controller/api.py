@@ -55,6 +55,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from runner.contract import Batching, KServe
+from runner.credentials import find_inline_credentials
 
 GROUP = "ai.krateo.io"
 VERSION = "v1"
@@ -227,55 +228,9 @@ def check_time_zone(name: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Inline credentials in storage settings.
-
-_CREDENTIAL_KEYS = frozenset(
-    {
-        "password",
-        "passwd",
-        "token",
-        "accesstoken",
-        "bearertoken",
-        "apitoken",
-        "apikey",
-        "secret",
-        "clientsecret",
-        "secretkey",
-        "secretaccesskey",
-        "sessiontoken",
-        "privatekey",
-        "authorization",
-    }
-)
-_CREDENTIAL_HEADERS = ("authorization:", "proxy-authorization:", "cookie:", "x-api-key:")
-_URL_WITH_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]*:[^/@\s]*@")
-
-
-def find_inline_credentials(value: Any, path: str = "") -> list[str]:
-    """Paths inside ``value`` that look like a credential written in clear.
-
-    Deliberately narrow, so references stay legal: only non-empty *strings* are
-    flagged (``token: {secretKeyRef: ...}`` is fine), under keys that name a
-    secret value, in header lines that carry one, or in URLs with a password.
-    """
-    found: list[str] = []
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            child = f"{path}.{key}" if path else str(key)
-            normalised = str(key).lower().replace("-", "").replace("_", "")
-            if normalised in _CREDENTIAL_KEYS and isinstance(item, str) and item:
-                found.append(child)
-            else:
-                found.extend(find_inline_credentials(item, child))
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            found.extend(find_inline_credentials(item, f"{path}[{i}]"))
-    elif isinstance(value, str):
-        lowered = value.strip().lower()
-        if lowered.startswith(_CREDENTIAL_HEADERS) or _URL_WITH_PASSWORD.match(value.strip()):
-            found.append(path)
-    return found
-
+# Inline credentials. Storage settings are scanned with runner.credentials
+# (find_inline_credentials: what a credential is, defined once for the runner's
+# redaction, the controller's logs and this check).
 
 # A model URL with a password in its userinfo: `http://user:pw@host/...`, or
 # `user:pw@host/...` to which the runner adds http://. The CRD's CEL rule on

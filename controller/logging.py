@@ -12,15 +12,15 @@
 - :func:`redact` runs last before rendering and replaces anything that looks
   like a credential: values of keys such as ``authorization``, ``token``,
   ``password``, ``secret``, ``api_key``, ``cookie``; ``Bearer``/``Basic``
-  credentials and ``key=value`` credentials inside strings; passwords in URLs.
-  It walks nested dicts and lists, because contracts, headers and API bodies
-  get logged as whole objects.
+  credentials and ``key=value`` credentials inside strings; the userinfo of
+  URLs. What looks like a credential is :mod:`runner.credentials`, the
+  definition the runner's redaction shares. It walks nested dicts and lists,
+  because contracts, headers and API bodies get logged as whole objects.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -30,81 +30,12 @@ import orjson
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-REDACTED = "[REDACTED]"
-
-# Keys compared after lower-casing and dropping "-" and "_".
-_SECRET_KEYS = frozenset(
-    {
-        "authorization",
-        "proxyauthorization",
-        "cookie",
-        "setcookie",
-        "credentials",
-        "bearer",
-        "certificatekeydata",
-        "clientkeydata",
-    }
-)
-_SECRET_SUFFIXES = (
-    "token",
-    "password",
-    "passwd",
-    "passphrase",
-    "secret",
-    "apikey",
-    "privatekey",
-    "clientkey",
-)
-_SCHEME_CREDENTIAL = re.compile(r"(?i)\b(bearer|basic|token)\s+[A-Za-z0-9._~+/=\-]{4,}")
-_ASSIGNED_CREDENTIAL = re.compile(
-    r"""(?ix)
-    (\b(?:authorization|proxy-authorization|x-api-key|api[-_]?key|access[-_]?token
-        |refresh[-_]?token|id[-_]?token|token|password|passwd|secret|client[-_]?secret)
-     ["']?\s*[:=]\s*["']?)
-    (?!\[REDACTED\]|(?:bearer|basic|token)\s+\[REDACTED\])
-    ([^\s"',;&}]+)
-    """
-)
-_URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^/\s:@]+:)([^/\s@]+)(@)")
-
-
-def is_secret_key(key: str) -> bool:
-    normal = key.lower().replace("-", "").replace("_", "")
-    return normal in _SECRET_KEYS or normal.endswith(_SECRET_SUFFIXES)
-
-
-def redact_text(text: str) -> str:
-    """``text`` with credentials inside it replaced."""
-    text = _SCHEME_CREDENTIAL.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
-    text = _ASSIGNED_CREDENTIAL.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
-    return _URL_PASSWORD.sub(lambda m: f"{m.group(1)}{REDACTED}{m.group(3)}", text)
-
-
-def redact_value(value: Any, _depth: int = 0) -> Any:
-    """A copy of ``value`` with every credential-looking part replaced."""
-    if _depth > 32:
-        return value
-    if isinstance(value, str):
-        return redact_text(value)
-    if isinstance(value, Mapping):
-        return {
-            k: (
-                REDACTED
-                if isinstance(k, str) and is_secret_key(k) and v not in (None, "")
-                else redact_value(v, _depth + 1)
-            )
-            for k, v in value.items()
-        }
-    if isinstance(value, list | tuple):
-        return type(value)(redact_value(v, _depth + 1) for v in value)
-    if isinstance(value, bytes):
-        return redact_text(value.decode("utf-8", "replace"))
-    return value
+from runner.credentials import redact_structure
 
 
 def redact(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
     """structlog processor: drop credentials from every field of the line."""
-    redacted = redact_value(dict(event_dict))
+    redacted = redact_structure(dict(event_dict))
     assert isinstance(redacted, dict)
     return redacted
 

@@ -9,32 +9,26 @@ message and the termination message:
    text is replaced by ``[REDACTED]``. Values shorter than
    :data:`MIN_SECRET_LENGTH` are not registered: replacing every ``"1"`` in a log
    would hide more than it protects.
-2. **Sensitive keys.** A mapping key that names a credential (``authorization``,
-   ``password``, ``token``, ``secret``, ``cookie``, ``api-key``, ...) has its whole
-   value replaced, whatever it is.
-3. **Shapes.** ``user:password@`` in URLs and ``Basic``/``Bearer`` credentials are
-   replaced wherever they appear, even if nobody registered them.
+2. **Credential keys.** A mapping key that names a credential (``authorization``,
+   ``password``, ``token``, ``client_secret``, ``cookie``, ``api-key``, ...) has its
+   whole value replaced, whatever it is (unless empty).
+3. **Shapes.** ``user:password@`` in URLs, ``Basic``/``Bearer`` credentials and
+   ``password=...``-style assignments are replaced wherever they appear, even if
+   nobody registered them.
+
+Nets 2 and 3 are :mod:`runner.credentials`, the definition the controller's log
+redaction shares.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
-REDACTED = "[REDACTED]"
+from runner.credentials import REDACTED, redact_structure, redact_text
+
 MIN_SECRET_LENGTH = 4
-
-_SENSITIVE_KEY = re.compile(
-    r"authorization|password|passwd|token|secret|cookie|credential|api[-_]?key|private[-_]?key",
-    re.IGNORECASE,
-)
-_URL_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s\"']+@")
-_AUTH_SCHEME = re.compile(r"\b(?P<scheme>Basic|Bearer)\s+[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
-
-
-def is_sensitive_key(key: str) -> bool:
-    return bool(_SENSITIVE_KEY.search(key))
 
 
 class Redactor:
@@ -58,27 +52,11 @@ class Redactor:
     def redact(self, text: str) -> str:
         if self._pattern is not None:
             text = self._pattern.sub(REDACTED, text)
-        text = _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
-        return _AUTH_SCHEME.sub(lambda m: f"{m.group('scheme')} {REDACTED}", text)
+        return redact_text(text)
 
     def redact_obj(self, obj: Any) -> Any:
-        """A copy of ``obj`` with strings redacted and sensitive keys' values hidden."""
-        if isinstance(obj, str):
-            return self.redact(obj)
-        if isinstance(obj, Mapping):
-            return {
-                key: (
-                    REDACTED
-                    if isinstance(key, str) and is_sensitive_key(key)
-                    else self.redact_obj(value)
-                )
-                for key, value in obj.items()
-            }
-        if isinstance(obj, list | tuple):
-            return [self.redact_obj(item) for item in obj]
-        if isinstance(obj, BaseException):
-            return self.redact(str(obj))
-        return obj
+        """A copy of ``obj`` with strings redacted and credential keys' values hidden."""
+        return redact_structure(obj, self.redact)
 
     def __call__(self, _logger: Any, _method: str, event_dict: Any) -> Any:
         """structlog processor: place it after exception formatting, before rendering."""

@@ -31,11 +31,11 @@ from controller.api import (
     check_schedule,
     describe_invalid,
     find_condition,
-    find_inline_credentials,
     run_config_warnings,
     set_condition,
 )
 from runner.contract import Batching
+from runner.credentials import find_inline_credentials
 
 pytestmark = pytest.mark.unit
 
