@@ -216,6 +216,62 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, within: float 
     raise TimeoutError(f"{url} did not answer within {within}s; log: {log}")
 
 
+def mutating_policy(
+    name: str,
+    expression: str,
+    *,
+    group: str = "",
+    resource: str = "pods",
+    namespaces: dict[str, Any] | None = None,
+    conditions: dict[str, str] | None = None,
+    reinvocation: str = "Never",
+) -> list[dict[str, Any]]:
+    """A MutatingAdmissionPolicy and its binding: apply ``expression`` to CREATEs of ``resource``.
+
+    Test stand-ins for admission webhooks (a scheduler's, Kueue's, a CNI's)
+    are all this shape. ``namespaces`` (a namespace selector) limits both the
+    policy and its binding; ``conditions`` maps matchCondition names to CEL;
+    failures reject the object (``failurePolicy: Fail``), so a stand-in that
+    does not apply cannot pass unnoticed.
+    """
+    constraints: dict[str, Any] = {}
+    if namespaces is not None:
+        constraints["namespaceSelector"] = namespaces
+    constraints["resourceRules"] = [
+        {
+            "apiGroups": [group],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE"],
+            "resources": [resource],
+        }
+    ]
+    spec: dict[str, Any] = {"matchConstraints": constraints}
+    if conditions:
+        spec["matchConditions"] = [{"name": n, "expression": e} for n, e in conditions.items()]
+    spec["failurePolicy"] = "Fail"
+    spec["reinvocationPolicy"] = reinvocation
+    spec["mutations"] = [
+        {"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": expression}}
+    ]
+    binding_spec: dict[str, Any] = {"policyName": name}
+    if namespaces is not None:
+        binding_spec["matchResources"] = {"namespaceSelector": namespaces}
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": spec,
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": binding_spec,
+        },
+    ]
+
+
 @dataclass
 class LocalCluster:
     bin_dir: Path

@@ -46,7 +46,7 @@ from typing import Any
 
 import yaml
 
-from hack.cluster import LocalCluster, free_port, spawn, stop_process, wait_http
+from hack.cluster import LocalCluster, free_port, mutating_policy, spawn, stop_process, wait_http
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO / "hack" / "kwok" / "build.sh"
@@ -289,49 +289,17 @@ def node_name_policy(name: str, instance: str, nodes: list[str]) -> list[Obj]:
     expression = (
         f"Object{{spec: Object.spec{{nodeName: {json.dumps(nodes)}[({bucket}) % {len(nodes)}]}}}}"
     )
-    policy = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingAdmissionPolicy",
-        "metadata": {"name": name},
-        "spec": {
-            "matchConstraints": {
-                "namespaceSelector": {"matchLabels": {PODS_LABEL: instance}},
-                "resourceRules": [
-                    {
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "operations": ["CREATE"],
-                        "resources": ["pods"],
-                    }
-                ],
-            },
-            "matchConditions": [
-                {
-                    "name": "unscheduled-job-pod",
-                    "expression": (
-                        "has(object.metadata.labels)"
-                        f' && "{JOB_UID_LABEL}" in object.metadata.labels'
-                        ' && (!has(object.spec.nodeName) || object.spec.nodeName == "")'
-                    ),
-                }
-            ],
-            "failurePolicy": "Fail",
-            "reinvocationPolicy": "Never",
-            "mutations": [
-                {
-                    "patchType": "ApplyConfiguration",
-                    "applyConfiguration": {"expression": expression},
-                }
-            ],
-        },
-    }
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingAdmissionPolicyBinding",
-        "metadata": {"name": name},
-        "spec": {"policyName": name},
-    }
-    return [policy, binding]
+    unscheduled_job_pod = (
+        "has(object.metadata.labels)"
+        f' && "{JOB_UID_LABEL}" in object.metadata.labels'
+        ' && (!has(object.spec.nodeName) || object.spec.nodeName == "")'
+    )
+    return mutating_policy(
+        name,
+        expression,
+        namespaces={"matchLabels": {PODS_LABEL: instance}},
+        conditions={"unscheduled-job-pod": unscheduled_job_pod},
+    )
 
 
 def fake_node(name: str, instance: str) -> Obj:

@@ -61,6 +61,7 @@ from hack.cluster import (
     User,
     ensure_binaries,
     free_port,
+    mutating_policy,
     spawn,
     stop_process,
 )
@@ -709,38 +710,7 @@ def host_network_policy(api_port: int) -> list[dict[str, Any]]:
         f" Object.spec.containers{{name: c.name, env: {env}}})"
         "}}"
     )
-    policy = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingAdmissionPolicy",
-        "metadata": {"name": "ksc-test-host-network"},
-        "spec": {
-            "matchConstraints": {
-                "resourceRules": [
-                    {
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "operations": ["CREATE"],
-                        "resources": ["pods"],
-                    }
-                ]
-            },
-            "failurePolicy": "Fail",
-            "reinvocationPolicy": "IfNeeded",
-            "mutations": [
-                {
-                    "patchType": "ApplyConfiguration",
-                    "applyConfiguration": {"expression": expression},
-                }
-            ],
-        },
-    }
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingAdmissionPolicyBinding",
-        "metadata": {"name": "ksc-test-host-network"},
-        "spec": {"policyName": "ksc-test-host-network"},
-    }
-    return [policy, binding]
+    return mutating_policy("ksc-test-host-network", expression, reinvocation="IfNeeded")
 
 
 def clean_leftovers() -> list[str]:

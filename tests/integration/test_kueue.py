@@ -24,7 +24,7 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 
-from hack.cluster import LocalCluster
+from hack.cluster import LocalCluster, mutating_policy
 from tests import chart
 from tests.controllerproc import ControllerProcess
 from tests.kubehelpers import eventually
@@ -40,50 +40,16 @@ RUNS = 5
 def kueue_webhook_stand_in(namespace: str) -> list[dict[str, Any]]:
     """A MutatingAdmissionPolicy suspending queued Jobs at CREATE, in ``namespace`` only."""
     name = f"ksc-test-kueue-{namespace}"[:253]
-    namespaces = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-    policy = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingAdmissionPolicy",
-        "metadata": {"name": name},
-        "spec": {
-            "matchConstraints": {
-                "namespaceSelector": namespaces,
-                "resourceRules": [
-                    {
-                        "apiGroups": ["batch"],
-                        "apiVersions": ["v1"],
-                        "operations": ["CREATE"],
-                        "resources": ["jobs"],
-                    }
-                ],
-            },
-            "matchConditions": [
-                {
-                    "name": "queued",
-                    "expression": (
-                        f"has(object.metadata.labels) && '{QUEUE_LABEL}' in object.metadata.labels"
-                    ),
-                }
-            ],
-            "failurePolicy": "Fail",
-            "reinvocationPolicy": "Never",
-            "mutations": [
-                {
-                    "patchType": "ApplyConfiguration",
-                    "applyConfiguration": {
-                        "expression": "Object{spec: Object.spec{suspend: true}}"
-                    },
-                }
-            ],
+    return mutating_policy(
+        name,
+        "Object{spec: Object.spec{suspend: true}}",
+        group="batch",
+        resource="jobs",
+        namespaces={"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        conditions={
+            "queued": f"has(object.metadata.labels) && '{QUEUE_LABEL}' in object.metadata.labels"
         },
-    }
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingAdmissionPolicyBinding",
-        "metadata": {"name": name},
-        "spec": {"policyName": name, "matchResources": {"namespaceSelector": namespaces}},
-    }
-    return [policy, binding]
+    )
 
 
 def probe_job(namespace: str) -> dict[str, Any]:
