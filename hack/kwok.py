@@ -72,11 +72,14 @@ def kwok_binary() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-def _pod_stage(name: str, selector: list[Obj], status: str, delay_ms: int, weight: int) -> Obj:
+def _stage(
+    kind: str, name: str, selector: list[Obj], next_: Obj, delay_ms: int = 0, weight: int = 0
+) -> Obj:
+    """A kwok Stage: objects of ``kind`` matching ``selector`` go ``next_`` after ``delay_ms``."""
     spec: Obj = {
-        "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
+        "resourceRef": {"apiGroup": "v1", "kind": kind},
         "selector": {"matchExpressions": selector},
-        "next": {"statusTemplate": status},
+        "next": next_,
     }
     if delay_ms > 0:
         spec["delay"] = {"durationMilliseconds": delay_ms}
@@ -176,38 +179,42 @@ def pod_stages(
     run_ms = int(run_seconds * 1000)
     fail_weight = round(failure_share * WEIGHT_SCALE)
     stages = [
-        _pod_stage("ksc-pod-running", pending, _RUNNING, int(pending_seconds * 1000), 0),
-        {
-            "apiVersion": "kwok.x-k8s.io/v1alpha1",
-            "kind": "Stage",
-            "metadata": {"name": "ksc-pod-delete"},
-            "spec": {
-                "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
-                "selector": {
-                    "matchExpressions": [
-                        {"key": ".metadata.deletionTimestamp", "operator": "Exists"}
-                    ]
-                },
-                "next": {"delete": True},
-            },
-        },
+        _stage(
+            "Pod",
+            "ksc-pod-running",
+            pending,
+            {"statusTemplate": _RUNNING},
+            int(pending_seconds * 1000),
+        ),
+        _stage(
+            "Pod",
+            "ksc-pod-delete",
+            [{"key": ".metadata.deletionTimestamp", "operator": "Exists"}],
+            {"delete": True},
+        ),
     ]
     if fail_weight < WEIGHT_SCALE:
         stages.append(
-            _pod_stage(
+            _stage(
+                "Pod",
                 "ksc-pod-succeeded",
                 running,
-                _terminated("Succeeded", 0, "Completed", SUCCESS_MESSAGE),
+                {"statusTemplate": _terminated("Succeeded", 0, "Completed", SUCCESS_MESSAGE)},
                 run_ms,
                 WEIGHT_SCALE - fail_weight,
             )
         )
     if fail_weight > 0:
         stages.append(
-            _pod_stage(
+            _stage(
+                "Pod",
                 "ksc-pod-failed",
                 running,
-                _terminated("Failed", FAILURE_EXIT_CODE, "Error", FAILURE_MESSAGE),
+                {
+                    "statusTemplate": _terminated(
+                        "Failed", FAILURE_EXIT_CODE, "Error", FAILURE_MESSAGE
+                    )
+                },
                 run_ms,
                 fail_weight,
             )
@@ -252,26 +259,12 @@ phase: Running
 
 def node_stages() -> list[Obj]:
     """One Stage: a new Node becomes Ready (no heartbeat after that)."""
-    return [
-        {
-            "apiVersion": "kwok.x-k8s.io/v1alpha1",
-            "kind": "Stage",
-            "metadata": {"name": "ksc-node-ready"},
-            "spec": {
-                "resourceRef": {"apiGroup": "v1", "kind": "Node"},
-                "selector": {
-                    "matchExpressions": [
-                        {
-                            "key": '.status.conditions.[] | select( .type == "Ready" ) | .status',
-                            "operator": "NotIn",
-                            "values": ["True"],
-                        }
-                    ]
-                },
-                "next": {"statusTemplate": _NODE_READY},
-            },
-        }
-    ]
+    not_ready = {
+        "key": '.status.conditions.[] | select( .type == "Ready" ) | .status',
+        "operator": "NotIn",
+        "values": ["True"],
+    }
+    return [_stage("Node", "ksc-node-ready", [not_ready], {"statusTemplate": _NODE_READY})]
 
 
 def node_name_policy(name: str, instance: str, nodes: list[str]) -> list[Obj]:
