@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from hack.commands import run_tool
+
 if TYPE_CHECKING:
     from hack.cluster import LocalCluster
 
@@ -103,18 +105,14 @@ def helm(
     }
     if kubeconfig is not None:
         env["KUBECONFIG"] = str(kubeconfig)
-    done = subprocess.run(
+    return run_tool(
         [str(helm_binary()), *args],
-        capture_output=True,
-        text=True,
+        shown=f"helm {' '.join(args)}",
+        check=check,
         env=env,
         timeout=timeout,
+        error=HelmError,
     )
-    if check and done.returncode != 0:
-        raise HelmError(
-            f"helm {' '.join(args)} failed ({done.returncode}):\n{done.stdout}{done.stderr}"
-        )
-    return done
 
 
 def _values_file(values: Mapping[str, Any], directory: Path) -> Path:

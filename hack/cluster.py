@@ -47,6 +47,7 @@ from typing import IO, Any
 
 import yaml
 
+from hack.commands import run_tool
 from hack.pki import Pki, make_pki
 
 REPO = Path(__file__).resolve().parent.parent
@@ -392,18 +393,13 @@ class LocalCluster:
         input: str | None = None,
         timeout: float = 120.0,
     ) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(
+        return run_tool(
             [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig_for(user)}", *args],
-            capture_output=True,
-            text=True,
+            shown=f"kubectl {' '.join(args)}",
+            check=check,
             input=input,
             timeout=timeout,
         )
-        if check and done.returncode != 0:
-            raise RuntimeError(
-                f"kubectl {' '.join(args)} failed ({done.returncode}):\n{done.stdout}{done.stderr}"
-            )
-        return done
 
     def audit_events(self, user: str | None = None) -> list[dict[str, Any]]:
         """Parsed audit events so far, optionally only those of one user (by kubeconfig name)."""

@@ -65,6 +65,7 @@ from hack.cluster import (
     spawn,
     stop_process,
 )
+from hack.commands import run_tool
 from hack.pki import issue
 
 NODE_DIR = REPO / "hack" / "node"
@@ -150,13 +151,7 @@ def prepare() -> Prepared:
 
 
 def _run(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 900) -> str:
-    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"{' '.join(args)} failed ({done.returncode}):\n"
-            f"{done.stdout[-3000:]}{done.stderr[-3000:]}"
-        )
-    return done.stdout
+    return run_tool(args, shown=" ".join(args), env=env, timeout=timeout, tail=3000).stdout
 
 
 @contextlib.contextmanager
