@@ -155,31 +155,26 @@ def spawn(
     cwd: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start a child that logs to ``log`` and cannot outlive this process."""
-    return _SPAWNER.submit(_spawn, args, log, env=env, cwd=cwd).result()
 
+    def start() -> subprocess.Popen[bytes]:  # on the spawner thread
+        log.parent.mkdir(parents=True, exist_ok=True)
+        out: IO[bytes] = log.open("ab")
+        try:
+            return subprocess.Popen(
+                list(args),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=cwd,
+                preexec_fn=_die_with_parent,
+                # Ctrl-C in a terminal reaches us only; we stop them in order.
+                start_new_session=True,
+            )
+        finally:
+            out.close()
 
-def _spawn(
-    args: Sequence[str],
-    log: Path,
-    *,
-    env: dict[str, str] | None = None,
-    cwd: Path | None = None,
-) -> subprocess.Popen[bytes]:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    out: IO[bytes] = log.open("ab")
-    try:
-        return subprocess.Popen(
-            list(args),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=cwd,
-            preexec_fn=_die_with_parent,
-            start_new_session=True,  # Ctrl-C in a terminal reaches us only; we stop them in order
-        )
-    finally:
-        out.close()
+    return _SPAWNER.submit(start).result()
 
 
 def stop_process(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
