@@ -26,7 +26,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from hack import chart
 from hack.cluster import LocalCluster, ensure_binaries, leftover_processes
-from tests.controllerproc import ControllerProcess, controller_for
+from tests.controllerproc import ControllerProcess, controller_for, running
 from tests.servers import model_server
 
 __all__ = ["model_server"]  # a session fixture shared by runner and end-to-end tests
@@ -171,13 +171,8 @@ def controller(
     cluster: LocalCluster, namespace: str, tmp_path: Path
 ) -> Iterator[ControllerProcess]:
     """A running controller watching this test's namespace, under the chart's RBAC."""
-    proc = controller_for(cluster, namespace, tmp_path)
-    proc.start()
-    try:
+    with running(controller_for(cluster, namespace, tmp_path)) as proc:
         yield proc
-    finally:
-        code = proc.stop()
-        assert code == 0, f"controller exited {code} on SIGTERM:\n{proc.output()[-5000:]}"
 
 
 @pytest.fixture
@@ -185,10 +180,6 @@ def probing_controller(
     cluster: LocalCluster, namespace: str, tmp_path: Path
 ) -> Iterator[ControllerProcess]:
     """The ``controller`` fixture with config probes on (elsewhere they are off)."""
-    proc = controller_for(cluster, namespace, tmp_path, env={"PROBE_INTERVAL": "1h"})
-    proc.start()
-    try:
+    env = {"PROBE_INTERVAL": "1h"}
+    with running(controller_for(cluster, namespace, tmp_path, env=env)) as proc:
         yield proc
-    finally:
-        code = proc.stop()
-        assert code == 0, f"controller exited {code} on SIGTERM:\n{proc.output()[-5000:]}"

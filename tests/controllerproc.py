@@ -8,11 +8,13 @@ controller ServiceAccount, so any permission the chart forgot fails here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,6 +102,20 @@ class ControllerProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
+
+
+@contextlib.contextmanager
+def running(proc: ControllerProcess) -> Iterator[ControllerProcess]:
+    """``proc`` started for the ``with`` block, then stopped with SIGTERM.
+
+    It must exit 0 then: a controller that cannot shut down cleanly fails the test.
+    """
+    proc.start()
+    try:
+        yield proc
+    finally:
+        code = proc.stop()
+        assert code == 0, f"controller exited {code} on SIGTERM:\n{proc.output()[-5000:]}"
 
 
 def controller_for(

@@ -27,7 +27,7 @@ from controller.server import start_servers
 from hack.cluster import LocalCluster
 from tests import chart
 from tests.chart import chart_metric_names, render, scraped_metric_names
-from tests.controllerproc import ControllerProcess, controller_for
+from tests.controllerproc import ControllerProcess, controller_for, running
 from tests.kubehelpers import eventually
 from tests.runs import Runs, inference_config, inference_run
 
@@ -408,12 +408,8 @@ async def test_every_alert_fires_when_it_should_on_series_of_a_live_scrape(
 ) -> None:
     binary = require_promtool()
     env = {"LEADER_ELECT": "true" if election else "false", "LEASE_NAME": LEASE}
-    proc = controller_for(cluster, namespace, tmp_path, env=env)
-    proc.start()
-    try:
+    with running(controller_for(cluster, namespace, tmp_path, env=env)) as proc:
         page = await live_page(api_client, namespace, proc, election=election)
-    finally:
-        assert proc.stop() == 0, proc.output()[-5000:]
     scrape = Scrape(page)
     # The dashboard's variables list label values of samples, not of declared
     # families: with no sample they come up empty and so does every panel.

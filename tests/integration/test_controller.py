@@ -17,7 +17,7 @@ from kubernetes_asyncio import client
 
 from hack.cluster import LocalCluster
 from tests import chart
-from tests.controllerproc import ControllerProcess, controller_for
+from tests.controllerproc import ControllerProcess, controller_for, running
 from tests.kubehelpers import eventually
 from tests.runs import Runs, condition, inference_config, inference_run, status
 
@@ -436,9 +436,7 @@ def _reconciles(proc: ControllerProcess) -> float:
 async def test_missing_permission_is_reported_not_looped(
     api_client: client.ApiClient, namespace: str, cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    proc = controller_for(cluster, namespace, tmp_path, omit=(("jobs", "create"),))
-    proc.start()
-    try:
+    with running(controller_for(cluster, namespace, tmp_path, omit=(("jobs", "create"),))):
         runs = Runs(api_client, namespace)
         await runs.create(inference_config("cfg", OK))
         await runs.create(inference_run("r", "cfg"))
@@ -454,8 +452,6 @@ async def test_missing_permission_is_reported_not_looped(
             and (e.get("objectRef") or {}).get("namespace") == namespace
         ]
         assert 1 <= len(creates) <= 3, f"{len(creates)} Job creates in 5 s: a hot loop"
-    finally:
-        assert proc.stop() == 0
 
 
 def test_bad_settings_exit_with_a_clear_message() -> None:

@@ -13,7 +13,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from hack.cluster import LocalCluster
-from tests.controllerproc import ControllerProcess, controller_for
+from tests.controllerproc import ControllerProcess, controller_for, running
 from tests.kubehelpers import eventually
 from tests.runs import Runs, condition, inference_config, inference_run, status
 
@@ -68,15 +68,9 @@ def priority_class(cluster: LocalCluster, namespace: str) -> Iterator[str]:
 def shaping_controller(
     cluster: LocalCluster, namespace: str, tmp_path: Path
 ) -> Iterator[ControllerProcess]:
-    proc = controller_for(
-        cluster, namespace, tmp_path, env={"RUNNER_POD_DEFAULTS": json.dumps(DEFAULTS)}
-    )
-    proc.start()
-    try:
+    env = {"RUNNER_POD_DEFAULTS": json.dumps(DEFAULTS)}
+    with running(controller_for(cluster, namespace, tmp_path, env=env)) as proc:
         yield proc
-    finally:
-        code = proc.stop()
-        assert code == 0, f"controller exited {code} on SIGTERM:\n{proc.output()[-5000:]}"
 
 
 def _check_pod_shape(meta: Any, spec: Any, priority_class: str) -> None:

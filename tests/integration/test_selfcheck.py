@@ -30,7 +30,7 @@ import yaml
 
 from hack.cluster import LocalCluster, free_port
 from tests import chart
-from tests.controllerproc import REPO, ControllerProcess, controller_for
+from tests.controllerproc import REPO, ControllerProcess, controller_for, running
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -115,16 +115,13 @@ def test_passes_with_a_leader_and_fails_before_one_and_after_it_released_the_lea
     assert len(lines) == 4, lines
     assert lines[3].startswith(f"FAIL: {lease} does not exist: no replica has ever"), lines
 
-    proc.start()
-    try:
+    with running(proc):
         holder = wait_for_holder(cluster, namespace)
         code, lines = check_lines(proc)
         assert code == 0, lines
         assert_api_and_crds_pass(lines, namespace)
         assert lines[3].startswith(f"ok: {lease} is held by {holder}, renewed "), lines
         assert lines[3].endswith("(within its 6s)"), lines
-    finally:
-        assert proc.stop() == 0, proc.output()[-5000:]
 
     # A graceful stop releases the Lease: nobody leads now.
     code, lines = check_lines(proc)
