@@ -147,6 +147,20 @@ def endpoint_secret(storage_port: int) -> dict[str, Any]:
     }
 
 
+def apply_and_complete(
+    cluster: LocalCluster, manifests: list[dict[str, Any]], timeout: str
+) -> None:
+    """Apply the demo's manifests (showing kubectl's answer); wait until its run is Complete."""
+    applied = cluster.kubectl(
+        "apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump_all(manifests)
+    )
+    print(applied.stdout)
+    cluster.kubectl(
+        "wait", "-n", NAMESPACE, "--for=condition=Complete", "infrun/iris-once",
+        f"--timeout={timeout}",
+    )  # fmt: skip
+
+
 def run_demo(cluster: LocalCluster, workdir: Path, keep: bool) -> None:
     kubectl = cluster.kubectl
     with demo_servers(workdir) as servers:
@@ -175,16 +189,7 @@ def run_demo(cluster: LocalCluster, workdir: Path, keep: bool) -> None:
         try:
             wait_http(f"http://127.0.0.1:{env['HEALTH_PORT']}/readyz", controller, controller_log)
             step("kubectl apply -f examples/iris-oneshot.yaml (model URL pointed at loopback)")
-            manifests = demo_manifests(model_port)
-            print(
-                kubectl(
-                    "apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump_all(manifests)
-                ).stdout
-            )
-            kubectl(
-                "wait", "-n", NAMESPACE, "--for=condition=Complete", "infrun/iris-once",
-                "--timeout=180s",
-            )  # fmt: skip
+            apply_and_complete(cluster, demo_manifests(model_port), timeout="180s")
             step("kubectl get infrun")
             print(kubectl("get", "infrun", "-n", NAMESPACE, "-o", "wide").stdout)
             # The config's live probe (a short Job running the runner's --check)

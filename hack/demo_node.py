@@ -26,6 +26,7 @@ from hack.demo import (
     NAMESPACE,
     SECRET,
     SECRET_NAMESPACE,
+    apply_and_complete,
     demo_manifests,
     demo_servers,
     endpoint_secret,
@@ -81,13 +82,7 @@ def run_node_demo(real: RealCluster, workdir: Path, keep: bool) -> None:
             if doc["kind"] == "InferenceConfig":
                 doc["spec"]["image"] = RUNNER_IMAGE
                 doc["spec"]["imagePullPolicy"] = "Never"
-        print(
-            kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump_all(manifests)).stdout
-        )
-        kubectl(
-            "wait", "-n", NAMESPACE, "--for=condition=Complete", "infrun/iris-once",
-            "--timeout=300s",
-        )  # fmt: skip
+        apply_and_complete(real.cluster, manifests, timeout="300s")
         step("kubectl get infrun,jobs,pods")
         print(kubectl("get", "infrun,jobs,pods", "-n", NAMESPACE, "-o", "wide").stdout)
         step("kubectl logs job/<the run's Job> (the runner in its container)")
