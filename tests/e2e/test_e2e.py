@@ -10,11 +10,8 @@ finops-database-handler look-alike serve on loopback.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,105 +21,10 @@ from hack.cluster import LocalCluster
 from hack.model_server import ttm_forecast
 from hack.storage_service import StorageService
 from tests import chart
-from tests.controllerproc import ControllerProcess
+from tests.e2e.conftest import E2E, PASSWORD, iris_config, iris_run, krateo
 from tests.kubehelpers import eventually
-from tests.runs import Runs, condition, status
-from tests.servers import ModelServer, free_port
-
-RUNNER_IMAGE = "ghcr.io/krateoplatformops/kserve-krateo-runner:0.1.0"
-SECRET = "finops-database-handler-endpoint"
-USER, PASSWORD = "finops", "e2e-storage-pw-91c2"
-
-
-@pytest.fixture
-async def storage(tmp_path: Path) -> AsyncIterator[StorageService]:
-    service = StorageService(tmp_path / "storage.sqlite", USER, PASSWORD)
-    await service.start()
-    try:
-        yield service
-    finally:
-        await service.stop()
-
-
-async def endpoint_secret(api: client.ApiClient, namespace: str, url: str) -> None:
-    def b64(text: str) -> str:
-        return base64.b64encode(text.encode()).decode()
-
-    await client.CoreV1Api(api).create_namespaced_secret(
-        namespace,
-        {
-            "metadata": {"name": SECRET},
-            "data": {"server-url": b64(url), "username": b64(USER), "password": b64(PASSWORD)},
-        },
-    )
-
-
-def krateo(path: str, secret: str = SECRET, namespace: str | None = None) -> dict[str, Any]:
-    ref: dict[str, str] = {"name": secret}
-    if namespace:
-        ref["namespace"] = namespace
-    return {
-        "krateo": {
-            "api": {
-                "endpointRef": ref,
-                "path": path,
-                "verb": "POST",
-                "headers": ["Accept: application/json", "Content-Type: application/json"],
-            }
-        }
-    }
-
-
-def iris_config(
-    name: str, model_url: str, *, policy: str = "None", secret: str = SECRET, **spec: Any
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "ai.krateo.io/v1",
-        "kind": "InferenceConfig",
-        "metadata": {"name": name},
-        "spec": {
-            "image": RUNNER_IMAGE,
-            "autoDeletePolicy": policy,
-            "kserve": {
-                "modelName": "sklearn-iris",
-                "modelUrl": model_url,
-                "modelVersion": "v2",
-                "modelInputName": "input-0",
-            },
-            "storage": {
-                "input": krateo("/compute/sklearninput", secret),
-                "output": krateo("/compute/sklearnoutput", secret),
-            },
-            **spec,
-        },
-    }
-
-
-def iris_run(name: str, config: str, output: str = "predictions", **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "ai.krateo.io/v1",
-        "kind": "InferenceRun",
-        "metadata": {"name": name},
-        "spec": {
-            "configRef": {"name": config},
-            "timeoutSeconds": 120,
-            "parameters": {"input_table_name": "iris", "output_table_name": output},
-            **spec,
-        },
-    }
-
-
-def model_url(model_server: ModelServer, model: str = "sklearn-iris") -> str:
-    # No scheme, like upstream's examples: the runner adds http://.
-    return model_server.infer_url(model).removeprefix("http://")
-
-
-@pytest.fixture
-async def iris(
-    api_client: client.ApiClient, namespace: str, storage: StorageService
-) -> list[list[float]]:
-    await endpoint_secret(api_client, namespace, storage.url)
-    return storage.seed_iris("iris")
+from tests.runs import condition, status
+from tests.servers import free_port
 
 
 def table_exists(storage: StorageService, table: str) -> bool:
@@ -133,26 +35,22 @@ def table_exists(storage: StorageService, table: str) -> bool:
     return found is not None
 
 
-async def runner_pod_uids(api: client.ApiClient, namespace: str, run_uid: str) -> set[str]:
-    pods = await client.CoreV1Api(api).list_namespaced_pod(
-        namespace, label_selector=f"ai.krateo.io/run-uid={run_uid}"
+async def runner_pod_uids(e2e: E2E, run_uid: str) -> set[str]:
+    pods = await client.CoreV1Api(e2e.api).list_namespaced_pod(
+        e2e.namespace, label_selector=f"ai.krateo.io/run-uid={run_uid}"
     )
     return {p.metadata.uid for p in pods.items}
 
 
+@pytest.mark.usefixtures("controller")
 async def test_iris_one_shot_stores_one_prediction_per_row(
-    api_client: client.ApiClient,
-    namespace: str,
-    controller: ControllerProcess,
-    cluster: LocalCluster,
-    model_server: ModelServer,
-    storage: StorageService,
-    iris: list[list[float]],
+    e2e: E2E, cluster: LocalCluster, iris: list[list[float]]
 ) -> None:
-    runs = Runs(api_client, namespace)
-    await runs.create(iris_config("iris-config", model_url(model_server)))
-    created = await runs.create(iris_run("iris-run", "iris-config"))
-    done = await runs.wait_phase("iris-run", "Succeeded", within=90)
+    done = await e2e.finish(
+        iris_config("iris-config", e2e.model_url()),
+        iris_run("iris-run", "iris-config"),
+        "Succeeded",
+    )
     st = status(done)
     assert st["result"]["rows"] == len(iris) == 150
     assert st["result"]["predictions"] == 150
@@ -160,39 +58,31 @@ async def test_iris_one_shot_stores_one_prediction_per_row(
     assert st["completionTime"]
     assert condition(done, "Complete")["status"] == "True"  # type: ignore[index]
     waited = cluster.kubectl(
-        "wait", "-n", namespace, "--for=condition=Complete", "infrun/iris-run", "--timeout=5s"
+        "wait", "-n", e2e.namespace, "--for=condition=Complete", "infrun/iris-run", "--timeout=5s"
     )
     assert waited.returncode == 0
 
-    stored = storage.predictions("predictions")
+    stored = e2e.storage.predictions("predictions")
     assert len(stored) == 150
-    pod_uids = await runner_pod_uids(api_client, namespace, created["metadata"]["uid"])
+    pod_uids = await runner_pod_uids(e2e, done["metadata"]["uid"])
     assert {(job, pod) for job, pod, _, _ in stored} == {
-        (created["metadata"]["uid"], next(iter(pod_uids)))
+        (done["metadata"]["uid"], next(iter(pod_uids)))
     }
     assert sorted(counter for *_, counter in stored) == list(range(150))
     # The decision tree learned iris: three classes, in the data's order.
     assert {value for _, _, value, _ in stored} == {0.0, 1.0, 2.0}
 
 
-async def test_ttm_shaped_run_through_the_same_runner_image(
-    api_client: client.ApiClient,
-    namespace: str,
-    controller: ControllerProcess,
-    model_server: ModelServer,
-    storage: StorageService,
-) -> None:
-    await endpoint_secret(api_client, namespace, storage.url)
+@pytest.mark.usefixtures("controller")
+async def test_ttm_shaped_run_through_the_same_runner_image(e2e: E2E) -> None:
     points = [("vm-1", float(i % 23), 60.0 * i) for i in range(520)]
-    storage.seed_series("usage", "average", "resourceid", points)
-    config = iris_config("ttm-config", model_url(model_server, "ttm"))
-    config["spec"]["kserve"] = {"modelName": "ttm", "modelUrl": model_url(model_server, "ttm")}
+    e2e.storage.seed_series("usage", "average", "resourceid", points)
+    config = iris_config("ttm-config", e2e.model_url("ttm"))
+    config["spec"]["kserve"] = {"modelName": "ttm", "modelUrl": e2e.model_url("ttm")}
     config["spec"]["storage"] = {
         "input": krateo("/compute/tritoninput"),
         "output": krateo("/compute/tritonoutput"),
     }
-    runs = Runs(api_client, namespace)
-    await runs.create(config)
     run = iris_run("ttm-run", "ttm-config")
     run["spec"]["parameters"] = {
         "input_table_name": "usage",
@@ -202,25 +92,18 @@ async def test_ttm_shaped_run_through_the_same_runner_image(
         "key_value": "vm-1",
         "output_table_name": "forecast",
     }
-    await runs.create(run)
-    done = await runs.wait_phase("ttm-run", "Succeeded", within=90)
+    done = await e2e.finish(config, run, "Succeeded")
     assert status(done)["result"]["predictions"] == 96
     series = [float(i % 23) for i in range(520)][-512:]
     expected = [float(v) for v in ttm_forecast([series]).ravel()]
-    assert [v for _, _, v, _ in storage.predictions("forecast")] == pytest.approx(expected)
+    assert [v for _, _, v, _ in e2e.storage.predictions("forecast")] == pytest.approx(expected)
 
 
 @pytest.mark.timeout(240)
-async def test_iris_scheduled_executions_and_suspend(
-    api_client: client.ApiClient,
-    namespace: str,
-    controller: ControllerProcess,
-    model_server: ModelServer,
-    storage: StorageService,
-    iris: list[list[float]],
-) -> None:
-    runs = Runs(api_client, namespace)
-    await runs.create(iris_config("iris-config", model_url(model_server)))
+@pytest.mark.usefixtures("controller", "iris")
+async def test_iris_scheduled_executions_and_suspend(e2e: E2E) -> None:
+    runs = e2e.runs
+    await runs.create(iris_config("iris-config", e2e.model_url()))
     created = await runs.create(iris_run("hourly", "iris-config", schedule="* * * * *"))
     executed = await runs.wait(
         "hourly",
@@ -231,7 +114,7 @@ async def test_iris_scheduled_executions_and_suspend(
     st = status(executed)
     assert st["lastScheduleTime"]
     assert st["result"]["predictions"] == 150
-    stored = storage.predictions("predictions")
+    stored = e2e.storage.predictions("predictions")
     pods = {pod for _, pod, _, _ in stored}
     assert pods  # each execution stores under its own pod_uid
     assert len(stored) == 150 * len(pods)
@@ -239,32 +122,26 @@ async def test_iris_scheduled_executions_and_suspend(
 
     await runs.patch("hourly", {"spec": {"suspend": True}})
     await runs.wait_phase("hourly", "Suspended", within=20)
-    batch = client.BatchV1Api(api_client)
-    before = len((await batch.list_namespaced_job(namespace)).items)
+    batch = client.BatchV1Api(e2e.api)
+    before = len((await batch.list_namespaced_job(e2e.namespace)).items)
     await asyncio.sleep(65)  # a full minute boundary passes while suspended
-    after = len((await batch.list_namespaced_job(namespace)).items)
+    after = len((await batch.list_namespaced_job(e2e.namespace)).items)
     assert after <= before
 
 
-async def test_auto_delete_on_success_removes_everything(
-    api_client: client.ApiClient,
-    namespace: str,
-    controller: ControllerProcess,
-    model_server: ModelServer,
-    storage: StorageService,
-    iris: list[list[float]],
-) -> None:
-    runs = Runs(api_client, namespace)
-    await runs.create(iris_config("cfg", model_url(model_server), policy="DeleteOnSuccess"))
-    created = await runs.create(iris_run("gone", "cfg"))
-    await runs.wait_gone("gone", within=90)
-    assert len(storage.predictions("predictions")) == 150
+@pytest.mark.usefixtures("controller", "iris")
+async def test_auto_delete_on_success_removes_everything(e2e: E2E) -> None:
+    await e2e.runs.create(iris_config("cfg", e2e.model_url(), policy="DeleteOnSuccess"))
+    created = await e2e.runs.create(iris_run("gone", "cfg"))
+    await e2e.runs.wait_gone("gone", within=90)
+    assert len(e2e.storage.predictions("predictions")) == 150
 
     async def no_children() -> bool:
-        return not await runner_pod_uids(api_client, namespace, created["metadata"]["uid"]) and (
+        uid = created["metadata"]["uid"]
+        return not await runner_pod_uids(e2e, uid) and (
             not (
-                await client.BatchV1Api(api_client).list_namespaced_job(
-                    namespace, label_selector=f"ai.krateo.io/run-uid={created['metadata']['uid']}"
+                await client.BatchV1Api(e2e.api).list_namespaced_job(
+                    e2e.namespace, label_selector=f"ai.krateo.io/run-uid={uid}"
                 )
             ).items
         )
@@ -272,14 +149,8 @@ async def test_auto_delete_on_success_removes_everything(
     await eventually(no_children, within=60, what="Job and pods of the deleted run gone")
 
 
-async def test_model_down_fails_with_the_runner_message_and_an_event(
-    api_client: client.ApiClient,
-    namespace: str,
-    controller: ControllerProcess,
-    storage: StorageService,
-    iris: list[list[float]],
-) -> None:
-    runs = Runs(api_client, namespace)
+@pytest.mark.usefixtures("controller", "iris")
+async def test_model_down_fails_with_the_runner_message_and_an_event(e2e: E2E) -> None:
     closed = f"127.0.0.1:{free_port()}/v2/models/sklearn-iris/infer"
     config = iris_config(
         "cfg",
@@ -287,18 +158,16 @@ async def test_model_down_fails_with_the_runner_message_and_an_event(
         policy="DeleteOnSuccess",  # a failed run is kept
         batching={"maxRetries": 1, "requestTimeoutSeconds": 2},
     )
-    await runs.create(config)
-    await runs.create(iris_run("down", "cfg", backoffLimit=0))
-    failed = await runs.wait_phase("down", "Failed", within=90)
+    failed = await e2e.finish(config, iris_run("down", "cfg", backoffLimit=0), "Failed")
     st = status(failed)
     assert st["reason"] == "InferenceFailed"
     assert st["message"].startswith("runner exited with code 4: ")
     assert "127.0.0.1" in st["message"]
-    assert not table_exists(storage, "predictions")
+    assert not table_exists(e2e.storage, "predictions")
 
     async def warning() -> list[Any] | None:
-        events = await client.CoreV1Api(api_client).list_namespaced_event(
-            namespace, field_selector="involvedObject.name=down,type=Warning"
+        events = await client.CoreV1Api(e2e.api).list_namespaced_event(
+            e2e.namespace, field_selector="involvedObject.name=down,type=Warning"
         )
         return [e for e in events.items if e.reason == "InferenceFailed"] or None
 
@@ -306,71 +175,46 @@ async def test_model_down_fails_with_the_runner_message_and_an_event(
     assert "runner exited with code 4" in event.message
 
 
-async def test_storage_200_with_error_is_a_failure(
-    api_client: client.ApiClient,
-    namespace: str,
-    controller: ControllerProcess,
-    model_server: ModelServer,
-    storage: StorageService,
-    iris: list[list[float]],
-) -> None:
-    runs = Runs(api_client, namespace)
-    await runs.create(iris_config("cfg", model_url(model_server)))
+@pytest.mark.usefixtures("controller", "iris")
+async def test_storage_200_with_error_is_a_failure(e2e: E2E) -> None:
     # The output notebook fails on this table name; the handler still answers 200.
-    await runs.create(iris_run("lost", "cfg", output="bad name;", backoffLimit=0))
-    failed = await runs.wait_phase("lost", "Failed", within=90)
+    run = iris_run("lost", "cfg", output="bad name;", backoffLimit=0)
+    failed = await e2e.finish(iris_config("cfg", e2e.model_url()), run, "Failed")
     # The storage answered the write with an error text: no retry can fix that.
     assert status(failed)["reason"] == "OutputRejected"
     assert "runner exited with code 8" in status(failed)["message"]
 
 
-async def test_bad_secret_reference_fails_clearly(
-    api_client: client.ApiClient,
-    namespace: str,
-    controller: ControllerProcess,
-    model_server: ModelServer,
-    storage: StorageService,
-    iris: list[list[float]],
-) -> None:
-    runs = Runs(api_client, namespace)
-    await runs.create(iris_config("cfg", model_url(model_server), secret="no-such-secret"))
-    await runs.create(iris_run("nosecret", "cfg", backoffLimit=0))
-    failed = await runs.wait_phase("nosecret", "Failed", within=90)
+@pytest.mark.usefixtures("controller", "iris")
+async def test_bad_secret_reference_fails_clearly(e2e: E2E) -> None:
+    config = iris_config("cfg", e2e.model_url(), secret="no-such-secret")
+    failed = await e2e.finish(config, iris_run("nosecret", "cfg", backoffLimit=0), "Failed")
     st = status(failed)
     assert st["reason"] == "InputFailed"
     assert "no-such-secret" in st["message"]
     assert PASSWORD not in json.dumps(failed)
 
 
-async def test_timeout_is_deadline_exceeded(
-    api_client: client.ApiClient,
-    namespace: str,
-    controller: ControllerProcess,
-    model_server: ModelServer,
-    storage: StorageService,
-    iris: list[list[float]],
-) -> None:
-    runs = Runs(api_client, namespace)
-    await runs.create(iris_config("cfg", model_url(model_server)))
-    await runs.create(iris_run("late", "cfg", timeoutSeconds=1))
-    failed = await runs.wait_phase("late", "Failed", within=60)
+@pytest.mark.usefixtures("controller", "iris")
+async def test_timeout_is_deadline_exceeded(e2e: E2E) -> None:
+    run = iris_run("late", "cfg", timeoutSeconds=1)
+    failed = await e2e.finish(iris_config("cfg", e2e.model_url()), run, "Failed", within=60)
     assert status(failed)["reason"] == "DeadlineExceeded"
 
 
+@pytest.mark.usefixtures("controller")
 async def test_runner_service_account_reads_secrets_but_cannot_list_them(
-    cluster: LocalCluster, namespace: str, controller: ControllerProcess
+    cluster: LocalCluster, namespace: str
 ) -> None:
     sa = f"system:serviceaccount:{namespace}:{chart.RUNNER_SERVICE_ACCOUNT}"
-    can = cluster.kubectl(
-        "auth", "can-i", "get", "secrets", "-n", namespace, "--as", sa, check=False
-    )
-    assert can.stdout.strip() == "yes"
-    for verb in ("list", "watch"):
-        cannot = cluster.kubectl(
-            "auth", "can-i", verb, "secrets", "-n", namespace, "--as", sa, check=False
+
+    def can_i(verb: str, in_namespace: str) -> str:
+        answer = cluster.kubectl(
+            "auth", "can-i", verb, "secrets", "-n", in_namespace, "--as", sa, check=False
         )
-        assert cannot.stdout.strip() == "no"
-    other = cluster.kubectl(
-        "auth", "can-i", "get", "secrets", "-n", "default", "--as", sa, check=False
-    )
-    assert other.stdout.strip() == "no"
+        return str(answer.stdout.strip())
+
+    assert can_i("get", namespace) == "yes"
+    for verb in ("list", "watch"):
+        assert can_i(verb, namespace) == "no"
+    assert can_i("get", "default") == "no"
