@@ -305,27 +305,4 @@ def service_account_kubeconfig(
         "create", "token", name, "-n", namespace, f"--duration={duration}"
     ).stdout.strip()
     user = f"system:serviceaccount:{namespace}:{name}"
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "local",
-                "cluster": {
-                    "server": cluster.server,
-                    "certificate-authority": str(cluster.ca_path),
-                },
-            }
-        ],
-        "users": [{"name": user, "user": {"token": token}}],
-        "contexts": [
-            {
-                "name": "sa",
-                "context": {"cluster": "local", "user": user, "namespace": namespace},
-            }
-        ],
-        "current-context": "sa",
-    }
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
+    return cluster.write_token_kubeconfig(path, user, token, context="sa", namespace=namespace)

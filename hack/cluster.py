@@ -441,26 +441,34 @@ class LocalCluster:
 
     def _write_kubeconfig(self, key: str) -> None:
         user = self.users[key]
-        assert self.pki is not None
+        self.write_token_kubeconfig(self.kubeconfig_for(key), user.name, user.token, context=key)
+
+    def write_token_kubeconfig(
+        self, path: Path, user: str, token: str, *, context: str, namespace: str | None = None
+    ) -> Path:
+        """Write a kubeconfig (mode 0600) for this API server, as ``user`` with bearer ``token``.
+
+        ``context`` names its one context; ``namespace``, when given, is its default namespace.
+        """
+        target: dict[str, str] = {"cluster": "local", "user": user}
+        if namespace is not None:
+            target["namespace"] = namespace
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [
                 {
                     "name": "local",
-                    "cluster": {
-                        "server": self.server,
-                        "certificate-authority": str(self.pki.ca_cert),
-                    },
+                    "cluster": {"server": self.server, "certificate-authority": str(self.ca_path)},
                 }
             ],
-            "users": [{"name": user.name, "user": {"token": user.token}}],
-            "contexts": [{"name": key, "context": {"cluster": "local", "user": user.name}}],
-            "current-context": key,
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": context, "context": target}],
+            "current-context": context,
         }
-        path = self.kubeconfig_for(key)
         path.write_text(yaml.safe_dump(config))
         path.chmod(0o600)
+        return path
 
     def _start_etcd(self, peer_port: int) -> None:
         client = f"http://127.0.0.1:{self.etcd_port}"
