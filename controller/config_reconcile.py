@@ -17,9 +17,10 @@ import structlog
 from pydantic import ValidationError
 
 from controller.api import InferenceConfig, ModelCache, RunnerPodDefaults, describe_invalid
-from controller.kube.client import CONFIGMAPS, JOBS, ApiError, Obj, Resource
+from controller.kube.errors import ApiError
 from controller.kube.events import EventRecorder
 from controller.kube.informer import Informer
+from controller.kube.resources import CONFIGMAPS, JOBS, Obj, Resource
 from controller.kube.workers import Result
 from controller.naming import CONFIG_UID_LABEL
 from controller.probe import ConfigView, plan_config

@@ -40,10 +40,11 @@ import structlog
 
 from controller.api import Phase
 from controller.config_reconcile import BY_CONFIG_UID, ConfigReconciler, config_uid_index
-from controller.kube.client import CONFIGMAPS, CRONJOBS, JOBS, PODS, KubeClient, Obj
+from controller.kube.client import KubeClient
 from controller.kube.events import EventRecorder
 from controller.kube.informer import Informer, OnAdd, OnDelete, OnUpdate, object_key
 from controller.kube.leaderelection import LeaderElector, make_identity
+from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS, PODS, Obj
 from controller.kube.workers import Workers
 from controller.kube.workqueue import WorkQueue, default_rate_limiter
 from controller.metrics import Metrics

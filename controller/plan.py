@@ -53,7 +53,7 @@ from controller.api import (
     run_config_warnings,
     set_condition,
 )
-from controller.kube.client import CONFIGMAPS, CRONJOBS, JOBS, Obj, Resource
+from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS, Obj, Resource
 from controller.naming import DESIRED_HASH_ANNOTATION, RUN_SPEC_HASH_ANNOTATION
 from controller.render import (
     child_name,

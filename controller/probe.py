@@ -37,7 +37,7 @@ from controller.api import (
     find_condition,
     set_condition,
 )
-from controller.kube.client import Obj
+from controller.kube.resources import Obj
 from controller.naming import probe_name
 from controller.plan import Event
 from controller.render import CONTAINER_NAME, desired_probe

@@ -49,7 +49,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from controller.kube.client import Obj
+from controller.kube.resources import Obj
 from controller.naming import (
     CONFIG_UID_LABEL,
     DESIRED_HASH_ANNOTATION,

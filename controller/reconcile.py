@@ -59,17 +59,10 @@ from controller.api import (
     describe_invalid,
     set_condition,
 )
-from controller.kube.client import (
-    CONFIGMAPS,
-    CRONJOBS,
-    EVENTS,
-    JOBS,
-    ApiError,
-    Obj,
-    Resource,
-)
+from controller.kube.errors import ApiError
 from controller.kube.events import EventRecorder
 from controller.kube.informer import Informer
+from controller.kube.resources import CONFIGMAPS, CRONJOBS, EVENTS, JOBS, Obj, Resource
 from controller.kube.workers import Result
 from controller.logging import bound
 from controller.metrics import Metrics

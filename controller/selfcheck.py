@@ -38,7 +38,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from controller.api import CONFIG_KIND, CONFIG_PLURAL, GROUP, RUN_KIND, RUN_PLURAL, VERSION
-from controller.kube.client import LEASES, ApiError, NotFound, Resource, TransportError
+from controller.kube.errors import ApiError, NotFound, TransportError
+from controller.kube.resources import LEASES, Resource
 
 if TYPE_CHECKING:
     from controller.kube.client import KubeClient

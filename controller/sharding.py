@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 from controller.kube.informer import Transform
 
 if TYPE_CHECKING:
-    from controller.kube.client import Obj
+    from controller.kube.resources import Obj
     from controller.settings import Settings
 
 # A bound on SHARD_COUNT: far beyond any sensible count, short of a typo's.

@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
-from controller.kube.client import EVENTS, ApiError
+from controller.kube.errors import ApiError
+from controller.kube.resources import EVENTS
 
 if TYPE_CHECKING:
     from controller.kube.client import KubeClient

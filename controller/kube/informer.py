@@ -70,7 +70,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from controller.kube.client import ApiError, Obj, Resource, TransportError
+from controller.kube.errors import ApiError, TransportError
+from controller.kube.resources import Obj, Resource
 from controller.metrics import labelled
 
 if TYPE_CHECKING:

@@ -56,7 +56,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from controller.kube.client import LEASES, ApiError, Obj, Resource
+from controller.kube.errors import ApiError
+from controller.kube.resources import LEASES, Obj, Resource
 
 if TYPE_CHECKING:
     from controller.kube.client import KubeClient

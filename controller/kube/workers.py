@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from controller.kube.client import ApiError
+from controller.kube.errors import ApiError
 from controller.kube.workqueue import ShutDown, WorkQueue
 from controller.logging import bound
 from controller.metrics import labelled

@@ -10,18 +10,17 @@ from urllib.parse import urlparse
 
 import pytest
 
-from controller.kube.client import (
-    CONFIGMAPS,
-    NAMESPACES,
-    PODS,
+from controller.kube.client import KubeClient
+from controller.kube.errors import (
     AlreadyExists,
     Conflict,
     Forbidden,
     Invalid,
-    KubeClient,
     NotFound,
     TransportError,
 )
+from controller.kube.resources import CONFIGMAPS, NAMESPACES, PODS
+from controller.kube.transport import load_configuration
 from controller.metrics import Metrics
 from hack.cluster import LocalCluster
 from tests.kubehelpers import eventually
@@ -166,21 +165,21 @@ async def test_a_budget_of_its_own_shares_the_connection_not_the_tokens(
     ) as kube:
         events = kube.with_budget(qps=0.001, burst=2)
         await kube.list(CONFIGMAPS, namespace)
-        assert not kube._limiter.has_capacity()  # the main budget is spent...
+        assert not kube.transport.limiter.has_capacity()  # the main budget is spent...
         for _ in range(2):  # ...and the other one still answers at once
-            assert events._limiter.has_capacity()
+            assert events.transport.limiter.has_capacity()
             await events.list(CONFIGMAPS, namespace)
-        assert not events._limiter.has_capacity()
-        assert events._session_for_request() is kube._session_for_request()
-    assert kube._connection.session is None  # closing one closed the shared pool
+        assert not events.transport.limiter.has_capacity()
+        assert events.transport.session() is kube.transport.session()
+    assert kube.transport.connection.session is None  # closing one closed the shared pool
     with pytest.raises(ValueError, match="qps > 0"):
         kube.with_budget(qps=0, burst=1)
 
 
 async def test_no_server_is_a_transport_error(cluster: LocalCluster) -> None:
-    kube = await KubeClient.connect(kubeconfig=str(cluster.kubeconfig))
-    kube.host = "https://127.0.0.1:1"
-    async with kube:
+    configuration = await load_configuration(kubeconfig=str(cluster.kubeconfig))
+    configuration.host = "https://127.0.0.1:1"
+    async with KubeClient(configuration) as kube:
         with pytest.raises(TransportError) as error:
             await kube.list(CONFIGMAPS, "default")
     assert error.value.status == 0

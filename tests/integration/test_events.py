@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from controller.kube.client import CONFIGMAPS, EVENTS, KubeClient
+from controller.kube.client import KubeClient
 from controller.kube.events import EventRecorder
+from controller.kube.resources import CONFIGMAPS, EVENTS
 from hack.cluster import LocalCluster
 from tests.kubehelpers import eventually
 

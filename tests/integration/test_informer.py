@@ -15,8 +15,10 @@ from urllib.parse import urlparse
 
 import pytest
 
-from controller.kube.client import CONFIGMAPS, NAMESPACES, KubeClient, load_configuration
+from controller.kube.client import KubeClient
 from controller.kube.informer import Informer, object_key, owner_uids
+from controller.kube.resources import CONFIGMAPS, NAMESPACES
+from controller.kube.transport import load_configuration
 from controller.metrics import Metrics
 from hack.cluster import LocalCluster
 from tests.integration.tcpproxy import TcpProxy

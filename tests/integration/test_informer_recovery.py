@@ -20,8 +20,10 @@ from typing import Any
 
 import pytest
 
-from controller.kube.client import CONFIGMAPS, ApiError, KubeClient
+from controller.kube.client import KubeClient
+from controller.kube.errors import ApiError
 from controller.kube.informer import Informer, OnAdd
+from controller.kube.resources import CONFIGMAPS
 from hack.cluster import LocalCluster
 
 OUTAGE = 20.0  # seconds without an API server

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from controller.kube.client import JOBS, PODS, KubeClient
+from controller.kube.client import KubeClient
+from controller.kube.resources import JOBS, PODS
 from hack.cluster import LocalCluster
 from hack.kwok import FAILURE_EXIT_CODE, FAILURE_MESSAGE, SUCCESS_MESSAGE, Kwok
 from tests.controllerproc import ControllerProcess

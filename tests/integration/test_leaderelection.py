@@ -22,8 +22,11 @@ from urllib.parse import urlparse
 import pytest
 from structlog.testing import capture_logs
 
-from controller.kube.client import CONFIGMAPS, LEASES, KubeClient, NotFound, Obj, load_configuration
+from controller.kube.client import KubeClient
+from controller.kube.errors import NotFound
 from controller.kube.leaderelection import SERVICEACCOUNTS, LeaderElector, LeadershipLost
+from controller.kube.resources import CONFIGMAPS, LEASES, Obj
+from controller.kube.transport import load_configuration
 from controller.metrics import Metrics
 from hack.cluster import LocalCluster
 from tests.chart import CONTROLLER_SERVICE_ACCOUNT, FULLNAME

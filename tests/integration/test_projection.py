@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 
 from controller.config_reconcile import BY_CONFIG_UID, ConfigReconciler, config_uid_index
-from controller.kube.client import CONFIGMAPS, CRONJOBS, JOBS, PODS, KubeClient
+from controller.kube.client import KubeClient
 from controller.kube.events import EventRecorder
 from controller.kube.informer import Informer
+from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS, PODS
 from controller.naming import managed_selector
 from controller.projection import projection
 from controller.reconcile import (

@@ -30,7 +30,9 @@ import pytest
 from kubernetes_asyncio import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.kube.client import LEASES, KubeClient, NotFound, Obj
+from controller.kube.client import KubeClient
+from controller.kube.errors import NotFound
+from controller.kube.resources import LEASES, Obj
 from controller.sharding import shard_of
 from hack.cluster import LocalCluster
 from hack.crds import install_crds

@@ -19,9 +19,11 @@ from typing import Any
 
 import pytest
 
-from controller.kube.client import CONFIGMAPS, CRONJOBS, JOBS, PODS, KubeClient, NotFound
+from controller.kube.client import KubeClient
+from controller.kube.errors import NotFound
 from controller.kube.events import EventRecorder
 from controller.kube.informer import Informer
+from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS, PODS
 from controller.naming import managed_selector
 from controller.reconcile import (
     BY_CONFIG,

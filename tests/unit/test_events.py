@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from controller.kube.client import ApiError, NotFound, Resource
+from controller.kube.errors import ApiError, NotFound
 from controller.kube.events import EventRecorder, event_name
+from controller.kube.resources import Resource
 from controller.metrics import Metrics
 
 pytestmark = [pytest.mark.unit, pytest.mark.looptime]

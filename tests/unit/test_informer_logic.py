@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from controller.kube.client import ApiError, Gone, Resource, TooManyRequests, TransportError
+from controller.kube.errors import ApiError, Gone, TooManyRequests, TransportError
 from controller.kube.informer import (
     LAST_APPLIED,
     Backoff,
@@ -30,6 +30,7 @@ from controller.kube.informer import (
     slim,
     split_key,
 )
+from controller.kube.resources import Resource
 from controller.metrics import Metrics
 
 pytestmark = pytest.mark.unit

@@ -17,13 +17,14 @@ from typing import Any, cast
 import pytest
 from structlog.testing import capture_logs
 
-from controller.kube.client import ApiError, Conflict, Forbidden, NotFound, Resource
+from controller.kube.errors import ApiError, Conflict, Forbidden, NotFound
 from controller.kube.leaderelection import (
     SERVICEACCOUNTS,
     LeaderElector,
     owner_reference,
     with_owner,
 )
+from controller.kube.resources import Resource
 from controller.settings import Settings, SettingsError, load_settings
 
 pytestmark = pytest.mark.unit

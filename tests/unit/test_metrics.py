@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.kube.client import Conflict
+from controller.kube.errors import Conflict
 from controller.kube.workers import Workers
 from controller.kube.workqueue import WorkQueue
 from controller.metrics import RECONCILE_RESULTS, WORKQUEUE_BUCKETS, Metrics, api_host

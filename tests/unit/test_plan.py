@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from controller.api import InferenceConfig, InferenceRun
-from controller.kube.client import CONFIGMAPS, CRONJOBS, JOBS
+from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS
 from controller.naming import RUN_SPEC_HASH_ANNOTATION
 from controller.plan import (
     MAX_STATUS_STRING,

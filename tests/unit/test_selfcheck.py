@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from controller import __main__ as controller_main
-from controller.kube.client import ApiError, Forbidden, NotFound, TransportError, Unauthorized
+from controller.kube.errors import ApiError, Forbidden, NotFound, TransportError, Unauthorized
 from controller.selfcheck import (
     CONFIGS,
     RUNS,

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from controller.kube.client import Obj
 from controller.kube.informer import Store
+from controller.kube.resources import Obj
 
 
 def obj(name: str, config: str | None, *tags: str) -> Obj:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import structlog
 
-from controller.kube.client import Conflict
+from controller.kube.errors import Conflict
 from controller.kube.workers import Result, TerminalError, Workers
 from controller.kube.workqueue import WorkQueue
 from controller.metrics import Metrics

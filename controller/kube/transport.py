@@ -1,0 +1,298 @@
+"""The connection to the API server: configuration, TLS, proxies, auth, throttling, metrics.
+
+:class:`Transport` owns one aiohttp session (shared with its
+:meth:`Transport.with_budget` siblings) and sends requests on it: each waits
+for a token of a client-side limiter (``qps``/``burst``, aiolimiter), carries
+the configuration's credentials (re-read per request, so rotated tokens are
+picked up), is counted in ``rest_client_requests_total{verb,method,code}``,
+and a non-2xx answer raises the typed :class:`~controller.kube.errors.ApiError`.
+What is sent where (the verbs) is ``controller.kube.client``'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import os
+import ssl
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import aiohttp.helpers
+import orjson
+from aiolimiter import AsyncLimiter
+from kubernetes_asyncio import config as kube_config
+from kubernetes_asyncio.client import Configuration
+from yarl import URL
+
+from controller.kube.errors import TransportError, api_error
+from controller.metrics import api_host, labelled
+
+if TYPE_CHECKING:
+    from controller.metrics import Metrics
+
+USER_AGENT = "kserve-inference-controller/0.1.0"
+# A JSON patch, or any JSON array body (named so KubeClient.list cannot shadow it).
+JsonArray = list[Any]
+Body = Mapping[str, Any] | JsonArray
+
+
+async def load_configuration(
+    *,
+    kubeconfig: str | None = None,
+    in_cluster: bool | None = None,
+    context: str | None = None,
+) -> Configuration:
+    """kubernetes_asyncio's client configuration, found like controller-runtime does.
+
+    An explicit kubeconfig wins; then the pod's service account when running
+    in a pod (``in_cluster``, detected from ``KUBERNETES_SERVICE_HOST`` when
+    not given); then ``$KUBECONFIG`` or ``~/.kube/config``.
+    """
+    configuration = Configuration()
+    if in_cluster is None:
+        in_cluster = kubeconfig is None and bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    if kubeconfig is None and in_cluster:
+        # Re-reads the projected token as the kubelet rotates it.
+        kube_config.load_incluster_config(  # type: ignore[no-untyped-call]
+            client_configuration=configuration
+        )
+    else:
+        await kube_config.load_kube_config(
+            config_file=kubeconfig,
+            context=context,
+            client_configuration=configuration,
+            persist_config=False,
+        )
+    return configuration
+
+
+def ssl_context_for(configuration: Configuration) -> ssl.SSLContext:
+    """The TLS settings of ``configuration`` (as kubernetes_asyncio's REST client builds them)."""
+    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+    if configuration.cert_file:
+        context.load_cert_chain(configuration.cert_file, keyfile=configuration.key_file)
+    if not configuration.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if configuration.disable_strict_ssl_verification:
+        context.verify_flags &= ~ssl.VERIFY_X509_STRICT
+    return context
+
+
+@contextlib.contextmanager
+def no_answer_raises(verb: str, path: str) -> Iterator[None]:
+    """Turn a failure to send a request or read its answer into :class:`TransportError`.
+
+    Connection refused or reset, TLS failures and timeouts (``TimeoutError`` is
+    an ``OSError``) all mean the same to callers: no answer, worth retrying.
+    """
+    try:
+        yield
+    except (aiohttp.ClientError, OSError) as exc:
+        raise TransportError(0, type(exc).__name__, str(exc), verb=verb, path=path) from exc
+
+
+def token_bucket(qps: float, burst: int) -> AsyncLimiter:
+    """A bucket of ``burst`` tokens refilled at ``qps`` a second."""
+    if qps <= 0 or burst < 1:
+        raise ValueError(f"need qps > 0 and burst >= 1, got qps={qps} burst={burst}")
+    # aiolimiter leaks max_rate tokens per time_period: burst tokens per
+    # burst/qps seconds is a bucket of size `burst` refilled at `qps`.
+    return AsyncLimiter(max_rate=burst, time_period=burst / qps)
+
+
+class Transport:
+    """Throttled, counted, authenticated requests to one API server over one aiohttp session."""
+
+    def __init__(
+        self,
+        configuration: Configuration,
+        *,
+        qps: float,
+        burst: int,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.configuration = configuration
+        self.host = str(configuration.host).rstrip("/")
+        self.limiter = token_bucket(qps, burst)
+        self._metrics = metrics
+        self._ssl = ssl_context_for(configuration) if self.host.startswith("https") else None
+        self.connection = _Connection()
+
+    def with_budget(self, qps: float, burst: int) -> Transport:
+        """This transport with a token bucket of its own, on the same connection pool."""
+        limiter = token_bucket(qps, burst)
+        sibling = copy.copy(self)
+        sibling.limiter = limiter
+        return sibling
+
+    async def close(self) -> None:
+        if self.connection.session is not None:
+            await self.connection.session.close()
+            self.connection.session = None
+
+    @contextlib.asynccontextmanager
+    async def open(
+        self,
+        verb: str,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Body | None = None,
+        content_type: str = "application/json",
+        timeouts: aiohttp.ClientTimeout,
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """``async with``: the answer to one request, a 2xx one (else ApiError is raised)."""
+        await self._throttle(verb)
+        data = orjson.dumps(body) if body is not None else None
+        headers = await self._headers(content_type if data is not None else None)
+        sent = _loop_time()
+        session = self.session()
+        connection = self.connection
+        proxy, proxy_auth = self.configuration.proxy, None
+        if proxy is None:
+            proxy, proxy_auth = connection.env_proxy, connection.env_proxy_auth
+        try:
+            response = await session.request(
+                method,
+                self.host + path,
+                params=params,
+                data=data,
+                headers=headers,
+                timeout=timeouts,
+                proxy=proxy,
+                proxy_auth=proxy_auth,
+                auth=connection.netrc_auth,
+                server_hostname=self.configuration.tls_server_name,
+            )
+        except (aiohttp.ClientError, OSError) as exc:
+            self._count(verb, method, "<error>", _loop_time() - sent)
+            raise TransportError(0, type(exc).__name__, str(exc), verb=verb, path=path) from exc
+        self._count(verb, method, str(response.status), _loop_time() - sent)
+        if response.status >= 400:
+            try:
+                payload = await response.read()
+            except (aiohttp.ClientError, TimeoutError):
+                payload = b""
+            finally:
+                response.release()
+            raise api_error(
+                response.status,
+                payload,
+                verb=verb,
+                path=path,
+                retry_after=_retry_after(response.headers.get("Retry-After")),
+            )
+        try:
+            yield response
+        finally:
+            # A watch left mid-stream must drop its connection; release() on a
+            # fully read answer returns the connection to the pool.
+            if response.content.is_eof():
+                response.release()
+            else:
+                response.close()
+
+    def session(self) -> aiohttp.ClientSession:
+        """The shared session, opened on first use (and again after :meth:`close`)."""
+        connection = self.connection
+        if connection.session is None or connection.session.closed:
+            connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else False)
+            # HTTPS_PROXY/NO_PROXY are honoured, as client-go does, and so is a
+            # .netrc entry for the API server (what aiohttp's trust_env reads);
+            # a kubeconfig proxy-url is passed per request and wins. They are
+            # read once per session: with trust_env aiohttp reads both again for
+            # every request, in two threads, which cost more CPU than the rest
+            # of the request.
+            connection.env_proxy, connection.env_proxy_auth = _env_proxy(self.host)
+            connection.netrc_auth = _netrc_auth(self.host)
+            connection.session = aiohttp.ClientSession(
+                connector=connector,
+                headers={"User-Agent": USER_AGENT, "Accept": "application/json"},
+                trust_env=False,
+                # Big objects in watch streams exceed aiohttp's 64 KiB default.
+                read_bufsize=2**21,
+            )
+        return connection.session
+
+    async def _headers(self, content_type: str | None) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        # auth_settings() runs the configuration's refresh hook, so a rotated
+        # service-account token is picked up without restarting.
+        for auth in (await self.configuration.auth_settings()).values():
+            if auth.get("in") == "header" and auth.get("value"):
+                headers[str(auth["key"])] = str(auth["value"])
+        if content_type:
+            headers["Content-Type"] = content_type
+        return headers
+
+    def _count(self, verb: str, method: str, code: str, seconds: float) -> None:
+        if self._metrics is not None:
+            host = api_host(self.host)
+            labelled(
+                self._metrics.rest_client_requests_total,
+                verb=verb,
+                method=method,
+                code=code,
+                host=host,
+            ).inc()
+            labelled(
+                self._metrics.rest_client_request_duration_seconds, verb=method, host=host
+            ).observe(seconds)
+
+    async def _throttle(self, verb: str) -> None:
+        loop_time = _loop_time()
+        await self.limiter.acquire()
+        if self._metrics is not None:
+            labelled(self._metrics.rest_client_rate_limiter_wait_seconds, verb=verb).observe(
+                _loop_time() - loop_time
+            )
+
+
+@dataclass
+class _Connection:
+    """The aiohttp session, shared by a transport and its :meth:`Transport.with_budget` siblings."""
+
+    session: aiohttp.ClientSession | None = None
+    # What the environment says for the API server (see Transport.session).
+    env_proxy: str | None = None
+    env_proxy_auth: aiohttp.BasicAuth | None = None
+    netrc_auth: aiohttp.BasicAuth | None = None
+
+
+def _env_proxy(host: str) -> tuple[str | None, aiohttp.BasicAuth | None]:
+    """The proxy HTTPS_PROXY/HTTP_PROXY name for ``host`` unless NO_PROXY exempts it."""
+    try:
+        proxy, auth = aiohttp.helpers.get_env_proxy_for_url(URL(host))
+    except LookupError:
+        return None, None
+    return str(proxy), auth
+
+
+def _netrc_auth(host: str) -> aiohttp.BasicAuth | None:
+    """The .netrc ($NETRC or ~/.netrc) credentials for ``host``'s name, if any."""
+    name = URL(host).host
+    if name is None:
+        return None
+    try:
+        return aiohttp.helpers.basicauth_from_netrc(aiohttp.helpers.netrc_from_env(), name)
+    except LookupError:
+        return None
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
