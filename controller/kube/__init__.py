@@ -2,9 +2,13 @@
 
 Modules, each a noun for what it holds:
 
-- ``client``: ``KubeClient``, raw-dict verbs over one aiohttp session (and a
-  container's log), and typed ``ApiError`` subclasses (``NotFound``,
-  ``Conflict``, ``AlreadyExists``...);
+- ``resources``: what is addressed, ``Resource`` (group, version, plural) and
+  the descriptors (``JOBS``, ``CONFIGMAPS``...), and the ``Obj`` alias; pure;
+- ``errors``: ``ApiError`` (HTTP status, the API's reason) and its subclasses;
+- ``transport``: the connection (configuration, TLS, proxies, auth, the
+  client-side token bucket, request metrics);
+- ``client``: ``KubeClient``, raw-dict verbs over a transport (and a
+  container's log);
 - ``informer``: list-then-watch caches with indexes, event handlers and
   ``assume`` (a write is seen by the next read before its watch event comes);
 - ``workqueue``: client-go's rate-limited work queue (contract in its docstring);
