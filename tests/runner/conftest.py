@@ -4,33 +4,35 @@
   subprocess, started once per session (it needs seconds to start) and killed
   with its whole process group at the end.
 - ``storage``: the finops-database-handler look-alike (``hack.storage_service``)
-  on a fresh SQLite file, in the test's event loop.
-- ``FaultProxy``: a loopback proxy in front of the model server that answers
-  some requests itself with 500/503/429 (or any status) or a reset connection.
+  on a fresh SQLite file, in the test's event loop (:func:`storage_service`).
+- ``fault_proxy``: a ``hack.loopback.FaultProxy`` in front of the model server that
+  answers some requests itself with 500/503/429 (or any status) or a reset connection.
 - ``InMemorySecrets``: the tests' Secret source, handed to the runner in code.
-- ``run_runner``: one in-process run of ``runner.app.run`` with a contract dict,
+- ``world``: one test's storage and model server, and in-process runs of the runner
+  (``runner.app.run``) or its check (``runner.check.run``) against them, each
   returning the exit code, the termination message and everything printed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import random
-import socket
-from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+import ssl
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-import aiohttp
 import numpy as np
 import orjson
 import pytest
-from aiohttp import web
 
-from hack.storage_service import StorageService
+from hack.loopback import FaultProxy
+from hack.storage_service import IRIS_COLUMNS, StorageService
 from runner import app, logs
+from runner import check as config_check
 from runner.progress import Progress, last_progress
 from runner.secrets import SecretError
 from tests.servers import ModelServer
@@ -42,14 +44,57 @@ STORAGE_SECRET = "finops-database-handler-endpoint"
 SECRET_NAMESPACE = "krateo-system"
 
 
-@pytest.fixture
-async def storage(tmp_path: Path) -> AsyncIterator[StorageService]:
-    service = StorageService(tmp_path / "storage.sqlite", STORAGE_USER, STORAGE_PASSWORD)
-    await service.start()
+def runner_cli(
+    *args: str, env: Mapping[str, str] | None = None, check: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``python -m runner <args>`` run from the repository, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "runner", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=check,
+    )
+
+
+class Server(Protocol):
+    async def start(self) -> object: ...
+
+    async def stop(self) -> None: ...
+
+
+ServerT = TypeVar("ServerT", bound=Server)
+
+
+@contextlib.asynccontextmanager
+async def running(server: ServerT) -> AsyncIterator[ServerT]:
+    """``server`` started, and stopped on the way out whatever happens."""
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@contextlib.asynccontextmanager
+async def storage_service(
+    db: Path, password: str = STORAGE_PASSWORD, tls: ssl.SSLContext | None = None
+) -> AsyncIterator[StorageService]:
+    """The storage look-alike on ``db``, for :data:`STORAGE_USER` with ``password``."""
+    service = StorageService(db, STORAGE_USER, password)
+    await service.start(tls=tls)
     try:
         yield service
     finally:
         await service.stop()
+
+
+@pytest.fixture
+async def storage(tmp_path: Path) -> AsyncIterator[StorageService]:
+    async with storage_service(tmp_path / "storage.sqlite") as service:
+        yield service
 
 
 class InMemorySecrets:
@@ -132,123 +177,98 @@ class Outcome:
         return [orjson.loads(line) for line in self.stdout.splitlines() if line.startswith("{")]
 
 
-async def run_runner(
-    tmp_path: Path,
-    contract: Mapping[str, Any] | bytes,
-    secrets: Any,
-    capfd: pytest.CaptureFixture[str],
-    env: Mapping[str, str] | None = None,
-    log_level: str = "info",
-) -> Outcome:
-    """One in-process run; stdout/stderr are captured at the file-descriptor level."""
-    contract_file = tmp_path / "contract.json"
-    contract_file.write_bytes(contract if isinstance(contract, bytes) else orjson.dumps(contract))
-    termination_file = tmp_path / "termination-log"
-    termination_file.unlink(missing_ok=True)
-    environ = {
-        "CONTRACT_PATH": str(contract_file),
-        "TERMINATION_LOG_PATH": str(termination_file),
-        "pod_uid": "pod-0a1b",
-        "PATH": os.environ.get("PATH", ""),
-        **(env or {}),
-    }
-    capfd.readouterr()
-    logs.configure(log_level)
-    code = await app.run(environ, secrets=secrets)
-    captured = capfd.readouterr()
-    return Outcome(
-        exit_code=code,
-        termination=termination_file.read_text() if termination_file.exists() else "",
-        stdout=captured.out,
-        stderr=captured.err,
-    )
+# What the runner's entry points look like: ``runner.app.run`` and ``runner.check.run``.
+Main = Callable[..., Awaitable[int]]
 
 
-class FaultProxy:
-    """Forwards to ``target``; answers a ``rate`` share of requests itself with a fault.
+@dataclass
+class World:
+    """One test's storage and model server, and in-process runs of the runner against them.
 
-    Faults cycle through ``kinds``: by default 500, 503, 429 (with ``Retry-After:
-    0``) and a reset connection; any other status given as a string is answered
-    as it is. A fault's body is ``{"error": "injected <kind>"}``; with ``echo`` the
-    error text goes on to quote the request's whole body, as some servers do.
-    ``seen`` counts requests per path; ``faults`` counts faults by kind.
+    A run's stdout and stderr are captured at the file-descriptor level; its
+    Secrets default to the storage's endpoint Secret (:func:`storage_secrets`).
     """
 
-    KINDS = ("500", "503", "429", "reset")
+    tmp_path: Path
+    capfd: pytest.CaptureFixture[str]
+    storage: StorageService
+    model_server: ModelServer
 
-    def __init__(self, target: str, rate: float = 0.0, seed: int = 7) -> None:
-        self.target = target.rstrip("/")
-        self.rate = rate
-        self.kinds: tuple[str, ...] = self.KINDS
-        self.echo = False
-        self.rng = random.Random(seed)
-        self.seen: Counter[str] = Counter()
-        self.faults: Counter[str] = Counter()
-        self.forwarded_rows = 0
-        self._session: aiohttp.ClientSession | None = None
-        self._runner: web.AppRunner | None = None
-        self.url = ""
+    def seed_random_iris(self, table: str, count: int, seed: int = 11) -> list[list[float]]:
+        """``count`` rows of :func:`random_iris_rows` stored as the storage's ``table``."""
+        rows = random_iris_rows(count, seed)
+        self.storage.seed_table(table, IRIS_COLUMNS, rows)
+        return rows
 
-    async def start(self) -> str:
-        app_ = web.Application(client_max_size=1 << 30)
-        app_.router.add_route("*", "/{tail:.*}", self._handle)
-        self._session = aiohttp.ClientSession()
-        self._runner = web.AppRunner(app_, access_log=None)
-        await self._runner.setup()
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        await web.SockSite(self._runner, sock).start()
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        return self.url
+    async def run(
+        self,
+        contract: Mapping[str, Any] | bytes,
+        secrets: Any = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        log_level: str = "info",
+    ) -> Outcome:
+        """One in-process run of ``runner.app.run``, as the pod ``pod-0a1b`` unless ``env`` says."""
+        environ = {"pod_uid": "pod-0a1b", **(env or {})}
+        return await self._call(app.run, contract, secrets, environ, log_level)
 
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
+    async def run_shard(self, contract: Mapping[str, Any], index: int) -> Outcome:
+        """The run of shard ``index``: an Indexed Job's pod ``pod-<index>``."""
+        env = {"JOB_COMPLETION_INDEX": str(index), "pod_uid": f"pod-{index}"}
+        return await self.run(contract, env=env)
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        self.seen[request.path] += 1
-        body = await request.read()
-        if request.method == "POST" and self.rng.random() < self.rate:
-            kind = self.kinds[sum(self.faults.values()) % len(self.kinds)]
-            self.faults[kind] += 1
-            if kind == "reset":
-                assert request.transport is not None
-                request.transport.abort()
-                # The client sees a dropped connection; aiohttp only needs an answer object.
-                return web.Response(status=500)
-            headers = {"Retry-After": "0"} if kind == "429" else {}
-            error = f"injected {kind}"
-            if self.echo:
-                error += f": cannot process request {body.decode()}"
-            return web.json_response({"error": error}, status=int(kind), headers=headers)
-        assert self._session is not None
-        async with self._session.request(
-            request.method,
-            f"{self.target}{request.path_qs}",
-            data=body,
-            headers={"Content-Type": request.headers.get("Content-Type", "application/json")},
-        ) as answer:
-            payload = await answer.read()
-            if request.method == "POST" and answer.status == 200:
-                inputs = orjson.loads(body).get("inputs") or [{}]
-                self.forwarded_rows += int((inputs[0].get("shape") or [0])[0])
-            return web.Response(
-                status=answer.status,
-                body=payload,
-                content_type=answer.content_type,
-            )
+    async def check(self, contract: Mapping[str, Any], secrets: Any = None) -> Outcome:
+        """One in-process ``python -m runner --check`` (``runner.check.run``)."""
+        return await self._call(config_check.run, contract, secrets, {})
+
+    async def _call(
+        self,
+        main: Main,
+        contract: Mapping[str, Any] | bytes,
+        secrets: Any,
+        env: Mapping[str, str],
+        log_level: str = "info",
+    ) -> Outcome:
+        contract_file = self.tmp_path / "contract.json"
+        contract_file.write_bytes(
+            contract if isinstance(contract, bytes) else orjson.dumps(contract)
+        )
+        termination_file = self.tmp_path / "termination-log"
+        termination_file.unlink(missing_ok=True)
+        environ = {
+            "CONTRACT_PATH": str(contract_file),
+            "TERMINATION_LOG_PATH": str(termination_file),
+            "PATH": os.environ.get("PATH", ""),
+            **env,
+        }
+        if secrets is None:
+            secrets = storage_secrets(self.storage.url)
+        self.capfd.readouterr()
+        logs.configure(log_level)
+        code = await main(environ, secrets=secrets)
+        captured = self.capfd.readouterr()
+        return Outcome(
+            exit_code=code,
+            termination=termination_file.read_text() if termination_file.exists() else "",
+            stdout=captured.out,
+            stderr=captured.err,
+        )
+
+
+@pytest.fixture
+def world(
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    storage: StorageService,
+    model_server: ModelServer,
+) -> World:
+    return World(tmp_path, capfd, storage, model_server)
 
 
 @pytest.fixture
 async def fault_proxy(model_server: ModelServer) -> AsyncIterator[FaultProxy]:
-    proxy = FaultProxy(model_server.url)
-    await proxy.start()
-    try:
+    async with running(FaultProxy(model_server.url)) as proxy:
         yield proxy
-    finally:
-        await proxy.stop()
 
 
 def random_iris_rows(count: int, seed: int = 11) -> list[list[float]]:

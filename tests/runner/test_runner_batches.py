@@ -2,31 +2,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
-from hack.storage_service import IRIS_COLUMNS, StorageService
+from hack.loopback import FaultProxy
 from runner.exitcodes import ExitCode
 from tests.runner.conftest import (
-    FaultProxy,
+    World,
     direct_iris,
     iris_contract,
-    random_iris_rows,
-    run_runner,
-    storage_secrets,
 )
-from tests.servers import ModelServer
 
 
 async def test_100k_rows_in_batches_come_back_in_input_order(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    fault_proxy: FaultProxy,
-    storage: StorageService,
+    world: World, fault_proxy: FaultProxy
 ) -> None:
-    rows = random_iris_rows(100_000)
-    storage.seed_table("big", IRIS_COLUMNS, rows)
+    rows = world.seed_random_iris("big", 100_000)
     contract = iris_contract(
         f"{fault_proxy.url}/v2/models/sklearn-iris/infer",
         input_table="big",
@@ -36,47 +24,36 @@ async def test_100k_rows_in_batches_come_back_in_input_order(
     # 100k predictions do not fit in one notebook argument (128 KiB): write in chunks.
     contract["output"]["krateo"]["chunkSize"] = 30_000
 
-    outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.run(contract)
 
     assert outcome.exit_code == ExitCode.DONE, outcome.termination
     assert fault_proxy.seen["/v2/models/sklearn-iris/infer"] == 100
-    assert storage.calls["sklearnoutput"] == 4
-    stored = storage.predictions("big_predictions")
+    assert world.storage.calls["sklearnoutput"] == 4
+    stored = world.storage.predictions("big_predictions")
     assert [counter for _, _, _, counter in stored] == list(range(100_000))
     assert [value for _, _, value, _ in stored] == direct_iris(rows)
     assert outcome.result["rows"] == outcome.result["predictions"] == 100_000
 
 
-async def test_one_write_too_large_for_the_handler_fails_the_output_stage(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    storage: StorageService,
-) -> None:
-    storage.seed_table("big", IRIS_COLUMNS, random_iris_rows(70_000))
+async def test_one_write_too_large_for_the_handler_fails_the_output_stage(world: World) -> None:
+    world.seed_random_iris("big", 70_000)
     contract = iris_contract(
-        model_server.infer_url(), input_table="big", batching={"batchSize": 5000}
+        world.model_server.infer_url(), input_table="big", batching={"batchSize": 5000}
     )
 
-    outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.run(contract)
 
     assert outcome.exit_code == ExitCode.OUTPUT
     assert "answered 500" in outcome.termination
     assert "Argument list too long" in outcome.termination
     assert any(e["event"].startswith("the predictions argument exceeds") for e in outcome.events())
-    assert not storage.has_table("iris_predictions")
+    assert not world.storage.has_table("iris_predictions")
 
 
-async def test_shards_each_store_their_rows_and_together_cover_the_input(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    storage: StorageService,
-) -> None:
-    rows = random_iris_rows(1001)
-    storage.seed_table("shared", IRIS_COLUMNS, rows)
+async def test_shards_each_store_their_rows_and_together_cover_the_input(world: World) -> None:
+    rows = world.seed_random_iris("shared", 1001)
     contract = iris_contract(
-        model_server.infer_url(),
+        world.model_server.infer_url(),
         input_table="shared",
         output_table="sharded",
         batching={"batchSize": 64},
@@ -84,18 +61,12 @@ async def test_shards_each_store_their_rows_and_together_cover_the_input(
     )
 
     for index in range(3):
-        outcome = await run_runner(
-            tmp_path,
-            contract,
-            storage_secrets(storage.url),
-            capfd,
-            env={"JOB_COMPLETION_INDEX": str(index), "pod_uid": f"pod-{index}"},
-        )
+        outcome = await world.run_shard(contract, index)
         assert outcome.exit_code == ExitCode.DONE, outcome.termination
         assert outcome.result["rows"] == len(range(index, 1001, 3))
 
     by_pod: dict[str, list[float]] = {}
-    for _, pod, value, _ in storage.predictions("sharded"):
+    for _, pod, value, _ in world.storage.predictions("sharded"):
         by_pod.setdefault(pod, []).append(value)
     # Row i is prediction i // 3 of shard i % 3.
     reassembled = [by_pod[f"pod-{i % 3}"][i // 3] for i in range(1001)]

@@ -8,10 +8,7 @@ the model (``fault_proxy.seen``).
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,21 +16,20 @@ import orjson
 import pytest
 from aiohttp import web
 
-from hack.storage_service import StorageService
-from runner import check, logs
+from hack.loopback import FaultProxy, LoopbackApp
 from runner.exitcodes import ExitCode
 from tests.runner.conftest import (
-    REPO,
     SECRET_NAMESPACE,
     STORAGE_SECRET,
-    FaultProxy,
     InMemorySecrets,
-    Outcome,
+    World,
     iris_contract,
     krateo_entry,
+    runner_cli,
+    running,
     storage_secrets,
 )
-from tests.servers import ModelServer, free_port
+from tests.servers import free_port
 
 INFER = "/v2/models/sklearn-iris/infer"
 METADATA = "/v2/models/sklearn-iris"
@@ -48,42 +44,12 @@ def config_contract(model_url: str, **kserve: Any) -> dict[str, Any]:
     return contract
 
 
-async def run_check(
-    tmp_path: Path,
-    contract: Mapping[str, Any],
-    secrets: Any,
-    capfd: pytest.CaptureFixture[str],
-) -> Outcome:
-    contract_file = tmp_path / "contract.json"
-    contract_file.write_bytes(orjson.dumps(contract))
-    termination_file = tmp_path / "termination-log"
-    termination_file.unlink(missing_ok=True)
-    environ = {
-        "CONTRACT_PATH": str(contract_file),
-        "TERMINATION_LOG_PATH": str(termination_file),
-        "PATH": os.environ.get("PATH", ""),
-    }
-    capfd.readouterr()
-    logs.configure("info")
-    code = await check.run(environ, secrets=secrets)
-    captured = capfd.readouterr()
-    return Outcome(
-        exit_code=code,
-        termination=termination_file.read_text() if termination_file.exists() else "",
-        stdout=captured.out,
-        stderr=captured.err,
-    )
-
-
 async def test_a_good_config_passes_without_moving_data(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    fault_proxy: FaultProxy,
-    storage: StorageService,
+    world: World, fault_proxy: FaultProxy
 ) -> None:
     contract = config_contract(f"{fault_proxy.url}{INFER}", modelInputName="input-0")
 
-    outcome = await run_check(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.check(contract)
 
     assert outcome.exit_code == ExitCode.DONE, outcome.termination
     assert outcome.result == {
@@ -94,9 +60,9 @@ async def test_a_good_config_passes_without_moving_data(
         "inputs": [{"name": "input-0", "datatype": "FP32", "shape": [-1, 4]}],
     }
     # The notebooks' names were listed (input and output), none was run.
-    assert storage.listings == 2
-    assert dict(storage.calls) == {}
-    assert not storage.has_table("iris_predictions")
+    assert world.storage.listings == 2
+    assert dict(world.storage.calls) == {}
+    assert not world.storage.has_table("iris_predictions")
     # One metadata request, no inference.
     assert dict(fault_proxy.seen) == {METADATA: 1}
     passed = {e["step"]: e for e in outcome.events() if e["event"] == "check step passed"}
@@ -105,16 +71,11 @@ async def test_a_good_config_passes_without_moving_data(
 
 
 async def test_a_v1_model_is_checked_by_its_v1_metadata(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    fault_proxy: FaultProxy,
-    storage: StorageService,
+    world: World, fault_proxy: FaultProxy
 ) -> None:
     url = f"{fault_proxy.url}/v1/models/sklearn-iris:predict"
 
-    outcome = await run_check(
-        tmp_path, config_contract(url, modelVersion="v1"), storage_secrets(storage.url), capfd
-    )
+    outcome = await world.check(config_contract(url, modelVersion="v1"))
 
     assert outcome.exit_code == ExitCode.DONE, outcome.termination
     assert outcome.result == {
@@ -126,32 +87,23 @@ async def test_a_v1_model_is_checked_by_its_v1_metadata(
     assert dict(fault_proxy.seen) == {"/v1/models/sklearn-iris": 1}
 
 
-async def test_an_unreachable_model_exits_4(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str], storage: StorageService
-) -> None:
+async def test_an_unreachable_model_exits_4(world: World) -> None:
     closed = f"http://127.0.0.1:{free_port()}"
 
-    outcome = await run_check(
-        tmp_path, config_contract(f"{closed}{INFER}"), storage_secrets(storage.url), capfd
-    )
+    outcome = await world.check(config_contract(f"{closed}{INFER}"))
 
     assert outcome.exit_code == ExitCode.INFERENCE
     assert outcome.termination.startswith(f"inference: GET {closed}{METADATA} failed: ")
 
 
-async def test_a_wrong_model_name_exits_7_naming_it(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    storage: StorageService,
-) -> None:
-    contract = config_contract(model_server.infer_url("sklearn-irsi"))
+async def test_a_wrong_model_name_exits_7_naming_it(world: World) -> None:
+    contract = config_contract(world.model_server.infer_url("sklearn-irsi"))
 
-    outcome = await run_check(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.check(contract)
 
     assert outcome.exit_code == ExitCode.INFERENCE_REJECTED
     assert outcome.termination.startswith(
-        f"inference: model 'sklearn-irsi': GET {model_server.url}/v2/models/sklearn-irsi "
+        f"inference: model 'sklearn-irsi': GET {world.model_server.url}/v2/models/sklearn-irsi "
         "answered 404: "
     )
     # The model server's own words.
@@ -159,14 +111,11 @@ async def test_a_wrong_model_name_exits_7_naming_it(
 
 
 async def test_a_wrong_input_name_exits_7_listing_the_models_inputs(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    fault_proxy: FaultProxy,
-    storage: StorageService,
+    world: World, fault_proxy: FaultProxy
 ) -> None:
     contract = config_contract(f"{fault_proxy.url}{INFER}", modelInputName="past_values")
 
-    outcome = await run_check(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.check(contract)
 
     assert outcome.exit_code == ExitCode.INFERENCE_REJECTED
     assert outcome.termination == (
@@ -177,43 +126,31 @@ async def test_a_wrong_input_name_exits_7_listing_the_models_inputs(
 
 
 async def test_a_missing_secret_exits_6_naming_it_before_any_request(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    fault_proxy: FaultProxy,
-    storage: StorageService,
+    world: World, fault_proxy: FaultProxy
 ) -> None:
-    outcome = await run_check(
-        tmp_path, config_contract(f"{fault_proxy.url}{INFER}"), InMemorySecrets(), capfd
-    )
+    outcome = await world.check(config_contract(f"{fault_proxy.url}{INFER}"), InMemorySecrets())
 
     assert outcome.exit_code == ExitCode.INPUT_REJECTED
     assert outcome.termination == f"input: Secret {SECRET_NAMESPACE}/{STORAGE_SECRET} not found"
-    assert storage.listings == 0
+    assert world.storage.listings == 0
     assert dict(fault_proxy.seen) == {}
 
 
-async def test_a_missing_output_secret_exits_8(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    storage: StorageService,
-) -> None:
-    contract = config_contract(model_server.infer_url())
+async def test_a_missing_output_secret_exits_8(world: World) -> None:
+    contract = config_contract(world.model_server.infer_url())
     contract["output"]["krateo"]["api"]["endpointRef"] = {"name": "gone", "namespace": "apps"}
 
-    outcome = await run_check(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.check(contract)
 
     assert outcome.exit_code == ExitCode.OUTPUT_REJECTED
     assert outcome.termination == "output: Secret apps/gone not found"
 
 
-async def test_storage_unreachable_exits_3(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str], fault_proxy: FaultProxy
-) -> None:
+async def test_storage_unreachable_exits_3(world: World, fault_proxy: FaultProxy) -> None:
     closed = f"http://127.0.0.1:{free_port()}"
 
-    outcome = await run_check(
-        tmp_path, config_contract(f"{fault_proxy.url}{INFER}"), storage_secrets(closed), capfd
+    outcome = await world.check(
+        config_contract(f"{fault_proxy.url}{INFER}"), storage_secrets(closed)
     )
 
     assert outcome.exit_code == ExitCode.INPUT
@@ -221,52 +158,37 @@ async def test_storage_unreachable_exits_3(
     assert dict(fault_proxy.seen) == {}
 
 
-async def test_a_refused_password_exits_6(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    storage: StorageService,
-) -> None:
-    secrets = storage_secrets(storage.url, password="not-the-password")
+async def test_a_refused_password_exits_6(world: World) -> None:
+    secrets = storage_secrets(world.storage.url, password="not-the-password")
 
-    outcome = await run_check(tmp_path, config_contract(model_server.infer_url()), secrets, capfd)
+    outcome = await world.check(config_contract(world.model_server.infer_url()), secrets)
 
     assert outcome.exit_code == ExitCode.INPUT_REJECTED
     assert outcome.termination == (
-        f"input: GET {storage.url}/compute/list answered 401: Unauthorized Access "
+        f"input: GET {world.storage.url}/compute/list answered 401: Unauthorized Access "
         "(the credentials are refused)"
     )
 
 
-async def test_a_notebook_the_handler_lacks_exits_8(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    storage: StorageService,
-) -> None:
-    contract = config_contract(model_server.infer_url())
+async def test_a_notebook_the_handler_lacks_exits_8(world: World) -> None:
+    contract = config_contract(world.model_server.infer_url())
     contract["output"] = krateo_entry("/compute/sklearnoutptu")
 
-    outcome = await run_check(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.check(contract)
 
     assert outcome.exit_code == ExitCode.OUTPUT_REJECTED
     assert outcome.termination == (
-        f"output: finops-database-handler at {storage.url} has no notebook 'sklearnoutptu' "
+        f"output: finops-database-handler at {world.storage.url} has no notebook 'sklearnoutptu' "
         "(it has: sklearninput, sklearnoutput, tritoninput, tritonoutput)"
     )
-    assert dict(storage.calls) == {}
+    assert dict(world.storage.calls) == {}
 
 
-async def test_an_accept_header_the_handler_answers_with_html_exits_6(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    storage: StorageService,
-) -> None:
-    contract = config_contract(model_server.infer_url())
+async def test_an_accept_header_the_handler_answers_with_html_exits_6(world: World) -> None:
+    contract = config_contract(world.model_server.infer_url())
     contract["input"]["krateo"]["api"]["headers"] = ["Accept: application/json, */*"]
 
-    outcome = await run_check(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.check(contract)
 
     assert outcome.exit_code == ExitCode.INPUT_REJECTED
     assert outcome.termination == (
@@ -275,16 +197,17 @@ async def test_an_accept_header_the_handler_answers_with_html_exits_6(
     )
 
 
-class TokenApi:
+class TokenApi(LoopbackApp):
     """A JSON service checking a Bearer token on every path, before routing."""
 
+    base_path = "/api"
+
     def __init__(self, token: str) -> None:
+        super().__init__()
         self.token = token
         self.requests: list[tuple[str, str]] = []
-        self.url = ""
-        self._runner: web.AppRunner | None = None
 
-    async def start(self) -> None:
+    def application(self) -> web.Application:
         @web.middleware
         async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
             self.requests.append((request.method, request.path))
@@ -298,42 +221,24 @@ class TokenApi:
 
         app = web.Application(middlewares=[auth])
         app.router.add_post("/api/rows", rows)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        await web.SockSite(self._runner, sock).start()
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}/api"
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        return app
 
 
 @pytest.fixture
 async def token_api() -> AsyncIterator[TokenApi]:
-    api = TokenApi("tok-3e1a")
-    await api.start()
-    try:
+    async with running(TokenApi("tok-3e1a")) as api:
         yield api
-    finally:
-        await api.stop()
 
 
 @pytest.mark.parametrize(("token", "code"), [("tok-3e1a", 0), ("wrong", 6)])
 async def test_an_http_storage_is_probed_with_a_head_of_its_base(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    token_api: TokenApi,
-    token: str,
-    code: int,
+    world: World, token_api: TokenApi, token: str, code: int
 ) -> None:
     entry = {"http": {"secretRef": {"name": "rows"}, "path": "/rows"}}
-    contract = {**config_contract(model_server.infer_url()), "input": entry, "output": entry}
+    contract = {**config_contract(world.model_server.infer_url()), "input": entry, "output": entry}
     secrets = InMemorySecrets({("default", "rows"): {"url": token_api.url, "token": token}})
 
-    outcome = await run_check(tmp_path, contract, secrets, capfd)
+    outcome = await world.check(contract, secrets)
 
     assert outcome.exit_code == code, outcome.termination
     assert token_api.requests[0] == ("HEAD", "/api")
@@ -354,26 +259,11 @@ def test_the_cli_takes_check_and_refuses_a_bad_contract_with_2(tmp_path: Path) -
         "TERMINATION_LOG_PATH": str(termination),
     }
 
-    done = subprocess.run(
-        [sys.executable, "-m", "runner", "--check"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = runner_cli("--check", env=env)
 
     assert done.returncode == ExitCode.BAD_CONTRACT
     assert termination.read_text().startswith("contract: invalid contract: jobName")
     last = orjson.loads(done.stdout.splitlines()[-1])
     assert (last["event"], last["exitCode"]) == ("check failed", 2)
-    helped = subprocess.run(
-        [sys.executable, "-m", "runner", "--help"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+    helped = runner_cli("--help", check=True)
     assert "--check" in helped.stdout

@@ -14,42 +14,39 @@ import orjson
 import pytest
 import yaml
 
-from hack.storage_service import IRIS_COLUMNS, StorageService
+from hack.loopback import FaultProxy
+from hack.storage_service import IRIS_COLUMNS
 from runner.exitcodes import ExitCode
 from tests.runner.conftest import (
     REPO,
     SECRET_NAMESPACE,
     STORAGE_SECRET,
-    FaultProxy,
     InMemorySecrets,
+    World,
     direct_iris,
     iris_contract,
-    random_iris_rows,
-    run_runner,
+    runner_cli,
     storage_secrets,
 )
-from tests.servers import ModelServer, free_port
+from tests.servers import free_port
 
 INFER = "/v2/models/sklearn-iris/infer"
 
 
 async def test_empty_input_is_a_clear_result_and_the_model_is_not_called(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    fault_proxy: FaultProxy,
-    storage: StorageService,
+    world: World, fault_proxy: FaultProxy
 ) -> None:
-    storage.seed_table("nothing", IRIS_COLUMNS, [])
+    world.storage.seed_table("nothing", IRIS_COLUMNS, [])
     contract = iris_contract(f"{fault_proxy.url}{INFER}", input_table="nothing")
 
-    outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.run(contract)
 
     assert outcome.exit_code == ExitCode.DONE, outcome.termination
     assert outcome.result["rows"] == outcome.result["predictions"] == 0
     assert fault_proxy.seen[INFER] == 0
-    assert storage.calls["sklearnoutput"] == 1
-    assert storage.has_table("iris_predictions")
-    assert storage.predictions("iris_predictions") == []
+    assert world.storage.calls["sklearnoutput"] == 1
+    assert world.storage.has_table("iris_predictions")
+    assert world.storage.predictions("iris_predictions") == []
     assert any(e["event"] == "the input has no rows: nothing to predict" for e in outcome.events())
 
 
@@ -100,11 +97,11 @@ def bad_contracts() -> list[Any]:
 
 @pytest.mark.parametrize(("contract", "expected"), bad_contracts())
 async def test_bad_contract_exits_2_before_any_io(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str], contract: bytes, expected: str
+    world: World, contract: bytes, expected: str
 ) -> None:
     secrets = InMemorySecrets()
 
-    outcome = await run_runner(tmp_path, contract, secrets, capfd)
+    outcome = await world.run(contract, secrets)
 
     assert outcome.exit_code == ExitCode.BAD_CONTRACT
     assert outcome.termination.startswith("contract: ")
@@ -120,15 +117,7 @@ def test_the_cli_reports_a_missing_contract_with_exit_2(tmp_path: Path) -> None:
         "TERMINATION_LOG_PATH": str(termination),
     }
 
-    done = subprocess.run(
-        [sys.executable, "-m", "runner"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = runner_cli(env=env)
 
     assert done.returncode == ExitCode.BAD_CONTRACT
     message = termination.read_text()
@@ -139,26 +128,17 @@ def test_the_cli_reports_a_missing_contract_with_exit_2(tmp_path: Path) -> None:
 
 
 def test_the_cli_help_documents_exit_codes() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "runner", "--help"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+    done = runner_cli("--help", check=True)
     assert "exit codes: 0 done, 2 bad contract, 3 input, 4 inference, 5 output" in done.stdout
     help_text = " ".join(done.stdout.split())
     assert "6 input rejected, 7 inference rejected, 8 output rejected" in help_text
 
 
-async def test_storage_down_exits_3(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str], model_server: ModelServer
-) -> None:
+async def test_storage_down_exits_3(world: World) -> None:
     closed = f"http://127.0.0.1:{free_port()}"
 
-    outcome = await run_runner(
-        tmp_path, iris_contract(model_server.infer_url()), storage_secrets(closed), capfd
+    outcome = await world.run(
+        iris_contract(world.model_server.infer_url()), storage_secrets(closed)
     )
 
     assert outcome.exit_code == ExitCode.INPUT
@@ -170,26 +150,17 @@ async def test_storage_down_exits_3(
     assert len(retries) == 3
 
 
-async def test_missing_input_secret_exits_3(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str], model_server: ModelServer
-) -> None:
-    outcome = await run_runner(
-        tmp_path, iris_contract(model_server.infer_url()), InMemorySecrets(), capfd
-    )
+async def test_missing_input_secret_exits_3(world: World) -> None:
+    outcome = await world.run(iris_contract(world.model_server.infer_url()), InMemorySecrets())
 
     assert outcome.exit_code == ExitCode.INPUT
     assert outcome.termination == f"input: Secret {SECRET_NAMESPACE}/{STORAGE_SECRET} not found"
 
 
-async def test_input_notebook_failure_answered_200_is_rejected_with_exit_6(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    storage: StorageService,
-) -> None:
-    contract = iris_contract(model_server.infer_url(), input_table="no_such_table")
+async def test_input_notebook_failure_answered_200_is_rejected_with_exit_6(world: World) -> None:
+    contract = iris_contract(world.model_server.infer_url(), input_table="no_such_table")
 
-    outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.run(contract)
 
     # A missing table is missing for every pod: the Job must not retry it.
     assert outcome.exit_code == ExitCode.INPUT_REJECTED
@@ -199,17 +170,12 @@ async def test_input_notebook_failure_answered_200_is_rejected_with_exit_6(
     )
 
 
-async def test_accept_header_that_is_not_exactly_json_is_explained(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    storage: StorageService,
-) -> None:
-    storage.seed_iris("iris")
-    contract = iris_contract(model_server.infer_url())
+async def test_accept_header_that_is_not_exactly_json_is_explained(world: World) -> None:
+    world.storage.seed_iris("iris")
+    contract = iris_contract(world.model_server.infer_url())
     contract["input"]["krateo"]["api"]["headers"] = ["Accept: application/json, text/plain"]
 
-    outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.run(contract)
 
     assert outcome.exit_code == ExitCode.INPUT_REJECTED
     assert "with content type text/html" in outcome.termination
@@ -219,73 +185,62 @@ async def test_accept_header_that_is_not_exactly_json_is_explained(
 
 
 async def test_model_4xx_fails_at_once_with_the_servers_message(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    fault_proxy: FaultProxy,
-    storage: StorageService,
+    world: World, fault_proxy: FaultProxy
 ) -> None:
-    storage.seed_iris("iris")
+    world.storage.seed_iris("iris")
     contract = iris_contract(f"{fault_proxy.url}/v2/models/nope/infer")
 
-    outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.run(contract)
 
     assert outcome.exit_code == ExitCode.INFERENCE_REJECTED
     assert outcome.termination == (
         "inference: model answered 404: Model with name nope does not exist."
     )
     assert fault_proxy.seen["/v2/models/nope/infer"] == 1
-    assert storage.calls["sklearnoutput"] == 0
+    assert world.storage.calls["sklearnoutput"] == 0
 
 
-async def test_model_400_from_the_model_itself_is_passed_on(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    fault_proxy: FaultProxy,
-    storage: StorageService,
+@pytest.mark.parametrize(
+    ("path", "version", "expected", "requests"),
+    [
+        # v1 has no metadata to check against, so the model itself refuses the rows.
+        pytest.param(
+            "/v1/models/sklearn-iris:predict",
+            "v1",
+            "inference: model answered 400: "
+            "expected rows of 4 features, got an array of shape [10, 3]",
+            1,
+            id="v1-the-model-itself-refuses-them",
+        ),
+        # v2 metadata declares the input's shape: the rows fail before sending.
+        pytest.param(
+            INFER,
+            "v2",
+            "inference: the model declares input 'input-0' of shape [-1, 4], "
+            "but the input's rows have shape [3]",
+            0,
+            id="v2-rows-contradicting-the-metadata",
+        ),
+    ],
+)
+async def test_rows_the_model_cannot_take_fail_with_the_reason(
+    world: World, fault_proxy: FaultProxy, path: str, version: str, expected: str, requests: int
 ) -> None:
-    storage.seed_table("narrow", IRIS_COLUMNS[:3], [[5.1, 3.5, 1.4]] * 10)
-    # v1 has no metadata to check against, so the model itself refuses the rows.
-    contract = iris_contract(
-        f"{fault_proxy.url}/v1/models/sklearn-iris:predict", input_table="narrow"
-    )
-    contract["kserve"]["modelVersion"] = "v1"
+    world.storage.seed_table("narrow", IRIS_COLUMNS[:3], [[5.1, 3.5, 1.4]] * 10)
+    contract = iris_contract(f"{fault_proxy.url}{path}", input_table="narrow")
+    contract["kserve"]["modelVersion"] = version
 
-    outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.run(contract)
 
     assert outcome.exit_code == ExitCode.INFERENCE_REJECTED
-    assert outcome.termination == (
-        "inference: model answered 400: expected rows of 4 features, got an array of shape [10, 3]"
-    )
-    assert fault_proxy.seen["/v1/models/sklearn-iris:predict"] == 1
-
-
-async def test_rows_contradicting_the_models_metadata_fail_before_sending(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    fault_proxy: FaultProxy,
-    storage: StorageService,
-) -> None:
-    storage.seed_table("narrow", IRIS_COLUMNS[:3], [[5.1, 3.5, 1.4]] * 10)
-    contract = iris_contract(f"{fault_proxy.url}{INFER}", input_table="narrow")
-
-    outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
-
-    assert outcome.exit_code == ExitCode.INFERENCE_REJECTED
-    assert outcome.termination == (
-        "inference: the model declares input 'input-0' of shape [-1, 4], "
-        "but the input's rows have shape [3]"
-    )
-    assert fault_proxy.seen[INFER] == 0
+    assert outcome.termination == expected
+    assert fault_proxy.seen[path] == requests
 
 
 async def test_transient_model_faults_at_20_percent_still_store_every_row_once(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    fault_proxy: FaultProxy,
-    storage: StorageService,
+    world: World, fault_proxy: FaultProxy
 ) -> None:
-    rows = random_iris_rows(20_000, seed=5)
-    storage.seed_table("flaky", IRIS_COLUMNS, rows)
+    rows = world.seed_random_iris("flaky", 20_000, seed=5)
     fault_proxy.rate = 0.2
     contract = iris_contract(
         f"{fault_proxy.url}{INFER}",
@@ -293,14 +248,14 @@ async def test_transient_model_faults_at_20_percent_still_store_every_row_once(
         batching={"batchSize": 100, "concurrency": 4, "maxRetries": 30},
     )
 
-    outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.run(contract)
 
     assert outcome.exit_code == ExitCode.DONE, outcome.termination
     assert set(fault_proxy.faults) == {"500", "503", "429", "reset"}
     # Each row reached the model successfully exactly once...
     assert fault_proxy.forwarded_rows == len(rows)
     # ...and is stored exactly once, in order.
-    stored = storage.predictions("iris_predictions")
+    stored = world.storage.predictions("iris_predictions")
     assert [counter for _, _, _, counter in stored] == list(range(len(rows)))
     assert [value for _, _, value, _ in stored] == direct_iris(rows)
     retries = [e for e in outcome.events() if e["event"] == "model request failed, retrying"]
@@ -308,86 +263,63 @@ async def test_transient_model_faults_at_20_percent_still_store_every_row_once(
 
 
 async def test_model_failing_every_time_gives_up_after_the_retry_budget(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    fault_proxy: FaultProxy,
-    storage: StorageService,
+    world: World, fault_proxy: FaultProxy
 ) -> None:
-    storage.seed_iris("iris")
+    world.storage.seed_iris("iris")
     fault_proxy.rate = 1.0
     contract = iris_contract(
         f"{fault_proxy.url}{INFER}", batching={"batchSize": 1000, "maxRetries": 3}
     )
 
-    outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.run(contract)
 
     assert outcome.exit_code == ExitCode.INFERENCE
     assert outcome.termination.startswith("inference: model ")
     assert outcome.termination.endswith(" (gave up after 4 attempts)")
     assert fault_proxy.seen[INFER] == 4
-    assert storage.calls["sklearnoutput"] == 0
+    assert world.storage.calls["sklearnoutput"] == 0
 
 
-async def test_the_run_deadline_stops_retries(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    fault_proxy: FaultProxy,
-    storage: StorageService,
-) -> None:
-    storage.seed_iris("iris")
+async def test_the_run_deadline_stops_retries(world: World, fault_proxy: FaultProxy) -> None:
+    world.storage.seed_iris("iris")
     fault_proxy.rate = 1.0
     contract = iris_contract(
         f"{fault_proxy.url}{INFER}", batching={"batchSize": 1000, "maxRetries": 100}
     )
 
-    outcome = await run_runner(
-        tmp_path,
-        contract,
-        storage_secrets(storage.url),
-        capfd,
-        env={"RUNNER_DEADLINE_SECONDS": "1.5"},
-    )
+    outcome = await world.run(contract, env={"RUNNER_DEADLINE_SECONDS": "1.5"})
 
     assert outcome.exit_code == ExitCode.INFERENCE
     assert "(the run's deadline stopped retries after " in outcome.termination
     assert fault_proxy.seen[INFER] < 101
 
 
-async def test_output_notebook_failure_answered_200_is_rejected_with_exit_8(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    storage: StorageService,
-) -> None:
-    storage.seed_iris("iris")
-    contract = iris_contract(model_server.infer_url(), output_table="bad-name")
+async def test_output_notebook_failure_answered_200_is_rejected_with_exit_8(world: World) -> None:
+    world.storage.seed_iris("iris")
+    contract = iris_contract(world.model_server.infer_url(), output_table="bad-name")
 
-    outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.run(contract)
 
     assert outcome.exit_code == ExitCode.OUTPUT_REJECTED
     assert outcome.termination.startswith(
-        f"output: POST {storage.url}/compute/sklearnoutput answered 200 with an error instead "
-        "of storing: "
+        f"output: POST {world.storage.url}/compute/sklearnoutput answered 200 "
+        "with an error instead of storing: "
     )
     assert outcome.termination.endswith(
         "hack.storage_service.NotebookFailed: invalid table name 'bad-name': "
         "expected [A-Za-z_][A-Za-z0-9_]*"
     )
-    assert storage.calls["sklearnoutput"] == 1
+    assert world.storage.calls["sklearnoutput"] == 1
 
 
 async def test_missing_output_secret_fails_before_the_model_is_called(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    fault_proxy: FaultProxy,
-    storage: StorageService,
+    world: World, fault_proxy: FaultProxy
 ) -> None:
-    storage.seed_iris("iris")
+    world.storage.seed_iris("iris")
     contract = iris_contract(f"{fault_proxy.url}{INFER}")
     contract["output"]["krateo"]["api"]["endpointRef"] = {"name": "absent"}
-    secrets = storage_secrets(storage.url)
 
-    outcome = await run_runner(tmp_path, contract, secrets, capfd, env={"POD_NAMESPACE": "team-a"})
+    outcome = await world.run(contract, env={"POD_NAMESPACE": "team-a"})
 
     assert outcome.exit_code == ExitCode.OUTPUT
     # endpointRef without a namespace means the pod's own.

@@ -2,51 +2,43 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 from aiohttp import web
 
+from hack.loopback import LoopbackApp
 from runner.exitcodes import ExitCode
 from tests.runner.conftest import (
     InMemorySecrets,
+    Outcome,
+    World,
     direct_iris,
     random_iris_rows,
-    run_runner,
+    running,
 )
-from tests.servers import ModelServer
 
 TOKEN = "api-token-5b1e"
 
 
-class RowsApi:
+class RowsApi(LoopbackApp):
     """GET /api/tables/{t} -> {"data": {"rows": ...}}; POST /api/predictions stores the body."""
 
+    base_path = "/api"
+
     def __init__(self) -> None:
+        super().__init__()
         self.tables: dict[str, list[list[float]]] = {}
         self.received: list[dict[str, Any]] = []
         self.store_answer: tuple[int, str] = (204, "")
-        self.url = ""
-        self._runner: web.AppRunner | None = None
 
-    async def start(self) -> None:
+    def application(self) -> web.Application:
         app = web.Application(client_max_size=1 << 28)
         app.router.add_get("/api/tables/{table}", self._rows)
         app.router.add_post("/api/predictions", self._store)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        await web.SockSite(self._runner, sock).start()
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}/api"
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        return app
 
     def _check(self, request: web.Request) -> None:
         if request.headers.get("Authorization") != f"Bearer {TOKEN}":
@@ -67,12 +59,8 @@ class RowsApi:
 
 @pytest.fixture
 async def rows_api() -> AsyncIterator[RowsApi]:
-    api = RowsApi()
-    await api.start()
-    try:
+    async with running(RowsApi()) as api:
         yield api
-    finally:
-        await api.stop()
 
 
 def http_contract(model_url: str, **output_extra: Any) -> dict[str, Any]:
@@ -89,23 +77,18 @@ def http_contract(model_url: str, **output_extra: Any) -> dict[str, Any]:
     }
 
 
-async def test_rows_and_predictions_travel_over_plain_json(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    rows_api: RowsApi,
-) -> None:
+async def run_in_apps(world: World, rows_api: RowsApi, **output_extra: Any) -> Outcome:
+    """A run in namespace ``apps``, its Secret ``rows-api`` naming ``rows_api`` and its token."""
+    secrets = InMemorySecrets({("apps", "rows-api"): {"url": rows_api.url, "token": TOKEN}})
+    contract = http_contract(world.model_server.infer_url(), **output_extra)
+    return await world.run(contract, secrets, env={"POD_NAMESPACE": "apps"})
+
+
+async def test_rows_and_predictions_travel_over_plain_json(world: World, rows_api: RowsApi) -> None:
     rows = random_iris_rows(250)
     rows_api.tables["flowers"] = rows
-    secrets = InMemorySecrets({("apps", "rows-api"): {"url": rows_api.url, "token": TOKEN}})
 
-    outcome = await run_runner(
-        tmp_path,
-        http_contract(model_server.infer_url(), chunkSize=100),
-        secrets,
-        capfd,
-        env={"POD_NAMESPACE": "apps"},
-    )
+    outcome = await run_in_apps(world, rows_api, chunkSize=100)
 
     assert outcome.exit_code == ExitCode.DONE, outcome.termination
     assert [body["predictions_offset"] for body in rows_api.received] == ["0", "100", "200"]
@@ -116,22 +99,12 @@ async def test_rows_and_predictions_travel_over_plain_json(
 
 
 async def test_a_200_with_an_error_text_is_an_output_failure(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    rows_api: RowsApi,
+    world: World, rows_api: RowsApi
 ) -> None:
     rows_api.tables["flowers"] = random_iris_rows(10)
     rows_api.store_answer = (200, "database is read-only")
-    secrets = InMemorySecrets({("apps", "rows-api"): {"url": rows_api.url, "token": TOKEN}})
 
-    outcome = await run_runner(
-        tmp_path,
-        http_contract(model_server.infer_url(), predictionsAs="string"),
-        secrets,
-        capfd,
-        env={"POD_NAMESPACE": "apps"},
-    )
+    outcome = await run_in_apps(world, rows_api, predictionsAs="string")
 
     assert outcome.exit_code == ExitCode.OUTPUT_REJECTED
     assert outcome.termination.endswith(
@@ -141,10 +114,7 @@ async def test_a_200_with_an_error_text_is_an_output_failure(
 
 
 async def test_an_output_422_echoing_the_predictions_is_rejected_without_them(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    rows_api: RowsApi,
+    world: World, rows_api: RowsApi
 ) -> None:
     rows_api.tables["flowers"] = random_iris_rows(300)
     # A FastAPI service refusing the body repeats it, predictions and all.
@@ -155,15 +125,8 @@ async def test_an_output_422_echoing_the_predictions_is_rejected_without_them(
         + ", ".join(["1.0", "0.0", "2.0"] * 100)
         + "]}]}",
     )
-    secrets = InMemorySecrets({("apps", "rows-api"): {"url": rows_api.url, "token": TOKEN}})
 
-    outcome = await run_runner(
-        tmp_path,
-        http_contract(model_server.infer_url(), chunkSize=100),
-        secrets,
-        capfd,
-        env={"POD_NAMESPACE": "apps"},
-    )
+    outcome = await run_in_apps(world, rows_api, chunkSize=100)
 
     assert outcome.exit_code == ExitCode.OUTPUT_REJECTED
     assert outcome.termination == (

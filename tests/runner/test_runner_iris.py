@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from hack.storage_service import StorageService
 from runner.exitcodes import ExitCode
 from tests.runner.conftest import (
+    World,
     direct_iris,
     iris_contract,
-    run_runner,
-    storage_secrets,
 )
-from tests.servers import ModelServer
 
 
 @pytest.mark.parametrize(
@@ -22,23 +17,18 @@ from tests.servers import ModelServer
     [("v2", "/v2/models/sklearn-iris/infer"), ("v1", "/v1/models/sklearn-iris:predict")],
 )
 async def test_iris_predictions_are_stored_one_row_each_with_job_and_pod_ids(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    storage: StorageService,
-    model_version: str,
-    path: str,
+    world: World, model_version: str, path: str
 ) -> None:
-    rows = storage.seed_iris("iris")
+    rows = world.storage.seed_iris("iris")
     # No scheme: the runner adds http:// as upstream does.
-    model_url = model_server.url.removeprefix("http://") + path
+    model_url = world.model_server.url.removeprefix("http://") + path
     contract = iris_contract(model_url, batching={"batchSize": 32, "concurrency": 3})
     contract["kserve"]["modelVersion"] = model_version
 
-    outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.run(contract)
 
     assert outcome.exit_code == ExitCode.DONE, outcome.termination
-    stored = storage.predictions("iris_predictions")
+    stored = world.storage.predictions("iris_predictions")
     assert [(job, pod) for job, pod, _, _ in stored] == [("3f1c2a9e-job", "pod-0a1b")] * len(rows)
     assert [counter for _, _, _, counter in stored] == list(range(len(rows)))
     assert [prediction for _, _, prediction, _ in stored] == direct_iris(rows)
@@ -51,19 +41,16 @@ async def test_iris_predictions_are_stored_one_row_each_with_job_and_pod_ids(
 
 
 async def test_iris_reads_the_input_once_writes_the_output_once_and_ignores_payload(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    storage: StorageService,
+    world: World,
 ) -> None:
-    storage.seed_iris("iris")
-    contract = iris_contract(model_server.infer_url())
+    world.storage.seed_iris("iris")
+    contract = iris_contract(world.model_server.infer_url())
     contract["input"]["krateo"]["api"]["payload"] = {"ignored": "as upstream"}
 
-    outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.run(contract)
 
     assert outcome.exit_code == ExitCode.DONE, outcome.termination
-    assert storage.calls == {"sklearninput": 1, "sklearnoutput": 1}
+    assert world.storage.calls == {"sklearninput": 1, "sklearnoutput": 1}
     warnings = [e for e in outcome.events() if e["level"] == "warning"]
     assert [(e["event"], e["role"]) for e in warnings] == [
         ("api.payload is ignored, as upstream: the body is the run's parameters", "input")

@@ -10,22 +10,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
-from hack.storage_service import IRIS_COLUMNS, StorageService
+from hack.loopback import FaultProxy
+from hack.storage_service import StorageService
 from runner.exitcodes import ExitCode
 from runner.httputil import SERVER_MESSAGE_LIMIT
 from tests.runner.conftest import (
-    FaultProxy,
+    World,
     iris_contract,
     krateo_entry,
-    random_iris_rows,
-    run_runner,
+    running,
     storage_secrets,
 )
-from tests.servers import ModelServer, free_port
+from tests.servers import free_port
 
 INFER = "/v2/models/sklearn-iris/infer"
 # What KServe's FastAPI answers a v1 body sent to the v2 endpoint, without the body.
@@ -54,39 +53,32 @@ def retries(outcome_events: list[dict[str, object]], event: str) -> int:
 
 
 async def test_a_v1_request_to_a_v2_endpoint_is_rejected_at_once_with_exit_7(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    fault_proxy: FaultProxy,
-    storage: StorageService,
+    world: World, fault_proxy: FaultProxy
 ) -> None:
-    storage.seed_iris("iris")
+    world.storage.seed_iris("iris")
     contract = iris_contract(f"{fault_proxy.url}{INFER}")
     contract["kserve"]["modelVersion"] = "v1"
 
-    outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.run(contract)
 
     assert outcome.exit_code == ExitCode.INFERENCE_REJECTED
     assert outcome.termination == f"inference: {V1_ON_V2}"
     assert fault_proxy.seen[INFER] == 1
     assert retries(outcome.events(), "model request failed, retrying") == 0
-    assert storage.calls["sklearnoutput"] == 0
+    assert world.storage.calls["sklearnoutput"] == 0
 
 
 async def test_a_422_echoing_every_row_is_quoted_without_them(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    fault_proxy: FaultProxy,
-    storage: StorageService,
+    world: World, fault_proxy: FaultProxy
 ) -> None:
     # FastAPI's 422 repeats the whole request in each error's "input": ~300 KB here.
-    rows = random_iris_rows(5000)
-    storage.seed_table("many", IRIS_COLUMNS, rows)
+    rows = world.seed_random_iris("many", 5000)
     contract = iris_contract(
         f"{fault_proxy.url}{INFER}", input_table="many", batching={"batchSize": 5000}
     )
     contract["kserve"]["modelVersion"] = "v1"
 
-    outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.run(contract)
 
     assert outcome.exit_code == ExitCode.INFERENCE_REJECTED
     assert outcome.termination == f"inference: {V1_ON_V2}"
@@ -98,53 +90,44 @@ async def test_a_422_echoing_every_row_is_quoted_without_them(
         assert row_text(rows[0]) not in output
 
 
-async def test_a_5xx_quoting_the_request_still_exits_4_after_retries_without_the_rows(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    fault_proxy: FaultProxy,
-    storage: StorageService,
+@pytest.mark.parametrize(
+    ("kind", "echo", "expected"),
+    [
+        pytest.param(
+            "500",
+            True,
+            "inference: model answered 500: injected 500: cannot process request {…} "
+            "(gave up after 3 attempts)",
+            id="a-5xx-quoting-the-request-without-the-rows",
+        ),
+        pytest.param(
+            "408",
+            False,
+            "inference: model answered 408: injected 408 (gave up after 3 attempts)",
+            id="a-408-retried-like-a-timeout",
+        ),
+    ],
+)
+async def test_a_retried_model_failure_still_exits_4_after_retries(
+    world: World, fault_proxy: FaultProxy, kind: str, echo: bool, expected: str
 ) -> None:
-    storage.seed_iris("iris")
-    fault_proxy.rate, fault_proxy.kinds, fault_proxy.echo = 1.0, ("500",), True
+    world.storage.seed_iris("iris")
+    fault_proxy.rate, fault_proxy.kinds, fault_proxy.echo = 1.0, (kind,), echo
     contract = iris_contract(f"{fault_proxy.url}{INFER}", batching={"maxRetries": 2})
 
-    outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.run(contract)
 
     assert outcome.exit_code == ExitCode.INFERENCE
     assert fault_proxy.seen[INFER] == 3
-    assert outcome.termination == (
-        "inference: model answered 500: injected 500: cannot process request {…} "
-        "(gave up after 3 attempts)"
-    )
+    assert outcome.termination == expected
     assert not DECIMAL.search(outcome.termination)
 
 
-async def test_a_408_is_retried_like_a_timeout_and_exits_4(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    fault_proxy: FaultProxy,
-    storage: StorageService,
-) -> None:
-    storage.seed_iris("iris")
-    fault_proxy.rate, fault_proxy.kinds = 1.0, ("408",)
-    contract = iris_contract(f"{fault_proxy.url}{INFER}", batching={"maxRetries": 2})
-
-    outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
-
-    assert outcome.exit_code == ExitCode.INFERENCE
-    assert fault_proxy.seen[INFER] == 3
-    assert outcome.termination == (
-        "inference: model answered 408: injected 408 (gave up after 3 attempts)"
-    )
-
-
-async def test_an_unreachable_model_still_exits_4_after_retries(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str], storage: StorageService
-) -> None:
-    storage.seed_iris("iris")
+async def test_an_unreachable_model_still_exits_4_after_retries(world: World) -> None:
+    world.storage.seed_iris("iris")
     contract = iris_contract(f"http://127.0.0.1:{free_port()}{INFER}", batching={"maxRetries": 2})
 
-    outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.run(contract)
 
     assert outcome.exit_code == ExitCode.INFERENCE
     assert outcome.termination.startswith("inference: model call failed: ")
@@ -155,67 +138,37 @@ async def test_an_unreachable_model_still_exits_4_after_retries(
 # -- the storage -----------------------------------------------------------------------------
 
 
-async def test_an_input_4xx_is_rejected_at_once_with_exit_6(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    storage: StorageService,
+@pytest.mark.parametrize(
+    ("role", "code"), [("input", ExitCode.INPUT_REJECTED), ("output", ExitCode.OUTPUT_REJECTED)]
+)
+async def test_a_storage_4xx_is_rejected_at_once_with_exit_6_or_8(
+    world: World, role: str, code: ExitCode
 ) -> None:
-    contract = iris_contract(model_server.infer_url())
-    contract["input"] = krateo_entry("/compute/no-such-notebook")
+    world.storage.seed_iris("iris")
+    contract = iris_contract(world.model_server.infer_url())
+    contract[role] = krateo_entry("/compute/no-such-notebook")
 
-    outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.run(contract)
 
-    assert outcome.exit_code == ExitCode.INPUT_REJECTED
+    assert outcome.exit_code == code
     assert outcome.termination == (
-        f"input: POST {storage.url}/compute/no-such-notebook answered 404: "
+        f"{role}: POST {world.storage.url}/compute/no-such-notebook answered 404: "
         "notebook no-such-notebook not found"
     )
     assert retries(outcome.events(), "storage request failed, retrying") == 0
 
 
-async def test_an_output_4xx_is_rejected_with_exit_8(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    storage: StorageService,
-) -> None:
-    storage.seed_iris("iris")
-    contract = iris_contract(model_server.infer_url())
-    contract["output"] = krateo_entry("/compute/no-such-notebook")
-
-    outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
-
-    assert outcome.exit_code == ExitCode.OUTPUT_REJECTED
-    assert outcome.termination == (
-        f"output: POST {storage.url}/compute/no-such-notebook answered 404: "
-        "notebook no-such-notebook not found"
-    )
-
-
 @pytest.fixture
 async def storage_proxy(storage: StorageService) -> AsyncIterator[FaultProxy]:
-    proxy = FaultProxy(storage.url, rate=1.0)
-    await proxy.start()
-    try:
+    async with running(FaultProxy(storage.url, rate=1.0)) as proxy:
         yield proxy
-    finally:
-        await proxy.stop()
 
 
-async def test_an_input_408_is_retried_and_exits_3(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    storage_proxy: FaultProxy,
-) -> None:
+async def test_an_input_408_is_retried_and_exits_3(world: World, storage_proxy: FaultProxy) -> None:
     storage_proxy.kinds = ("408",)
 
-    outcome = await run_runner(
-        tmp_path,
-        iris_contract(model_server.infer_url()),
-        storage_secrets(storage_proxy.url),
-        capfd,
+    outcome = await world.run(
+        iris_contract(world.model_server.infer_url()), storage_secrets(storage_proxy.url)
     )
 
     assert outcome.exit_code == ExitCode.INPUT

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -14,10 +16,12 @@ from tests.runner.conftest import (
     STORAGE_SECRET,
     STORAGE_USER,
     InMemorySecrets,
+    Outcome,
+    World,
     iris_contract,
-    run_runner,
+    storage_service,
 )
-from tests.servers import ModelServer, free_port
+from tests.servers import free_port
 
 
 @pytest.fixture
@@ -29,61 +33,46 @@ def secret(**data: str) -> InMemorySecrets:
     return InMemorySecrets({(SECRET_NAMESPACE, STORAGE_SECRET): data})
 
 
-async def canary_storage(tmp_path: Path, canary: str) -> StorageService:
-    service = StorageService(tmp_path / "canary.sqlite", STORAGE_USER, canary)
-    await service.start()
-    service.seed_iris("iris")
-    return service
+def assert_not_shown(canary: str, outcome: Outcome) -> None:
+    """Nothing the runner wrote (stdout, stderr, the termination message) holds ``canary``."""
+    for output in (outcome.stdout, outcome.stderr, outcome.termination):
+        assert canary not in output
+
+
+@contextlib.asynccontextmanager
+async def canary_storage(tmp_path: Path, password: str) -> AsyncIterator[StorageService]:
+    async with storage_service(tmp_path / "canary.sqlite", password) as service:
+        service.seed_iris("iris")
+        yield service
 
 
 @pytest.mark.parametrize("log_level", ["debug", "info"])
 async def test_a_successful_run_never_shows_the_password(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    canary: str,
-    log_level: str,
+    world: World, canary: str, log_level: str
 ) -> None:
-    storage = await canary_storage(tmp_path, canary)
-    try:
-        outcome = await run_runner(
-            tmp_path,
-            iris_contract(model_server.infer_url()),
+    async with canary_storage(world.tmp_path, canary) as storage:
+        outcome = await world.run(
+            iris_contract(world.model_server.infer_url()),
             secret(**{"server-url": storage.url, "username": STORAGE_USER, "password": canary}),
-            capfd,
             log_level=log_level,
         )
-    finally:
-        await storage.stop()
 
     assert outcome.exit_code == ExitCode.DONE, outcome.termination
     assert len(storage.predictions("iris_predictions")) == 150
-    for output in (outcome.stdout, outcome.stderr, outcome.termination):
-        assert canary not in output
+    assert_not_shown(canary, outcome)
 
 
-async def test_a_refused_password_is_reported_without_it(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    canary: str,
-) -> None:
-    storage = await canary_storage(tmp_path, "the-real-password")
-    try:
-        outcome = await run_runner(
-            tmp_path,
-            iris_contract(model_server.infer_url()),
+async def test_a_refused_password_is_reported_without_it(world: World, canary: str) -> None:
+    async with canary_storage(world.tmp_path, "the-real-password") as storage:
+        outcome = await world.run(
+            iris_contract(world.model_server.infer_url()),
             secret(**{"server-url": storage.url, "username": STORAGE_USER, "password": canary}),
-            capfd,
         )
-    finally:
-        await storage.stop()
 
     # A wrong password stays wrong: the Job is failed at once, not retried.
     assert outcome.exit_code == ExitCode.INPUT_REJECTED
     assert outcome.termination.endswith("answered 401: Unauthorized Access")
-    for output in (outcome.stdout, outcome.stderr, outcome.termination):
-        assert canary not in output
+    assert_not_shown(canary, outcome)
 
 
 @pytest.mark.parametrize(
@@ -96,60 +85,40 @@ async def test_a_refused_password_is_reported_without_it(
     ],
 )
 async def test_secret_problems_are_reported_without_the_secret(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    canary: str,
-    data: dict[str, str],
+    world: World, canary: str, data: dict[str, str]
 ) -> None:
     values = {key: value.format(c=canary) for key, value in data.items()}
     values["server-url"] = "https://127.0.0.1:1"
 
-    outcome = await run_runner(
-        tmp_path, iris_contract(model_server.infer_url()), secret(**values), capfd
-    )
+    outcome = await world.run(iris_contract(world.model_server.infer_url()), secret(**values))
 
     assert outcome.exit_code == ExitCode.INPUT
-    for output in (outcome.stdout, outcome.stderr, outcome.termination):
-        assert canary not in output
+    assert_not_shown(canary, outcome)
 
 
 async def test_credentials_in_the_server_url_are_used_and_never_shown(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    canary: str,
+    world: World, canary: str
 ) -> None:
-    storage = await canary_storage(tmp_path, canary)
-    host = storage.url.removeprefix("http://")
-    try:
-        outcome = await run_runner(
-            tmp_path,
-            iris_contract(model_server.infer_url()),
+    async with canary_storage(world.tmp_path, canary) as storage:
+        host = storage.url.removeprefix("http://")
+        outcome = await world.run(
+            iris_contract(world.model_server.infer_url()),
             secret(**{"server-url": f"http://{STORAGE_USER}:{canary}@{host}"}),
-            capfd,
         )
-    finally:
-        await storage.stop()
 
     assert outcome.exit_code == ExitCode.DONE, outcome.termination
-    for output in (outcome.stdout, outcome.stderr, outcome.termination):
-        assert canary not in output
+    assert_not_shown(canary, outcome)
 
 
 async def test_an_unreachable_server_url_with_credentials_is_reported_without_them(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    canary: str,
+    world: World, canary: str
 ) -> None:
     url = f"http://{STORAGE_USER}:{canary}@127.0.0.1:{free_port()}"
 
-    outcome = await run_runner(
-        tmp_path, iris_contract(model_server.infer_url()), secret(**{"server-url": url}), capfd
+    outcome = await world.run(
+        iris_contract(world.model_server.infer_url()), secret(**{"server-url": url})
     )
 
     assert outcome.exit_code == ExitCode.INPUT
     assert "cannot connect" in outcome.termination
-    for output in (outcome.stdout, outcome.stderr, outcome.termination):
-        assert canary not in output
+    assert_not_shown(canary, outcome)

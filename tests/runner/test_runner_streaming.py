@@ -10,35 +10,31 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 from aiohttp import web
 
-from hack.storage_service import IRIS_COLUMNS, StorageService
+from hack.loopback import FaultProxy, ForwardingProxy, serve
+from hack.storage_service import StorageService
 from runner.exitcodes import ExitCode
 from tests.runner.conftest import (
     REPO,
     SECRET_NAMESPACE,
     STORAGE_PASSWORD,
-    STORAGE_SECRET,
     STORAGE_USER,
-    FaultProxy,
     InMemorySecrets,
+    World,
     direct_iris,
     iris_contract,
     krateo_entry,
     random_iris_rows,
-    run_runner,
+    running,
     storage_secrets,
 )
-from tests.servers import ModelServer
 
 HTTP_SECRET = "rows-store"
 
@@ -102,25 +98,21 @@ def assert_exactly_once(storage: StorageService, job: str, rows: list[list[float
 
 
 async def test_krateo_paging_streams_pages_and_stores_keyed_chunks(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    fault_proxy: FaultProxy,
-    storage: StorageService,
+    world: World, fault_proxy: FaultProxy
 ) -> None:
-    rows = random_iris_rows(1000)
-    storage.seed_table("big", IRIS_COLUMNS, rows)
+    rows = world.seed_random_iris("big", 1000)
     contract = paged_krateo_contract(f"{fault_proxy.url}/v2/models/sklearn-iris/infer", 300)
     contract["input"]["krateo"]["paging"]["pagesInFlight"] = 4
 
-    outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.run(contract)
 
     assert outcome.exit_code == ExitCode.DONE, outcome.termination
     # 300 + 300 + 300 + 100: the short page is the last; one keyed write per page.
-    assert storage.calls["sklearninput"] == 4
+    assert world.storage.calls["sklearninput"] == 4
     # One resume question, then one keyed write per page.
-    assert storage.calls["sklearnoutput"] == 1 + 4
+    assert world.storage.calls["sklearnoutput"] == 1 + 4
     assert fault_proxy.forwarded_rows == 1000
-    assert_exactly_once(storage, "3f1c2a9e-job", rows)
+    assert_exactly_once(world.storage, "3f1c2a9e-job", rows)
     result = outcome.result
     assert (result["rows"], result["predictions"], result["resumedRows"]) == (1000, 1000, 0)
     assert (result["pages"], result["chunks"], result["duplicates"]) == (4, 4, 0)
@@ -129,175 +121,112 @@ async def test_krateo_paging_streams_pages_and_stores_keyed_chunks(
 
 
 async def test_http_paging_reads_pages_with_get_and_resumes_nothing_on_a_fresh_run(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    storage: StorageService,
+    world: World,
 ) -> None:
-    rows = random_iris_rows(450)
-    storage.seed_table("big", IRIS_COLUMNS, rows)
+    rows = world.seed_random_iris("big", 450)
 
-    outcome = await run_runner(
-        tmp_path,
-        paged_http_contract(model_server.infer_url(), 150),
-        http_secrets(storage.url),
-        capfd,
+    outcome = await world.run(
+        paged_http_contract(world.model_server.infer_url(), 150), http_secrets(world.storage.url)
     )
 
     assert outcome.exit_code == ExitCode.DONE, outcome.termination
     # 150 * 3, then an empty page ends the input (the last full page cannot know).
-    assert storage.calls["/tables/big/rows"] == 4
-    assert storage.calls["/tables/out/predictions"] == 3
-    assert storage.calls["/tables/out/progress"] == 1
-    assert_exactly_once(storage, "job-http-paged", rows)
+    assert world.storage.calls["/tables/big/rows"] == 4
+    assert world.storage.calls["/tables/out/predictions"] == 3
+    assert world.storage.calls["/tables/out/progress"] == 1
+    assert_exactly_once(world.storage, "job-http-paged", rows)
     assert outcome.result["pages"] == 4
     assert outcome.result["chunks"] == 3
 
 
-async def test_the_same_run_twice_stores_every_prediction_once(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    storage: StorageService,
-) -> None:
-    rows = random_iris_rows(500)
-    storage.seed_table("big", IRIS_COLUMNS, rows)
+async def test_the_same_run_twice_stores_every_prediction_once(world: World) -> None:
+    rows = world.seed_random_iris("big", 500)
     # No resumePath: a retried pod redoes everything, and the keys make it harmless.
-    contract = paged_krateo_contract(model_server.infer_url(), 200, resume=False)
+    contract = paged_krateo_contract(world.model_server.infer_url(), 200, resume=False)
 
-    first = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
-    second = await run_runner(
-        tmp_path, contract, storage_secrets(storage.url), capfd, env={"pod_uid": "pod-retry"}
-    )
+    first = await world.run(contract)
+    second = await world.run(contract, env={"pod_uid": "pod-retry"})
 
     assert first.exit_code == second.exit_code == ExitCode.DONE, second.termination
     assert first.result["duplicates"] == 0
     assert second.result["duplicates"] == 500
-    assert_exactly_once(storage, "3f1c2a9e-job", rows)
-    assert {pod for pod, *_ in (row[1:] for row in storage.predictions("out"))} == {"pod-0a1b"}
+    assert_exactly_once(world.storage, "3f1c2a9e-job", rows)
+    assert {pod for pod, *_ in (row[1:] for row in world.storage.predictions("out"))} == {
+        "pod-0a1b"
+    }
 
 
-class LosesAnAnswer:
+class LosesAnAnswer(ForwardingProxy):
     """Forwards to the storage; the ``lose``-th prediction write is stored, its answer lost."""
 
     def __init__(self, target: str, lose: int) -> None:
-        self.target = target
+        super().__init__(target, client_max_size=1 << 28)
         self.lose = lose
         self.writes = 0
-        self.url = ""
-        self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
 
-    async def start(self) -> None:
-        app = web.Application(client_max_size=1 << 28)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._session = aiohttp.ClientSession()
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        await web.SockSite(self._runner, sock).start()
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        assert self._session is not None
+    async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
-        async with self._session.request(
-            request.method, f"{self.target}{request.path_qs}", data=body, headers=headers
-        ) as answer:
-            payload = await answer.read()
+        answer = await self.forward(request, body, headers)
         if request.path.endswith("/predictions"):
             self.writes += 1
             if self.writes == self.lose:
                 # Stored on the other side; this side sees a dropped connection.
                 assert request.transport is not None
                 request.transport.abort()
-        return web.Response(status=answer.status, body=payload, content_type=answer.content_type)
+        return answer
 
 
 @pytest.fixture
 async def lossy(storage: StorageService) -> AsyncIterator[LosesAnAnswer]:
-    proxy = LosesAnAnswer(storage.url, lose=2)
-    await proxy.start()
-    try:
+    async with running(LosesAnAnswer(storage.url, lose=2)) as proxy:
         yield proxy
-    finally:
-        await proxy.stop()
 
 
 async def test_a_write_retried_after_its_answer_was_lost_is_stored_once(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    storage: StorageService,
-    lossy: LosesAnAnswer,
+    world: World, lossy: LosesAnAnswer
 ) -> None:
-    rows = random_iris_rows(400)
-    storage.seed_table("big", IRIS_COLUMNS, rows)
+    rows = world.seed_random_iris("big", 400)
 
-    outcome = await run_runner(
-        tmp_path,
-        paged_http_contract(model_server.infer_url(), 100),
-        http_secrets(lossy.url),
-        capfd,
+    outcome = await world.run(
+        paged_http_contract(world.model_server.infer_url(), 100), http_secrets(lossy.url)
     )
 
     assert outcome.exit_code == ExitCode.DONE, outcome.termination
     # Chunk 2 went twice: once stored with its answer lost, once answered "duplicates".
-    assert storage.calls["/tables/out/predictions"] == 5
+    assert world.storage.calls["/tables/out/predictions"] == 5
     assert outcome.result["chunks"] == 4
     assert outcome.result["duplicates"] == 100
-    assert_exactly_once(storage, "job-http-paged", rows)
+    assert_exactly_once(world.storage, "job-http-paged", rows)
 
 
-async def test_shards_read_disjoint_parts_of_the_input(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    storage: StorageService,
-) -> None:
-    rows = random_iris_rows(1001)
-    storage.seed_table("big", IRIS_COLUMNS, rows)
-    contract = paged_krateo_contract(model_server.infer_url(), 100, sharding={"count": 3})
+async def test_shards_read_disjoint_parts_of_the_input(world: World) -> None:
+    rows = world.seed_random_iris("big", 1001)
+    contract = paged_krateo_contract(world.model_server.infer_url(), 100, sharding={"count": 3})
     served: dict[int, int] = {}
 
     for index in range(3):
-        before = storage.calls["sklearninput"]
-        outcome = await run_runner(
-            tmp_path,
-            contract,
-            storage_secrets(storage.url),
-            capfd,
-            env={"JOB_COMPLETION_INDEX": str(index), "pod_uid": f"pod-{index}"},
-        )
+        before = world.storage.calls["sklearninput"]
+        outcome = await world.run_shard(contract, index)
         assert outcome.exit_code == ExitCode.DONE, outcome.termination
         served[index] = outcome.result["rows"]
         # Its own third only: 334 or 333 rows in pages of 100, never the whole input.
-        assert storage.calls["sklearninput"] - before == 4
+        assert world.storage.calls["sklearninput"] - before == 4
         assert outcome.progress is not None
         assert outcome.progress.rows_total == len(range(index, 1001, 3))
 
     assert served == {i: len(range(i, 1001, 3)) for i in range(3)}
-    stored = storage.keyed_predictions("out")
+    stored = world.storage.keyed_predictions("out")
     assert [counter for _, _, counter, _, _ in stored] == list(range(1001))
     assert [shard for _, shard, counter, _, _ in stored] == [c % 3 for c in range(1001)]
     assert [value for *_, value in stored] == direct_iris(rows)
 
 
-async def test_a_paged_input_with_a_reserved_parameter_is_a_bad_contract(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str], storage: StorageService
-) -> None:
+async def test_a_paged_input_with_a_reserved_parameter_is_a_bad_contract(world: World) -> None:
     contract = paged_krateo_contract("http://127.0.0.1:9/v2/models/m/infer", 10)
     contract["parameters"]["idempotency_key"] = "mine"
 
-    outcome = await run_runner(tmp_path, contract, storage_secrets(storage.url), capfd)
+    outcome = await world.run(contract)
 
     assert outcome.exit_code == ExitCode.BAD_CONTRACT
     assert "idempotency_key" in outcome.termination
@@ -318,19 +247,15 @@ sys.exit(asyncio.run(app.run(os.environ, secrets=Secrets())))
 
 
 async def test_a_runner_killed_mid_run_is_resumed_by_the_next_pod(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    fault_proxy: FaultProxy,
-    storage: StorageService,
+    world: World, fault_proxy: FaultProxy
 ) -> None:
-    rows = random_iris_rows(3000)
-    storage.seed_table("big", IRIS_COLUMNS, rows)
+    rows = world.seed_random_iris("big", 3000)
     contract = paged_krateo_contract(f"{fault_proxy.url}/v2/models/sklearn-iris/infer", 250)
-    contract_file = tmp_path / "killed.json"
+    contract_file = world.tmp_path / "killed.json"
     contract_file.write_bytes(orjson.dumps(contract))
-    secret = {"server-url": storage.url, "username": STORAGE_USER, "password": STORAGE_PASSWORD}
+    secrets = storage_secrets(world.storage.url).secrets
     # The storage stalls on the 5th write: the runner process is killed while it waits.
-    storage.hold_writes_after(4)
+    world.storage.hold_writes_after(4)
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -339,31 +264,31 @@ async def test_a_runner_killed_mid_run_is_resumed_by_the_next_pod(
         env={
             "PATH": os.environ.get("PATH", ""),
             "CONTRACT_PATH": str(contract_file),
-            "TERMINATION_LOG_PATH": str(tmp_path / "killed-termination"),
+            "TERMINATION_LOG_PATH": str(world.tmp_path / "killed-termination"),
             "pod_uid": "pod-killed",
-            "TEST_SECRETS": orjson.dumps({f"{SECRET_NAMESPACE}/{STORAGE_SECRET}": secret}).decode(),
+            "TEST_SECRETS": orjson.dumps(
+                {f"{namespace}/{name}": data for (namespace, name), data in secrets.items()}
+            ).decode(),
         },
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
     )
     try:
-        await asyncio.wait_for(storage.writes_held.wait(), 60)
+        await asyncio.wait_for(world.storage.writes_held.wait(), 60)
     finally:
         process.send_signal(signal.SIGKILL)
         await process.wait()
     assert process.returncode == -signal.SIGKILL
-    storage.release_writes()
+    world.storage.release_writes()
     await asyncio.sleep(0.5)  # the held write, already received, lands (or not): either is fine
     predicted_before = fault_proxy.forwarded_rows
-    stored_before = len(storage.keyed_predictions("out"))
+    stored_before = len(world.storage.keyed_predictions("out"))
     assert 1000 <= stored_before <= 1250 <= predicted_before < 3000
 
-    outcome = await run_runner(
-        tmp_path, contract, storage_secrets(storage.url), capfd, env={"pod_uid": "pod-retry"}
-    )
+    outcome = await world.run(contract, env={"pod_uid": "pod-retry"})
 
     assert outcome.exit_code == ExitCode.DONE, outcome.termination
-    assert_exactly_once(storage, "3f1c2a9e-job", rows)
+    assert_exactly_once(world.storage, "3f1c2a9e-job", rows)
     result = outcome.result
     assert result["resumedRows"] == stored_before
     assert (result["rows"], result["predictions"], result["duplicates"]) == (3000, 3000, 0)
@@ -377,27 +302,20 @@ async def test_a_runner_killed_mid_run_is_resumed_by_the_next_pod(
     assert first_progress["rowsResumed"] == stored_before
 
 
-async def test_an_input_that_ignores_paging_is_rejected_not_read_forever(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str], model_server: ModelServer
-) -> None:
+async def test_an_input_that_ignores_paging_is_rejected_not_read_forever(world: World) -> None:
     async def everything(request: web.Request) -> web.Response:
         return web.json_response({"rows": random_iris_rows(30)})
 
     app = web.Application()
     app.router.add_get("/rows", everything)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    await web.SockSite(runner, sock).start()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    contract = paged_http_contract(model_server.infer_url(), 10)
+    site, url = await serve(app)
+    contract = paged_http_contract(world.model_server.infer_url(), 10)
     contract["input"]["http"]["path"] = "/rows"
     del contract["output"]["http"]["resumePath"]
     try:
-        outcome = await run_runner(tmp_path, contract, http_secrets(url), capfd)
+        outcome = await world.run(contract, http_secrets(url))
     finally:
-        await runner.cleanup()
+        await site.cleanup()
 
     assert outcome.exit_code == ExitCode.INPUT_REJECTED
     assert outcome.termination.startswith(

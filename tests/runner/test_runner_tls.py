@@ -13,13 +13,11 @@ from hack.pki import Pki, make_pki
 from hack.storage_service import StorageService
 from runner.exitcodes import ExitCode
 from tests.runner.conftest import (
-    STORAGE_PASSWORD,
-    STORAGE_USER,
+    World,
     iris_contract,
-    run_runner,
     storage_secrets,
+    storage_service,
 )
-from tests.servers import ModelServer
 
 
 @pytest.fixture
@@ -31,23 +29,14 @@ def pki(tmp_path: Path) -> Pki:
 async def tls_storage(tmp_path: Path, pki: Pki) -> AsyncIterator[StorageService]:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(pki.apiserver_cert, pki.apiserver_key)  # valid for 127.0.0.1
-    service = StorageService(tmp_path / "tls.sqlite", STORAGE_USER, STORAGE_PASSWORD)
-    await service.start(tls=context)
-    service.seed_iris("iris")
-    try:
+    async with storage_service(tmp_path / "tls.sqlite", tls=context) as service:
+        service.seed_iris("iris")
         yield service
-    finally:
-        await service.stop()
 
 
 @pytest.mark.parametrize("encoding", ["pem", "base64-of-pem"])
 async def test_the_secrets_ca_is_trusted(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    tls_storage: StorageService,
-    pki: Pki,
-    encoding: str,
+    world: World, tls_storage: StorageService, pki: Pki, encoding: str
 ) -> None:
     ca = pki.ca_cert.read_text()
     if encoding == "base64-of-pem":
@@ -56,7 +45,7 @@ async def test_the_secrets_ca_is_trusted(
     for data in secrets.secrets.values():
         data["certificate-authority-data"] = ca
 
-    outcome = await run_runner(tmp_path, iris_contract(model_server.infer_url()), secrets, capfd)
+    outcome = await world.run(iris_contract(world.model_server.infer_url()), secrets)
 
     assert tls_storage.url.startswith("https://")
     assert outcome.exit_code == ExitCode.DONE, outcome.termination
@@ -64,13 +53,10 @@ async def test_the_secrets_ca_is_trusted(
 
 
 async def test_an_unknown_ca_fails_at_once_without_retries(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    tls_storage: StorageService,
+    world: World, tls_storage: StorageService
 ) -> None:
-    outcome = await run_runner(
-        tmp_path, iris_contract(model_server.infer_url()), storage_secrets(tls_storage.url), capfd
+    outcome = await world.run(
+        iris_contract(world.model_server.infer_url()), storage_secrets(tls_storage.url)
     )
 
     assert outcome.exit_code == ExitCode.INPUT
@@ -80,16 +66,11 @@ async def test_an_unknown_ca_fails_at_once_without_retries(
     assert not [e for e in outcome.events() if e["event"] == "storage request failed, retrying"]
 
 
-async def test_insecure_skips_verification(
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-    model_server: ModelServer,
-    tls_storage: StorageService,
-) -> None:
+async def test_insecure_skips_verification(world: World, tls_storage: StorageService) -> None:
     secrets = storage_secrets(tls_storage.url)
     for data in secrets.secrets.values():
         data["insecure"] = "true"
 
-    outcome = await run_runner(tmp_path, iris_contract(model_server.infer_url()), secrets, capfd)
+    outcome = await world.run(iris_contract(world.model_server.infer_url()), secrets)
 
     assert outcome.exit_code == ExitCode.DONE, outcome.termination
