@@ -56,6 +56,7 @@ from pydantic_core import PydanticCustomError
 
 from runner.contract import Batching, KServe
 from runner.credentials import find_inline_credentials
+from runner.termination import RunResult
 
 GROUP = "ai.krateo.io"
 VERSION = "v1"
@@ -958,12 +959,6 @@ class Progress(_Model):
         return f"{self.rows_done}/{self.rows_total} ({percent}%)"
 
 
-class RunResult(_Model):
-    rows: int = Field(ge=0)
-    predictions: int = Field(ge=0)
-    duration_seconds: float = Field(ge=0)
-
-
 class Execution(_Model):
     """The most recent Job a scheduled run's CronJob started."""
 
@@ -985,6 +980,8 @@ class InferenceRunStatus(_Model):
     completion_time: KubeTime | None = None
     last_schedule_time: KubeTime | None = None
     progress: Progress | None = None
+    # The runner's success message, its keys and (over shards) its sums:
+    # runner.termination.RunResult, the one definition.
     result: RunResult | None = None
     reason: str | None = None
     message: str | None = None

@@ -27,7 +27,9 @@ none                                   Pending      ``Pending``
 ``FailureTarget`` counts as failed: the Job controller has decided, it is only
 waiting for pods to terminate. The runner's own words come from its pod's
 termination message (``runner/termination.py`` writes a one-line reason on
-failure and ``{"rows", "predictions", "durationSeconds"}`` on success).
+failure and ``{"rows", "predictions", "durationSeconds"}`` on success, plus
+``resumedRows``, ``pages``, ``chunks`` and ``duplicates`` for a streaming run;
+``status.result`` carries them all, summed over the shards of an Indexed Job).
 
 A scheduled run is ``Scheduled`` (``Running`` while an execution runs,
 reason ``Queued`` while every execution under way waits for Kueue,
@@ -50,9 +52,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
 from croniter import CroniterBadDateError, croniter
-from pydantic import ValidationError
 
 from controller.api import (
     CONDITION_COMPLETE,
@@ -69,12 +69,12 @@ from controller.api import (
     ObjectReference,
     Phase,
     Progress,
-    RunResult,
     set_condition,
 )
 from controller.naming import KUEUE_QUEUE_LABEL
 from controller.render import CONTAINER_NAME
 from runner.exitcodes import REASONS, ExitCode
+from runner.termination import RunResult, parse_success, total
 
 CONDITION_WARNING = "Warning"
 # A Job in a Kueue queue, suspended until Kueue admits it.
@@ -164,25 +164,15 @@ def runner_failure(pods: Sequence[Json]) -> tuple[str, str] | None:
 
 def runner_result(pods: Sequence[Json]) -> RunResult | None:
     """The result the runner reported; shards of an Indexed Job are added up."""
-    rows = predictions = 0
-    duration = 0.0
-    found = False
+    parts = []
     for pod in pods:
         term = _terminated(pod)
         if not term or term.get("exitCode") != 0:
             continue
-        try:
-            data = orjson.loads(term.get("message") or "")
-            part = RunResult.model_validate(data)
-        except (orjson.JSONDecodeError, ValidationError):
-            continue
-        found = True
-        rows += part.rows
-        predictions += part.predictions
-        duration = max(duration, part.duration_seconds)
-    if not found:
-        return None
-    return RunResult(rows=rows, predictions=predictions, duration_seconds=duration)
+        part = parse_success(term.get("message") or "")
+        if part is not None:
+            parts.append(part)
+    return total(parts)
 
 
 def queue_of(job: Json) -> str | None:

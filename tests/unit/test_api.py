@@ -27,7 +27,6 @@ from controller.api import (
     InvalidObject,
     ObjectReference,
     Progress,
-    RunResult,
     check_schedule,
     describe_invalid,
     find_condition,
@@ -36,6 +35,7 @@ from controller.api import (
 )
 from runner.contract import Batching
 from runner.credentials import find_inline_credentials
+from runner.termination import RunResult
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,15 @@ import pytest
 from runner import termination
 from runner.progress import Progress, ProgressTracker, last_progress, parse_line
 from runner.redact import Redactor
-from runner.termination import MAX_BYTES, RunResult, cut, failure_message, success_message
+from runner.termination import (
+    MAX_BYTES,
+    RunResult,
+    cut,
+    failure_message,
+    parse_success,
+    success_message,
+    total,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -18,6 +26,49 @@ pytestmark = pytest.mark.unit
 def test_success_is_compact_json() -> None:
     message = success_message(RunResult(rows=150, predictions=150, duration_seconds=1.23456))
     assert message == '{"rows":150,"predictions":150,"durationSeconds":1.235}'
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        RunResult(rows=150, predictions=150, duration_seconds=1.5),
+        RunResult(1000, 990, 2.0, resumed_rows=900, pages=2, chunks=1, duplicates=10),
+    ],
+)
+def test_the_controller_parses_what_the_runner_writes(result: RunResult) -> None:
+    assert parse_success(success_message(result)) == result
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "",
+        "not json",
+        "[]",
+        "output: storage answered 500",
+        '{"rows": 1, "predictions": 1}',
+        '{"rows": -1, "predictions": 1, "durationSeconds": 1}',
+        '{"rows": 1, "predictions": 1, "durationSeconds": 1, "pages": -2}',
+    ],
+)
+def test_anything_else_is_no_result(message: str) -> None:
+    assert parse_success(message) is None
+
+
+def test_unknown_keys_are_ignored() -> None:
+    parsed = parse_success('{"rows":1,"predictions":1,"durationSeconds":0.5,"new":true}')
+    assert parsed == RunResult(1, 1, 0.5)
+
+
+def test_shards_add_up_their_counts_and_take_the_longest_duration() -> None:
+    shards = [
+        RunResult(10, 10, 2.0, resumed_rows=4, pages=1, chunks=1, duplicates=0),
+        RunResult(5, 4, 3.0, resumed_rows=0, pages=2, chunks=3, duplicates=1),
+    ]
+    assert total(shards) == RunResult(15, 14, 3.0, resumed_rows=4, pages=3, chunks=4, duplicates=1)
+    # An unpaged run reports no streaming counts, and its total has none either.
+    assert total([RunResult(1, 1, 1.0), RunResult(2, 2, 0.5)]) == RunResult(3, 3, 1.0)
+    assert total([]) is None
 
 
 def test_failure_is_one_redacted_line_with_its_stage() -> None:

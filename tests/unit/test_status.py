@@ -193,6 +193,26 @@ def test_runner_result_adds_up_shards_and_ignores_garbage() -> None:
     assert runner_result([pod(terminated(0, ""))]) is None
 
 
+def test_runner_result_carries_the_streaming_counts_summed_over_shards() -> None:
+    streaming = '{"rows":10,"predictions":9,"durationSeconds":2,"resumedRows":%d,'
+    streaming += '"pages":2,"chunks":1,"duplicates":%d}'
+    pods = [pod(terminated(0, streaming % (4, 1))), pod(terminated(0, streaming % (0, 0)))]
+    result = runner_result(pods)
+    assert result is not None
+    assert (result.rows, result.predictions, result.duration_seconds) == (20, 18, 2.0)
+    assert (result.resumed_rows, result.pages, result.chunks, result.duplicates) == (4, 4, 2, 1)
+    status = derive(job=job(("Complete", "True", "X")), pods=pods)
+    assert status.to_api()["result"] == {
+        "rows": 20,
+        "predictions": 18,
+        "durationSeconds": 2.0,
+        "resumedRows": 4,
+        "pages": 4,
+        "chunks": 2,
+        "duplicates": 1,
+    }
+
+
 def test_runner_failure_message_is_one_line_and_bounded() -> None:
     failure = runner_failure([pod(terminated(4, "line1\nline2\n" + "x" * 5000))])
     assert failure is not None
