@@ -57,6 +57,11 @@ DESIRED_HASH_ANNOTATION = "ai.krateo.io/desired-hash"
 # Set on a one-shot run's Job: a hash of the run's spec it was made from, so an
 # edit that the existing Job cannot follow is reported instead of ignored.
 RUN_SPEC_HASH_ANNOTATION = "ai.krateo.io/run-spec-hash"
+# Set on a config's probe Job: the config generation it was made for, so a
+# result is matched to its spec (controller/probe.py).
+PROBE_GENERATION_ANNOTATION = "ai.krateo.io/config-generation"
+# Not ours: the label the Job controller puts on each pod of an Indexed Job.
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 
 def _is_alnum(b: int) -> bool:

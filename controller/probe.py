@@ -38,13 +38,11 @@ from controller.api import (
     set_condition,
 )
 from controller.kube.resources import Obj
-from controller.naming import probe_name
+from controller.naming import PROBE_GENERATION_ANNOTATION, probe_name
 from controller.plan import Event
 from controller.render import CONTAINER_NAME, desired_probe
 from controller.status import EXIT_REASONS, one_line, parse_time
 
-# The generation a probe Job was made for, so a result is matched to its spec.
-PROBE_GENERATION_ANNOTATION = "ai.krateo.io/config-generation"
 # While a probe runs, look again at least this often (its pod's events also bring the config back).
 PROBE_RECHECK = 15.0
 

@@ -51,14 +51,14 @@ from typing import Any
 
 from controller.kube.resources import Obj
 from controller.naming import (
+    COMPLETION_INDEX_LABEL,
     CONFIG_UID_LABEL,
     DESIRED_HASH_ANNOTATION,
     KUEUE_QUEUE_LABEL,
+    PROBE_GENERATION_ANNOTATION,
     RUN_SPEC_HASH_ANNOTATION,
     RUN_UID_LABEL,
 )
-from controller.probe import PROBE_GENERATION_ANNOTATION
-from controller.reconcile import COMPLETION_INDEX_LABEL
 
 # metadata fields the readers of every kind use.
 OBJECT_META = (

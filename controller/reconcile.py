@@ -66,7 +66,7 @@ from controller.kube.resources import CONFIGMAPS, CRONJOBS, EVENTS, JOBS, Obj, R
 from controller.kube.workers import Result
 from controller.logging import bound
 from controller.metrics import Metrics
-from controller.naming import RUN_UID_LABEL, child_labels
+from controller.naming import COMPLETION_INDEX_LABEL, RUN_UID_LABEL, child_labels
 from controller.plan import Create, Plan, Refusal, View, Write, plan, wants_job_events
 from controller.render import CONTAINER_NAME
 from controller.status import kstatus_conditions
@@ -82,8 +82,6 @@ BY_RUN_UID = "run-uid"
 BY_CONFIG = "config"
 
 PROGRESS_TAIL_LINES = 20
-# The label the Job controller puts on each pod of an Indexed Job.
-COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 # Observe -> plan -> apply rounds in one reconcile: children, then the status
 # that describes them. More would only mean the plan does not converge.
 MAX_ROUNDS = 4

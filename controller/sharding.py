@@ -46,10 +46,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from controller.kube.informer import Transform
+from controller.kube.resources import Obj, Transform
 
 if TYPE_CHECKING:
-    from controller.kube.resources import Obj
     from controller.settings import Settings
 
 # A bound on SHARD_COUNT: far beyond any sensible count, short of a typo's.

@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from controller.kube.errors import ApiError, TransportError
-from controller.kube.resources import Obj, Resource
+from controller.kube.resources import Obj, Resource, Transform
 from controller.metrics import labelled
 
 if TYPE_CHECKING:
@@ -96,7 +96,6 @@ MAX_RETRY_AFTER = 30.0
 ObjList = list[Obj]
 KeyList = list[str]
 IndexFunc = Callable[[Obj], Iterable[str]]
-Transform = Callable[[Obj], Obj | None]
 OnAdd = Callable[[Obj], None]
 OnUpdate = Callable[[Obj, Obj], None]
 OnDelete = Callable[[Obj], None]

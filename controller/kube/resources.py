@@ -8,11 +8,15 @@ the ``Obj`` alias without importing any I/O (the import-linter contract
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 # A raw Kubernetes object, as the API server's JSON decodes.
 Obj = dict[str, Any]
+# An informer's transform (client-go's SetTransform): the object to cache in
+# place of the one the server sent (a projection of it), or None to keep it out.
+Transform = Callable[[Obj], Obj | None]
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from controller.api import InferenceConfig
-from controller.probe import PROBE_GENERATION_ANNOTATION, ConfigView, plan_config, probe_outcome
+from controller.naming import PROBE_GENERATION_ANNOTATION
+from controller.probe import ConfigView, plan_config, probe_outcome
 from controller.render import PROBE_ARGS
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)

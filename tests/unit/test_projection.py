@@ -30,9 +30,14 @@ from controller.kube.informer import (
     resource_version,
     slim,
 )
-from controller.naming import DESIRED_HASH_ANNOTATION, RUN_SPEC_HASH_ANNOTATION
+from controller.naming import (
+    COMPLETION_INDEX_LABEL,
+    DESIRED_HASH_ANNOTATION,
+    PROBE_GENERATION_ANNOTATION,
+    RUN_SPEC_HASH_ANNOTATION,
+)
 from controller.plan import Plan, View, plan, run_spec_hash, wants_job_events
-from controller.probe import PROBE_GENERATION_ANNOTATION, ConfigView, plan_config
+from controller.probe import ConfigView, plan_config
 from controller.projection import (
     PROJECTIONS,
     project_configmap,
@@ -43,7 +48,6 @@ from controller.projection import (
     projection,
 )
 from controller.reconcile import (
-    COMPLETION_INDEX_LABEL,
     _owned_by,
     _runner_running,
     config_index,
