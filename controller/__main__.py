@@ -95,6 +95,15 @@ def check_kubeconfig(paths: str) -> None:
     def choices(section: str) -> str:
         return f"{section}: {', '.join(sorted(entries[section])) or 'none'}"
 
+    def must_be_listed(section: str, what: str, value: object, command: str) -> None:
+        """The context's ``what`` (its cluster, its user) is an entry of ``section``."""
+        if str(value) not in entries[section]:
+            raise KubeconfigError(
+                f"kubeconfig {where}: context {name!r} names {what} {value!r}, which is not "
+                f"in the kubeconfig ({choices(section)}); add it with "
+                f"`kubectl config {command}` or fix the context"
+            )
+
     where, name = current if current is not None else (paths, None)
     if not name:
         raise KubeconfigError(
@@ -116,19 +125,10 @@ def check_kubeconfig(paths: str) -> None:
             f"kubeconfig {where}: context {name!r} names no cluster; set one with "
             f"`kubectl config set-context {name} --cluster NAME` or pass --kubeconfig"
         )
-    if str(cluster) not in entries["clusters"]:
-        raise KubeconfigError(
-            f"kubeconfig {where}: context {name!r} names cluster {cluster!r}, which is not "
-            f"in the kubeconfig ({choices('clusters')}); add it with "
-            "`kubectl config set-cluster` or fix the context"
-        )
+    must_be_listed("clusters", "cluster", cluster, "set-cluster")
     user = context.get("user")
-    if user and str(user) not in entries["users"]:
-        raise KubeconfigError(
-            f"kubeconfig {where}: context {name!r} names user {user!r}, which is not "
-            f"in the kubeconfig ({choices('users')}); add it with "
-            "`kubectl config set-credentials` or fix the context"
-        )
+    if user:
+        must_be_listed("users", "user", user, "set-credentials")
     where, entry = entries["clusters"][str(cluster)]
     server = entry.get("cluster")
     if not isinstance(server, dict) or not server.get("server"):

@@ -38,7 +38,7 @@ import math
 import re
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from controller.api import (
     API_VERSION,
@@ -414,25 +414,36 @@ def _job_spec(
     return spec
 
 
-def desired_job(
-    run: InferenceRun,
-    config: InferenceConfig,
-    *,
-    runner_service_account: str | None = None,
-    name: str | None = None,
-    pod_defaults: RunnerPodDefaults | None = None,
-) -> dict[str, Any]:
-    """The Job of a one-shot run.
+class RunnerOptions(TypedDict, total=False):
+    """The controller's settings for runner pods, the same for every child it renders."""
 
-    ``runner_service_account`` is the controller's default for configs that
-    name none (``serviceAccountName`` in the config wins); ``pod_defaults``
-    its ``RUNNER_POD_DEFAULTS``, under the config's ``runnerPod``.
-    """
+    # Its default for configs that name none (``serviceAccountName`` in the config wins).
+    runner_service_account: str | None
+    # Its ``RUNNER_POD_DEFAULTS``, under the config's ``runnerPod``.
+    pod_defaults: RunnerPodDefaults | None
+
+
+class ChildOptions(RunnerOptions, total=False):
+    # The child's name (default: ``child_name(run)``).
+    name: str | None
+
+
+def _named_job_spec(
+    run: InferenceRun, config: InferenceConfig, options: ChildOptions
+) -> tuple[str, RunnerPodDefaults, dict[str, Any]]:
+    """The child's name, its runner pod's shape and the Job spec (a CronJob's job template)."""
+    name = options.get("name") or child_name(run)
+    shape = runner_pod(config, options.get("pod_defaults"))
+    return name, shape, _job_spec(run, config, name, options.get("runner_service_account"), shape)
+
+
+def desired_job(
+    run: InferenceRun, config: InferenceConfig, **options: Unpack[ChildOptions]
+) -> dict[str, Any]:
+    """The Job of a one-shot run."""
     if run.spec.scheduled:
         raise ValueError(f"run {run.metadata.name!r} has a schedule: render its CronJob")
-    name = name or child_name(run)
-    shape = runner_pod(config, pod_defaults)
-    spec = _job_spec(run, config, name, runner_service_account, shape)
+    name, shape, spec = _named_job_spec(run, config, options)
     # Kueue's webhook suspends a queued Job at creation (and Kueue un-suspends it
     # on admission); the controller creates it as the run asks.
     spec["suspend"] = run.spec.suspend
@@ -442,18 +453,12 @@ def desired_job(
 
 
 def desired_cronjob(
-    run: InferenceRun,
-    config: InferenceConfig,
-    *,
-    runner_service_account: str | None = None,
-    name: str | None = None,
-    pod_defaults: RunnerPodDefaults | None = None,
+    run: InferenceRun, config: InferenceConfig, **options: Unpack[ChildOptions]
 ) -> dict[str, Any]:
     """The CronJob of a scheduled run; its job template is the one-shot Job's spec."""
     if run.spec.schedule is None:
         raise ValueError(f"run {run.metadata.name!r} has no schedule: render its Job")
-    name = name or child_name(run)
-    shape = runner_pod(config, pod_defaults)
+    name, shape, job_spec = _named_job_spec(run, config, options)
     run_spec = run.spec
     spec: dict[str, Any] = {
         "schedule": run_spec.schedule,
@@ -461,7 +466,7 @@ def desired_cronjob(
         "suspend": run_spec.suspend,
         "jobTemplate": {
             "metadata": {"labels": _job_labels(run, config, shape)},
-            "spec": _job_spec(run, config, name, runner_service_account, shape),
+            "spec": job_spec,
         },
     }
     optional = {
@@ -480,22 +485,11 @@ def desired_cronjob(
 
 
 def desired_workload(
-    run: InferenceRun,
-    config: InferenceConfig,
-    *,
-    runner_service_account: str | None = None,
-    name: str | None = None,
-    pod_defaults: RunnerPodDefaults | None = None,
+    run: InferenceRun, config: InferenceConfig, **options: Unpack[ChildOptions]
 ) -> dict[str, Any]:
     """``desired_cronjob`` for a scheduled run, else ``desired_job``."""
     render = desired_cronjob if run.spec.scheduled else desired_job
-    return render(
-        run,
-        config,
-        runner_service_account=runner_service_account,
-        name=name,
-        pod_defaults=pod_defaults,
-    )
+    return render(run, config, **options)
 
 
 # --------------------------------------------------------------------------------------------
@@ -520,11 +514,7 @@ def probe_contract(config: InferenceConfig, name: str) -> dict[str, Any]:
 
 
 def desired_probe(
-    config: InferenceConfig,
-    name: str,
-    *,
-    runner_service_account: str | None = None,
-    pod_defaults: RunnerPodDefaults | None = None,
+    config: InferenceConfig, name: str, **options: Unpack[RunnerOptions]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The ConfigMap and Job that run ``python -m runner --check`` for ``config``.
 
@@ -554,8 +544,8 @@ def desired_probe(
         "metadata": metadata,
         "data": {CONTRACT_KEY: go_json(probe_contract(config, name))},
     }
-    shape = runner_pod(config, pod_defaults)
-    pod = _pod_spec(config, name, runner_service_account, shape)
+    shape = runner_pod(config, options.get("pod_defaults"))
+    pod = _pod_spec(config, name, options.get("runner_service_account"), shape)
     pod["containers"][0]["args"] = list(PROBE_ARGS)
     job = {
         "apiVersion": "batch/v1",
