@@ -593,30 +593,31 @@ class LocalCluster:
                 tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
                 raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
 
-    def _wait_ready(self, timeout: float) -> None:
+    def _wait_until(self, ready: Callable[[], bool], what: str, timeout: float) -> None:
+        """Poll ``ready`` until true, failing early with the log of any child that died."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._check_alive()
             with contextlib.suppress(OSError):
-                if self._get("/readyz") == 200:
+                if ready():
                     return
             time.sleep(0.25)
-        raise TimeoutError(f"kube-apiserver not ready after {timeout}s; logs in {self.log_dir}")
+        raise TimeoutError(f"{what} not ready after {timeout}s; logs in {self.log_dir}")
+
+    def _wait_ready(self, timeout: float) -> None:
+        self._wait_until(lambda: self._get("/readyz") == 200, "kube-apiserver", timeout)
 
     def _wait_kcm(self, timeout: float) -> None:
         """The controller manager is useful once it serves and has made the default SA."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self._check_alive()
-            with contextlib.suppress(OSError):
-                if (
-                    self._get("/healthz", port=self.kcm_port) == 200
-                    and self._get("/api/v1/namespaces/default/serviceaccounts/default") == 200
-                    and (not self.node_agent or self._get(f"/api/v1/nodes/{NODE_NAME}") == 200)
-                ):
-                    return
-            time.sleep(0.25)
-        raise TimeoutError(f"control plane not ready after {timeout}s; logs in {self.log_dir}")
+
+        def ready() -> bool:
+            return (
+                self._get("/healthz", port=self.kcm_port) == 200
+                and self._get("/api/v1/namespaces/default/serviceaccounts/default") == 200
+                and (not self.node_agent or self._get(f"/api/v1/nodes/{NODE_NAME}") == 200)
+            )
+
+        self._wait_until(ready, "control plane", timeout)
 
 
 def leftover_processes(marker_env: str, value: str) -> list[tuple[int, str]]:
