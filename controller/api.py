@@ -21,6 +21,10 @@ parse, bounded parameters, an image and runner ``resources`` a Pod may have.
 An object the API server stored under an older CRD is then still refused
 before any child is made.
 
+Two topics live in their own modules: the cron grammar and time zones in
+``controller.cron``, and what a credential looks like (the storage scan) in
+``runner.credentials``, which the runner's redaction shares.
+
 A failed check is a ``pydantic.ValidationError``; ``describe_invalid`` turns it
 (or an ``InvalidObject``) into the ``(reason, message)`` pair of a condition.
 The status models are what the controller writes; ``to_api()`` gives the JSON
@@ -31,14 +35,12 @@ from __future__ import annotations
 
 import functools
 import re
-import zoneinfo
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import MAX_EMAX, MIN_EMIN, ROUND_UP, Context, Decimal, localcontext
 from typing import Annotated, Any, Generic, Literal, Self, TypeVar
 
-from croniter import CroniterBadDateError, croniter
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -54,6 +56,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
+from controller.cron import check_schedule, check_time_zone
 from runner.contract import Batching, KServe
 from runner.credentials import find_inline_credentials
 from runner.termination import RunResult
@@ -114,119 +117,8 @@ MAX_PARAMETERS_TOTAL_LENGTH = 32768
 DNS_LABEL_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 # --------------------------------------------------------------------------------------------
-# Cron syntax. The same pattern is the CRD's CEL rule (a unit test checks the
-# two agree), so it uses nothing RE2 and Python's `re` read differently: no
-# backslashes, scoped `(?i:...)` only for month and weekday names (robfig/cron,
-# which the CronJob controller uses, reads names case-insensitively but
-# descriptors like `@hourly` only in lower case). Fields are separated by
-# spaces; a `CRON_TZ=`/`TZ=` prefix is refused (use `timeZone`).
-
-CRON_DESCRIPTORS = ("yearly", "annually", "monthly", "weekly", "daily", "midnight", "hourly")
-# Steps have at most 3 digits. robfig/cron reads a step with strconv.Atoi, so
-# `*/99999999999999999999` overflows and the CronJob is refused although
-# croniter runs it; a step past a field's range is fine in both (it fires at
-# the range's start only), so nothing a schedule can say is lost.
-_STEP = "(/[1-9][0-9]{0,2})?"
-_MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
-_DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
-
-
-def _cron_field(value: str, wildcard: str) -> str:
-    atom = f"({wildcard}|{value}(-{value})?){_STEP}"
-    return f"{atom}(,{atom})*"
-
-
-_CRON_FIELDS = (
-    _cron_field("[0-5]?[0-9]", "[*]"),
-    _cron_field("([01]?[0-9]|2[0-3])", "[*]"),
-    _cron_field("(0?[1-9]|[12][0-9]|3[01])", "[*?]"),
-    _cron_field(f"(0?[1-9]|1[0-2]|(?i:{'|'.join(_MONTH_NAMES)}))", "[*]"),
-    _cron_field(f"([0-6]|(?i:{'|'.join(_DAY_NAMES)}))", "[*?]"),
-)
-CRON_PATTERN = f"^(@({'|'.join(CRON_DESCRIPTORS)})| *{' +'.join(_CRON_FIELDS)} *)$"
-_CRON_RE = re.compile(CRON_PATTERN)
-_CRON_FIELD_NAMES = ("minute", "hour", "day-of-month", "month", "day-of-week")
-_CRON_NAMES: tuple[dict[str, int], ...] = (
-    {},
-    {},
-    {},
-    {name: i + 1 for i, name in enumerate(_MONTH_NAMES)},
-    {name: i for i, name in enumerate(_DAY_NAMES)},
-)
-# Any fixed instant works: the question is only whether the schedule ever fires.
-_CRON_PROBE_START = datetime(2000, 1, 1, tzinfo=UTC)
-
-
-def check_schedule(schedule: str) -> None:
-    """Raise ``PydanticCustomError("InvalidSchedule")`` unless the CronJob would run it."""
-    if schedule.startswith(("CRON_TZ=", "TZ=")):
-        raise PydanticCustomError(
-            "InvalidSchedule",
-            "a CRON_TZ= or TZ= prefix is not supported: set spec.timeZone instead",
-        )
-    if not _CRON_RE.fullmatch(schedule):
-        raise PydanticCustomError(
-            "InvalidSchedule",
-            "'{schedule}' is not a cron schedule: use 5 space-separated fields "
-            "(minute hour day-of-month month day-of-week, e.g. '0 * * * *', with steps of "
-            "at most 3 digits) or one of @yearly, @annually, @monthly, @weekly, @daily, "
-            "@midnight, @hourly",
-            {"schedule": schedule},
-        )
-    if not schedule.startswith("@"):
-        for field, name, names in zip(
-            schedule.split(), _CRON_FIELD_NAMES, _CRON_NAMES, strict=True
-        ):
-            _check_ranges(field, name, names)
-    try:
-        croniter(schedule, _CRON_PROBE_START).get_next(datetime)
-    except CroniterBadDateError:
-        raise PydanticCustomError(
-            "InvalidSchedule",
-            "'{schedule}' never fires (no date matches it)",
-            {"schedule": schedule},
-        ) from None
-    except (ValueError, KeyError) as exc:  # croniter's parse errors
-        raise PydanticCustomError(
-            "InvalidSchedule",
-            "'{schedule}' is not a cron schedule: {detail}",
-            {"schedule": schedule, "detail": str(exc)},
-        ) from None
-
-
-def _check_ranges(field: str, name: str, names: Mapping[str, int]) -> None:
-    # robfig/cron rejects a range whose start is after its end; croniter wraps
-    # it around instead, so without this the controller would accept a run
-    # whose CronJob the API server then refuses.
-    for item in field.split(","):
-        bounds = item.split("/", 1)[0].split("-")
-        if len(bounds) != 2:
-            continue
-        low, high = (names[b.lower()] if b.lower() in names else int(b) for b in bounds)
-        if low > high:
-            raise PydanticCustomError(
-                "InvalidSchedule",
-                "the {field} range '{item}' runs backwards",
-                {"field": name, "item": item},
-            )
-
-
-def check_time_zone(name: str) -> None:
-    """Raise ``PydanticCustomError("InvalidTimeZone")`` unless ``name`` is an IANA zone."""
-    # "Local" would mean the controller-manager's zone; Kubernetes refuses it.
-    if name.lower() == "local":
-        raise PydanticCustomError(
-            "InvalidTimeZone", "'Local' is not allowed: name an IANA time zone such as 'UTC'"
-        )
-    try:
-        zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        raise PydanticCustomError(
-            "InvalidTimeZone",
-            "'{name}' is not a time zone in the IANA database (e.g. 'Europe/Rome', 'UTC')",
-            {"name": name},
-        ) from None
-
+# Schedules and time zones: controller.cron (check_schedule, check_time_zone),
+# whose cron pattern is also the CRD's CEL rule.
 
 # --------------------------------------------------------------------------------------------
 # Inline credentials. Storage settings are scanned with runner.credentials

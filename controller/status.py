@@ -46,13 +46,10 @@ does differently than written).
 from __future__ import annotations
 
 import contextlib
-import zoneinfo
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
-
-from croniter import CroniterBadDateError, croniter
 
 from controller.api import (
     CONDITION_COMPLETE,
@@ -71,6 +68,7 @@ from controller.api import (
     Progress,
     set_condition,
 )
+from controller.cron import next_schedule_time
 from controller.naming import KUEUE_QUEUE_LABEL
 from controller.render import CONTAINER_NAME
 from runner.exitcodes import REASONS, ExitCode
@@ -492,20 +490,6 @@ def _execution(job: Json, all_pods: Sequence[Json]) -> tuple[Execution, list[Jso
         completion_time=completion,
     )
     return execution, pods
-
-
-def next_schedule_time(schedule: str, time_zone: str | None, now: datetime) -> datetime | None:
-    """When the CronJob fires next after ``now``, in UTC.
-
-    Without a time zone the CronJob follows kube-controller-manager's, which
-    is UTC on nearly every cluster; that is what is assumed here.
-    """
-    try:
-        zone = zoneinfo.ZoneInfo(time_zone) if time_zone else UTC
-        fire = croniter(schedule, now.astimezone(zone)).get_next(datetime)
-    except (ValueError, KeyError, CroniterBadDateError, zoneinfo.ZoneInfoNotFoundError):
-        return None
-    return fire.astimezone(UTC) if isinstance(fire, datetime) else None
 
 
 def _scheduled(status: InferenceRunStatus, observed: Observed) -> None:

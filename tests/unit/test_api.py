@@ -17,7 +17,6 @@ from pydantic import ValidationError
 
 from controller import api, render
 from controller.api import (
-    CRON_PATTERN,
     Condition,
     Execution,
     InferenceConfig,
@@ -27,12 +26,12 @@ from controller.api import (
     InvalidObject,
     ObjectReference,
     Progress,
-    check_schedule,
     describe_invalid,
     find_condition,
     run_config_warnings,
     set_condition,
 )
+from controller.cron import CRON_PATTERN, check_schedule
 from runner.contract import Batching
 from runner.credentials import find_inline_credentials
 from runner.termination import RunResult
