@@ -889,39 +889,34 @@ class InferenceConfigStatus(_Model):
     last_probe_time: KubeTime | None = None
 
 
-def _lenient(value: Any, handler: ValidatorFunctionWrapHandler, empty: BaseModel) -> Any:
-    # A status this version cannot read (written by another version, or by
-    # hand) must not make the object itself invalid: it is rewritten anyway.
-    try:
-        return handler(value)
-    except ValidationError:
-        return empty
+class _Object(_Model):
+    """What both custom resources have: type, metadata and a status read leniently."""
 
-
-class InferenceConfig(_Model):
     api_version: str = API_VERSION
-    kind: str = CONFIG_KIND
+    kind: str
     metadata: ObjectMeta
+
+    @field_validator("status", mode="wrap", check_fields=False)
+    @classmethod
+    def _status(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        # A status this version cannot read (written by another version, or by
+        # hand) must not make the object itself invalid: it is rewritten anyway.
+        try:
+            return handler(value)
+        except ValidationError:
+            return cls.model_fields["status"].get_default(call_default_factory=True)
+
+
+class InferenceConfig(_Object):
+    kind: str = CONFIG_KIND
     spec: InferenceConfigSpec
     status: InferenceConfigStatus = Field(default_factory=InferenceConfigStatus)
 
-    @field_validator("status", mode="wrap")
-    @classmethod
-    def _status(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        return _lenient(value, handler, InferenceConfigStatus())
 
-
-class InferenceRun(_Model):
-    api_version: str = API_VERSION
+class InferenceRun(_Object):
     kind: str = RUN_KIND
-    metadata: ObjectMeta
     spec: InferenceRunSpec
     status: InferenceRunStatus = Field(default_factory=InferenceRunStatus)
-
-    @field_validator("status", mode="wrap")
-    @classmethod
-    def _status(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        return _lenient(value, handler, InferenceRunStatus())
 
     @property
     def config_namespace(self) -> str:
