@@ -10,9 +10,9 @@ account in-cluster). It moves raw dicts, addressed by a :class:`Resource`
   ``follow_pod_log`` read a container's log;
 - ``watch`` yields raw watch events, parsed with orjson line by line (no line
   length limit: big objects arrive as big lines);
-- failures raise :class:`ApiError` subclasses carrying the HTTP status and the
-  API's ``reason``, so callers treat :class:`NotFound`, :class:`Conflict` and
-  :class:`AlreadyExists` as the normal races they are;
+- failures raise :class:`ApiError` carrying the HTTP status and the API's
+  ``reason``, so callers treat not found, conflict and already exists as the
+  normal races they are;
 - every request goes through a :class:`~controller.kube.transport.Transport`:
   it waits for a token of a client-side limiter (``qps``/``burst``, aiolimiter)
   and is counted in ``rest_client_requests_total{verb,method,code}``.
@@ -240,7 +240,7 @@ class KubeClient:
     ) -> Obj:
         """Delete; dependents go too (Background) unless told otherwise.
 
-        ``uid`` is a precondition: the delete fails with :class:`Conflict` if
+        ``uid`` is a precondition: the delete fails with a 409 Conflict if
         the object was replaced meanwhile.
         """
         options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}

@@ -1,7 +1,11 @@
-"""How the API server says no: :class:`ApiError` and the typed subclasses callers catch.
+"""How the API server says no: :class:`ApiError`.
 
-Each carries the HTTP status (0 when no answer came at all) and the API's
-``Status`` reason and message; :func:`api_error` picks the class for an answer.
+It carries the HTTP status (0 when no answer came at all) and the API's
+``Status`` reason and message; callers ask it ``is_conflict``,
+``is_already_exists``, ``is_gone``... (client-go's ``errors.IsConflict`` & co).
+Two subclasses exist because callers catch them by name: :class:`NotFound`
+("it is not there" ends many a lookup) and :class:`TransportError` (no answer
+at all).
 """
 
 from __future__ import annotations
@@ -65,56 +69,8 @@ class TransportError(ApiError):
     """No HTTP answer: connection refused or reset, TLS failure, timeout."""
 
 
-class BadRequest(ApiError):
-    """400."""
-
-
-class Unauthorized(ApiError):
-    """401."""
-
-
-class Forbidden(ApiError):
-    """403: RBAC says no."""
-
-
 class NotFound(ApiError):
     """404: the object (or its namespace, or the resource type) does not exist."""
-
-
-class Conflict(ApiError):
-    """409 Conflict: the resourceVersion precondition failed; re-read and retry."""
-
-
-class AlreadyExists(Conflict):
-    """409 AlreadyExists: an object of that name exists already."""
-
-
-class Gone(ApiError):
-    """410: the resourceVersion is too old (watch or paginated list): relist."""
-
-
-class Invalid(ApiError):
-    """422: the object failed validation."""
-
-
-class TooManyRequests(ApiError):
-    """429: throttled by the API server (see ``retry_after``)."""
-
-
-class ServerError(ApiError):
-    """5xx."""
-
-
-_ERRORS_BY_STATUS: dict[int, type[ApiError]] = {
-    400: BadRequest,
-    401: Unauthorized,
-    403: Forbidden,
-    404: NotFound,
-    409: Conflict,
-    410: Gone,
-    422: Invalid,
-    429: TooManyRequests,
-}
 
 
 def api_error(
@@ -125,7 +81,7 @@ def api_error(
     path: str = "",
     retry_after: float | None = None,
 ) -> ApiError:
-    """The typed error for an HTTP status and an API ``Status`` body (or any body)."""
+    """The error for an HTTP status and an API ``Status`` body (or any body)."""
     status_obj: Mapping[str, Any] | None = None
     if isinstance(body, Mapping):
         status_obj = body
@@ -142,13 +98,7 @@ def api_error(
     else:
         reason = ""
         message = body[:500].decode("utf-8", "replace") if isinstance(body, bytes) else ""
-    cls: type[ApiError]
-    if status == 409 and reason == "AlreadyExists":
-        cls = AlreadyExists
-    elif status >= 500:
-        cls = ServerError
-    else:
-        cls = _ERRORS_BY_STATUS.get(status, ApiError)
+    cls = NotFound if status == 404 else ApiError
     return cls(
         status,
         reason,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from controller.kube.errors import ApiError, Gone, TooManyRequests, TransportError
+from controller.kube.errors import ApiError, TransportError
 from controller.kube.informer import (
     LAST_APPLIED,
     Backoff,
@@ -534,7 +534,10 @@ async def test_a_watch_the_server_ends_is_reopened_from_the_last_version_without
 @pytest.mark.looptime
 @pytest.mark.parametrize(
     "expiry",
-    [pytest.param([error_event(410)], id="error-event"), pytest.param([Gone(410)], id="http-410")],
+    [
+        pytest.param([error_event(410)], id="error-event"),
+        pytest.param([ApiError(410)], id="http-410"),
+    ],
 )
 async def test_410_gone_relists_and_reports_what_changed_meanwhile(
     source: FakeSource, running: list[asyncio.Task[None]], expiry: list[Any]
@@ -581,7 +584,7 @@ async def test_repeated_410s_back_off_instead_of_relisting_in_a_loop(
     source: FakeSource, running: list[asyncio.Task[None]]
 ) -> None:
     source.script_list(None, *(page([], str(10 * i)) for i in range(1, 6)))
-    source.script_watch(None, *([Gone(410)] for _ in range(4)))
+    source.script_watch(None, *([ApiError(410)] for _ in range(4)))
     informer = Informer(source, RUNS, rng=random.Random(2))
     start(informer, running)
     await asyncio.sleep(120)
@@ -666,7 +669,7 @@ async def test_an_api_server_restart_is_followed_by_a_relist_within_a_second_of_
         [ev("ADDED", obj("z", "11")), TransportError(0, "ClientPayloadError")],
         *outage,
         *warming,
-        [Gone(410)],
+        [ApiError(410)],
     )
     informer = Informer(source, RUNS, rng=random.Random(8))
     seen = Recorder(informer)
@@ -720,11 +723,11 @@ async def test_a_410_after_a_broken_watch_relists_at_once(
     source.script_list(None, page([], "10"), page([], "20"), page([], "30"), page([], "40"))
     source.script_watch(
         None,
-        [Gone(410)],  # relisted at once
+        [ApiError(410)],  # relisted at once
         [ev("ADDED", obj("a", "21")), TransportError(0, "reset")],  # the watch breaks
-        [Gone(410)],  # so this 410 is a first one again
+        [ApiError(410)],  # so this 410 is a first one again
         [ApiError(500, "InternalError")],
-        [Gone(410)],  # and so is this one
+        [ApiError(410)],  # and so is this one
     )
     informer = Informer(source, RUNS, rng=random.Random(10))
     start(informer, running)
@@ -772,11 +775,11 @@ async def test_429_waits_what_retry_after_asks_within_bounds(
     low: float,
     high: float,
 ) -> None:
-    throttled = TooManyRequests(429, "TooManyRequests", retry_after=retry_after)
+    throttled = ApiError(429, "TooManyRequests", retry_after=retry_after)
     source.script_list(None, throttled, page([], "10"))
     source.script_watch(
         None,
-        [TooManyRequests(429, "TooManyRequests", retry_after=retry_after)],
+        [ApiError(429, "TooManyRequests", retry_after=retry_after)],
         [ApiError(500, "InternalError")],
     )
     informer = Informer(source, RUNS, rng=random.Random(13))

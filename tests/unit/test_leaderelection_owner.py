@@ -17,7 +17,7 @@ from typing import Any, cast
 import pytest
 from structlog.testing import capture_logs
 
-from controller.kube.errors import ApiError, Conflict, Forbidden, NotFound
+from controller.kube.errors import ApiError, NotFound
 from controller.kube.leaderelection import (
     SERVICEACCOUNTS,
     LeaderElector,
@@ -190,7 +190,7 @@ class FakeApi:
         self.requests.append(("create", resource.plural))
         key = (resource.plural, body["metadata"]["name"])
         if key in self.objects:
-            raise Conflict(409, "AlreadyExists")
+            raise ApiError(409, "AlreadyExists")
         stored = copy.deepcopy(dict(body))
         stored["metadata"].update(uid=f"uid-{key[1]}", resourceVersion=self._next())
         self.objects[key] = stored
@@ -205,7 +205,7 @@ class FakeApi:
             raise NotFound(404, "NotFound")
         current = self.objects[key]["metadata"]["resourceVersion"]
         if body["metadata"].get("resourceVersion") != current:
-            raise Conflict(409, "Conflict")
+            raise ApiError(409, "Conflict")
         stored = copy.deepcopy(dict(body))
         stored["metadata"]["resourceVersion"] = self._next()
         self.objects[key] = stored
@@ -295,7 +295,7 @@ async def test_an_existing_lease_gets_the_reference_on_renew_or_acquire(holder: 
 @pytest.mark.parametrize(
     "error",
     [
-        Forbidden(403, "Forbidden", 'serviceaccounts "ctl" is forbidden'),
+        ApiError(403, "Forbidden", 'serviceaccounts "ctl" is forbidden'),
         NotFound(404, "NotFound", 'serviceaccounts "ctl" not found'),
     ],
 )
@@ -322,7 +322,7 @@ async def test_an_unreadable_owner_warns_once_and_never_stops_the_election(
 
 async def test_an_owner_readable_later_is_added_by_a_later_renewal() -> None:
     api = FakeApi()
-    api.refuse["serviceaccounts"] = Forbidden(403, "Forbidden")
+    api.refuse["serviceaccounts"] = ApiError(403, "Forbidden")
     with capture_logs() as logs:
         candidate = elector(api)
         assert await candidate.try_acquire_or_renew()

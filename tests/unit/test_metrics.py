@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.kube.errors import Conflict
+from controller.kube.errors import ApiError
 from controller.kube.workers import Workers
 from controller.kube.workqueue import WorkQueue
 from controller.metrics import RECONCILE_RESULTS, WORKQUEUE_BUCKETS, Metrics, api_host
@@ -100,7 +100,7 @@ def test_event_outcomes_exist_at_zero_from_the_start() -> None:
 async def test_an_unexpected_exception_is_a_panic_an_api_error_is_not() -> None:
     metrics = Metrics()
     queue: WorkQueue[str] = WorkQueue("q")
-    answers: list[BaseException] = [Conflict(409, "Conflict", "lost"), KeyError("bug")]
+    answers: list[BaseException] = [ApiError(409, "Conflict", "lost"), KeyError("bug")]
 
     async def reconcile(_key: str) -> None:
         raise answers.pop(0)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from controller import __main__ as controller_main
-from controller.kube.errors import ApiError, Forbidden, NotFound, TransportError, Unauthorized
+from controller.kube.errors import ApiError, NotFound, TransportError
 from controller.selfcheck import (
     CONFIGS,
     RUNS,
@@ -150,7 +150,7 @@ def test_parse_time_reads_kubernetes_times(text: str, expected: datetime) -> Non
 
 
 def test_reading_the_lease_forbidden_names_the_role_and_the_settings() -> None:
-    forbidden = Forbidden(403, "Forbidden", 'leases.coordination.k8s.io "x" is forbidden')
+    forbidden = ApiError(403, "Forbidden", 'leases.coordination.k8s.io "x" is forbidden')
     result = lease_failure("ns", "x", forbidden, SA)
     assert result.failed
     assert result.message.startswith(f"{SA} may not get Lease ns/x (403 Forbidden: leases")
@@ -189,10 +189,10 @@ def test_an_unreachable_api_server_says_where_to_look() -> None:
 
 
 def test_refused_credentials_point_at_the_token_mount() -> None:
-    result = api_failure(HOST, Unauthorized(401, "Unauthorized", "Unauthorized"))
+    result = api_failure(HOST, ApiError(401, "Unauthorized", "Unauthorized"))
     assert "refuses these credentials (401 Unauthorized: Unauthorized)" in result.message
     assert "automountServiceAccountToken" in result.message
-    anonymous = api_failure(HOST, Forbidden(403, "Forbidden", "system:anonymous cannot"))
+    anonymous = api_failure(HOST, ApiError(403, "Forbidden", "system:anonymous cannot"))
     assert "system:anonymous" in anonymous.message
 
 
@@ -226,7 +226,7 @@ def test_listing_ok_names_where() -> None:
 
 
 def test_a_forbidden_list_names_who_where_and_which_grant() -> None:
-    forbidden = Forbidden(403, "Forbidden", "cannot list resource")
+    forbidden = ApiError(403, "Forbidden", "cannot list resource")
     cluster_wide = list_failure(RUNS, None, forbidden, SA)
     assert cluster_wide.message.startswith(
         f"{SA} may not list inferenceruns.ai.krateo.io in all namespaces (403 Forbidden"

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import structlog
 
-from controller.kube.errors import Conflict
+from controller.kube.errors import ApiError
 from controller.kube.workers import Result, TerminalError, Workers
 from controller.kube.workqueue import WorkQueue
 from controller.metrics import Metrics
@@ -67,7 +67,7 @@ async def test_success_forgets_the_backoff_and_binds_the_run_key() -> None:
 async def test_errors_are_retried_with_per_key_backoff() -> None:
     metrics = Metrics()
     queue: WorkQueue[str] = WorkQueue("q")
-    reconcile = Script(RuntimeError("boom"), Conflict(409, "Conflict"), None)
+    reconcile = Script(RuntimeError("boom"), ApiError(409, "Conflict"), None)
     queue.add("ns/a")
     workers = Workers(queue, reconcile, metrics=metrics, name="c")
     await run_for(workers, 5)
