@@ -119,15 +119,38 @@ async def test_repeats_become_one_event_patched_at_most_once_a_minute(
     assert len(api.calls) == 2  # nothing new, nothing written
 
 
-async def test_a_repeat_after_the_interval_is_written_at_once(
-    api: FakeEventsApi, recorder: EventRecorder
+@pytest.mark.parametrize(
+    ("apart", "expired", "calls"),
+    [
+        pytest.param(
+            120,
+            False,
+            [("create", 1), ("patch", 2)],
+            id="a-repeat-after-the-interval-is-written-at-once",
+        ),
+        pytest.param(
+            3700,
+            True,
+            [("create", 1), ("patch", 2), ("create", 2)],
+            id="an-expired-event-is-created-again-with-the-total",
+        ),
+    ],
+)
+async def test_a_repeat_later_on(
+    api: FakeEventsApi,
+    recorder: EventRecorder,
+    apart: float,
+    expired: bool,
+    calls: list[tuple[str, int]],
 ) -> None:
     recorder.warning(RUN, "Failed", "boom")
     await recorder.flush()
-    await asyncio.sleep(120)
+    await asyncio.sleep(apart)
+    if expired:  # gone from the API server: the patch of the repeat finds nothing
+        api.fail_next.append(NotFound(404, "NotFound"))
     recorder.warning(RUN, "Failed", "boom")
     await recorder.flush()
-    assert [(c[0], c[3].get("count")) for c in api.calls] == [("create", 1), ("patch", 2)]
+    assert [(c[0], c[3].get("count")) for c in api.calls] == calls
 
 
 async def test_distinct_messages_objects_and_types_are_distinct_events(
@@ -159,22 +182,6 @@ async def test_spam_filter_caps_distinct_events_per_object(
     assert (
         metrics.registry.get_sample_value("controller_events_total", {"outcome": "dropped"}) == 16
     )
-
-
-async def test_an_expired_event_is_created_again_with_the_total(
-    api: FakeEventsApi, recorder: EventRecorder
-) -> None:
-    recorder.warning(RUN, "Failed", "boom")
-    await recorder.flush()
-    await asyncio.sleep(3700)
-    api.fail_next.append(NotFound(404, "NotFound"))
-    recorder.warning(RUN, "Failed", "boom")
-    await recorder.flush()
-    assert [(c[0], c[3].get("count")) for c in api.calls] == [
-        ("create", 1),
-        ("patch", 2),
-        ("create", 2),
-    ]
 
 
 async def test_api_failures_never_reach_the_caller(
