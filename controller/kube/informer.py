@@ -116,16 +116,6 @@ def object_key(obj: Mapping[str, Any]) -> str:
     return f"{namespace}/{name}" if namespace else str(name)
 
 
-def split_key(key: str) -> tuple[str | None, str]:
-    """``("namespace", "name")`` from ``namespace/name``; ``(None, name)`` when cluster-scoped."""
-    namespace, sep, name = key.partition("/")
-    if not sep:
-        return None, key
-    if not namespace or not name or "/" in name:
-        raise ValueError(f"malformed object key {key!r}")
-    return namespace, name
-
-
 def resource_version(obj: Mapping[str, Any]) -> str | None:
     metadata = obj.get("metadata") or {}
     value = metadata.get("resourceVersion")
@@ -158,15 +148,6 @@ def owner_uids(obj: Mapping[str, Any]) -> list[str]:
     return [str(ref["uid"]) for ref in refs if isinstance(ref, dict) and ref.get("uid")]
 
 
-def controller_owner(obj: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The owner reference with ``controller: true``, if any."""
-    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
-    for ref in refs:
-        if isinstance(ref, dict) and ref.get("controller"):
-            return ref
-    return None
-
-
 def owner_key(obj: Mapping[str, Any], *, kind: str, api_group: str) -> str | None:
     """The key of the object's controlling owner when it is a ``kind`` of ``api_group``.
 
@@ -174,7 +155,8 @@ def owner_key(obj: Mapping[str, Any], *, kind: str, api_group: str) -> str | Non
     owner. Owners live in the child's namespace (owner references cannot
     cross namespaces).
     """
-    ref = controller_owner(obj)
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    ref = next((r for r in refs if isinstance(r, dict) and r.get("controller")), None)
     if ref is None or ref.get("kind") != kind or not ref.get("name"):
         return None
     group = str(ref.get("apiVersion") or "").rpartition("/")[0]
@@ -182,12 +164,6 @@ def owner_key(obj: Mapping[str, Any], *, kind: str, api_group: str) -> str | Non
         return None
     namespace = (obj.get("metadata") or {}).get("namespace")
     return f"{namespace}/{ref['name']}" if namespace else str(ref["name"])
-
-
-def by_namespace(obj: Mapping[str, Any]) -> list[str]:
-    """Index function: the object's namespace."""
-    namespace = (obj.get("metadata") or {}).get("namespace")
-    return [str(namespace)] if namespace else []
 
 
 class Store:
@@ -490,9 +466,6 @@ class Informer:
             for obj in self.store.list():
                 self._call(on_add, obj)
 
-    def add_indexer(self, name: str, func: IndexFunc) -> None:
-        self.store.add_indexer(name, func)
-
     # ----------------------------------------------------------------- reads
 
     def has_synced(self) -> bool:
@@ -545,10 +518,6 @@ class Informer:
     def assume_deleted(self, key: str) -> None:
         """Drop an object this controller just deleted (its DELETED event still calls on_delete)."""
         self.store.remove(key)
-
-    def last_resource_version(self, namespace: str | None = None) -> str | None:
-        """The resourceVersion the scope's watch resumes from (for tests and debugging)."""
-        return self._resource_versions.get(namespace)
 
     # ------------------------------------------------------------------- run
 
