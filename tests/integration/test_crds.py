@@ -26,11 +26,11 @@ from controller.api import (
     InferenceRunStatus,
     ObjectReference,
     Progress,
-    RunResult,
 )
 from controller.naming import RUN_UID_LABEL, managed_selector
 from controller.render import desired_configmap, desired_workload, render_contract
 from hack.cluster import LocalCluster
+from runner.termination import RunResult
 from tests.integration.crds_helpers import create, get_json, install_crds
 from tests.kubehelpers import eventually
 
