@@ -33,17 +33,9 @@ from typing import Any, TextIO
 from kubernetes_asyncio.config import kube_config
 
 from controller import runview
-from controller.kube.client import (
-    CRONJOBS,
-    EVENTS,
-    JOBS,
-    PODS,
-    ApiError,
-    KubeClient,
-    NotFound,
-    Resource,
-    TransportError,
-)
+from controller.kube.client import KubeClient
+from controller.kube.errors import ApiError, NotFound, TransportError
+from controller.kube.resources import CRONJOBS, EVENTS, JOBS, PODS, Resource
 from controller.naming import run_selector
 from controller.reconcile import RUNS
 from controller.render import CONTAINER_NAME
@@ -84,12 +76,15 @@ class Follower:
         self._log_tasks: list[asyncio.Task[None]] = []
         self._seen_events: set[tuple[Any, Any]] = set()
 
+    @classmethod
+    def of(cls, kube: KubeClient, args: argparse.Namespace, output: Output) -> Follower:
+        """The follower a command's ``--namespace`` and ``--logs`` ask for."""
+        return cls(kube, args.namespace, output, logs=args.logs)
+
     async def run(self, name: str) -> Exit:
         """Follow a one-shot run to its end (a scheduled run: its next or current execution)."""
-        try:
-            run = await self.kube.get(RUNS, self.namespace, name)
-        except NotFound:
-            self.output.problem(f"no InferenceRun {name!r} in namespace {self.namespace!r}")
+        run = await get_run(self.kube, self.namespace, name, self.output)
+        if run is None:
             return Exit.NOT_FOUND
         if runview.is_scheduled(run):
             return await self._scheduled(run)
@@ -133,10 +128,9 @@ class Follower:
         name = run["metadata"]["name"]
         last = runview.status_line(run)
         self.output.line(f"{name}: {last}")
-        async for current in self._watch_one(RUNS, name, run):
-            if current is None:
-                self.output.problem(f"InferenceRun {name!r} was deleted")
-                return Exit.DELETED
+
+        def seen(current: Obj) -> Exit | None:
+            nonlocal last
             line = runview.status_line(current)
             if line != last:
                 self.output.line(f"{name}: {line}")
@@ -144,8 +138,9 @@ class Follower:
             outcome = runview.run_outcome(current)
             if outcome is not None:
                 self.output.line(f"{name}: {runview.result_line(current)}")
-                return outcome
-        raise AssertionError("not reached: _watch_one ends only with the object gone")
+            return outcome
+
+        return await self._follow(RUNS, "InferenceRun", run, seen)
 
     async def _follow_job(self, job_name: str) -> Exit:
         try:
@@ -154,16 +149,30 @@ class Follower:
             self.output.problem(f"Job {job_name!r} is gone")
             return Exit.DELETED
         self.output.line(f"following Job {job_name}")
-        async for current in self._watch_one(JOBS, job_name, job):
-            if current is None:
-                self.output.problem(f"Job {job_name!r} was deleted")
-                return Exit.DELETED
+
+        def seen(current: Obj) -> Exit | None:
             outcome = runview.job_outcome(current)
             if outcome is not None:
                 word = "succeeded" if outcome is Exit.SUCCEEDED else "failed"
                 self.output.line(f"Job {job_name}: {word}")
+            return outcome
+
+        return await self._follow(JOBS, "Job", job, seen)
+
+    async def _follow(
+        self, resource: Resource, kind: str, obj: Obj, seen: Callable[[Obj], Exit | None]
+    ) -> Exit:
+        """Hand ``obj`` and each later version of it to ``seen`` until it returns an outcome;
+        :attr:`Exit.DELETED` once the object is gone."""
+        name = obj["metadata"]["name"]
+        async for current in self._watch_one(resource, name, obj):
+            if current is None:
+                self.output.problem(f"{kind} {name!r} was deleted")
+                return Exit.DELETED
+            outcome = seen(current)
+            if outcome is not None:
                 return outcome
-        raise AssertionError("not reached")
+        raise AssertionError("not reached: _watch_one ends only with the object gone")
 
     async def _watch_one(
         self, resource: Resource, name: str, obj: Obj
@@ -305,6 +314,46 @@ def _event_time(event: Obj) -> str:
 # ----------------------------------------------------------------------- commands
 
 
+async def get_run(kube: KubeClient, namespace: str, name: str, output: Output) -> Obj | None:
+    """The run ``name``, or None once the problem (no such run) is said."""
+    try:
+        return await kube.get(RUNS, namespace, name)
+    except NotFound:
+        output.problem(f"no InferenceRun {name!r} in namespace {namespace!r}")
+        return None
+
+
+# What to use instead, by whether the run named is a scheduled one.
+_OTHER_COMMAND = {
+    True: "is a scheduled run: `kubectl infer trigger {run}` starts it now",
+    False: "is a one-shot run: `kubectl infer rerun {run}` runs it again",
+}
+
+
+async def _run_to_act_on(
+    kube: KubeClient, args: argparse.Namespace, output: Output, *, scheduled: bool
+) -> Obj | None:
+    """``args.run`` when it is a scheduled run (``scheduled``) or a one-shot one (not);
+    else None, once the problem and the command to use instead are said."""
+    run = await get_run(kube, args.namespace, args.run, output)
+    if run is None or runview.is_scheduled(run) == scheduled:
+        return run
+    output.problem(f"{args.run!r} " + _OTHER_COMMAND[not scheduled].format(run=args.run))
+    return None
+
+
+async def _create_run(
+    kube: KubeClient, args: argparse.Namespace, output: Output, body: Obj, note: str = ""
+) -> Exit:
+    """Create the run ``body`` and say so; with ``--watch``, follow it to its end."""
+    created = await kube.create(RUNS, args.namespace, body)
+    name = created["metadata"]["name"]
+    output.line(f"inferencerun.ai.krateo.io/{name} created{note}")
+    if not args.watch:
+        return Exit.SUCCEEDED
+    return await Follower.of(kube, args, output).run(name)
+
+
 async def submit(kube: KubeClient, args: argparse.Namespace, output: Output) -> Exit:
     body = runview.new_run(
         config=args.config,
@@ -316,28 +365,16 @@ async def submit(kube: KubeClient, args: argparse.Namespace, output: Output) -> 
         backoff_limit=args.backoff_limit,
         schedule=args.schedule,
     )
-    created = await kube.create(RUNS, args.namespace, body)
-    name = created["metadata"]["name"]
-    output.line(f"inferencerun.ai.krateo.io/{name} created")
-    if not args.watch:
-        return Exit.SUCCEEDED
-    return await Follower(kube, args.namespace, output, logs=args.logs).run(name)
+    return await _create_run(kube, args, output, body)
 
 
 async def watch(kube: KubeClient, args: argparse.Namespace, output: Output) -> Exit:
-    return await Follower(kube, args.namespace, output, logs=args.logs).run(args.run)
+    return await Follower.of(kube, args, output).run(args.run)
 
 
 async def rerun(kube: KubeClient, args: argparse.Namespace, output: Output) -> Exit:
-    try:
-        run = await kube.get(RUNS, args.namespace, args.run)
-    except NotFound:
-        output.problem(f"no InferenceRun {args.run!r} in namespace {args.namespace!r}")
-        return Exit.NOT_FOUND
-    if runview.is_scheduled(run):
-        output.problem(
-            f"{args.run!r} is a scheduled run: `kubectl infer trigger {args.run}` starts it now"
-        )
+    run = await _run_to_act_on(kube, args, output, scheduled=False)
+    if run is None:
         return Exit.NOT_FOUND
     phase = (run.get("status") or {}).get("phase")
     if phase not in (*runview.FINISHED_PHASES, "Error"):
@@ -346,24 +383,13 @@ async def rerun(kube: KubeClient, args: argparse.Namespace, output: Output) -> E
             f"`kubectl infer watch {args.run}` follows it"
         )
         return Exit.NOT_FOUND
-    created = await kube.create(RUNS, args.namespace, runview.rerun_of(run, args.name))
-    name = created["metadata"]["name"]
-    output.line(f"inferencerun.ai.krateo.io/{name} created (a re-run of {args.run})")
-    if not args.watch:
-        return Exit.SUCCEEDED
-    return await Follower(kube, args.namespace, output, logs=args.logs).run(name)
+    body = runview.rerun_of(run, args.name)
+    return await _create_run(kube, args, output, body, f" (a re-run of {args.run})")
 
 
 async def trigger(kube: KubeClient, args: argparse.Namespace, output: Output) -> Exit:
-    try:
-        run = await kube.get(RUNS, args.namespace, args.run)
-    except NotFound:
-        output.problem(f"no InferenceRun {args.run!r} in namespace {args.namespace!r}")
-        return Exit.NOT_FOUND
-    if not runview.is_scheduled(run):
-        output.problem(
-            f"{args.run!r} is a one-shot run: `kubectl infer rerun {args.run}` runs it again"
-        )
+    run = await _run_to_act_on(kube, args, output, scheduled=True)
+    if run is None:
         return Exit.NOT_FOUND
     ref = (run.get("status") or {}).get("jobStatus") or {}
     if ref.get("kind") != "CronJob" or not ref.get("name"):
@@ -381,7 +407,7 @@ async def trigger(kube: KubeClient, args: argparse.Namespace, output: Output) ->
     output.line(f"job.batch/{job_name} created (from cronjob/{ref['name']})")
     if not args.watch:
         return Exit.SUCCEEDED
-    return await Follower(kube, args.namespace, output, logs=args.logs).job(run, job_name)
+    return await Follower.of(kube, args, output).job(run, job_name)
 
 
 async def list_runs(kube: KubeClient, args: argparse.Namespace, output: Output) -> Exit:
@@ -451,18 +477,18 @@ def parser() -> argparse.ArgumentParser:
     sub.add_argument("--schedule", help="a cron schedule: a scheduled run instead")
     following(sub, optional=True)
 
-    sub = commands.add_parser("watch", help="follow a run until it ends; exit code by outcome")
-    sub.add_argument("run")
-    following(sub, optional=False)
+    def of_one_run(command: str, summary: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(command, help=summary)
+        sub.add_argument("run")
+        return sub
 
-    sub = commands.add_parser("rerun", help="run a finished one-shot run again, as a new run")
-    sub.add_argument("run")
+    following(
+        of_one_run("watch", "follow a run until it ends; exit code by outcome"), optional=False
+    )
+    sub = of_one_run("rerun", "run a finished one-shot run again, as a new run")
     sub.add_argument("--name", help="the new run's name (default: <run>-xxxxx)")
     following(sub, optional=True)
-
-    sub = commands.add_parser("trigger", help="start a scheduled run's execution now")
-    sub.add_argument("run")
-    following(sub, optional=True)
+    following(of_one_run("trigger", "start a scheduled run's execution now"), optional=True)
 
     sub = commands.add_parser("list", help="runs with their phase and last result")
     sub.add_argument("-A", "--all-namespaces", action="store_true")
