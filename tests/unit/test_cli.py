@@ -85,65 +85,47 @@ def test_kubeconfig_flag_naming_a_file_that_does_not_exist(tmp_path: Path) -> No
     assert "does not exist" in line
 
 
+GHOST_USER = [{"name": "dev", "context": {"cluster": "local", "user": "ghost"}}]
+
+
 @pytest.mark.parametrize(
-    ("text", "what"),
+    ("content", "fragments"),
     [
-        ("clusters: [unclosed\n  - : :\n", "not valid YAML"),
-        ("\x00\x01binary", "not valid YAML"),
-        ("just some words\n", "not a kubeconfig"),
-        ("- a\n- list\n", "not a kubeconfig"),
+        ("clusters: [unclosed\n  - : :\n", ["not valid YAML"]),
+        ("\x00\x01binary", ["not valid YAML"]),
+        ("just some words\n", ["not a kubeconfig"]),
+        ("- a\n- list\n", ["not a kubeconfig"]),
+        ("", ["empty"]),
+        # "dev": the contexts there are to choose from.
+        (
+            kubeconfig(current_context=None),
+            ["no current-context", "kubectl config use-context", "dev"],
+        ),
+        (kubeconfig(current_context="prod"), ["'prod'", "kubectl config use-context"]),
+        (kubeconfig(contexts=GHOST_USER), ["user 'ghost'"]),
+        (kubeconfig(clusters=[]), ["cluster 'local'"]),
+    ],
+    ids=[
+        "not-yaml",
+        "binary",
+        "a-string",
+        "a-list",
+        "empty",
+        "without-current-context",
+        "current-context-not-in-the-file",
+        "context-names-a-user-not-in-the-file",
+        "context-names-a-cluster-not-in-the-file",
     ],
 )
-def test_kubeconfig_that_is_not_yaml_or_not_a_mapping(tmp_path: Path, text: str, what: str) -> None:
+def test_a_kubeconfig_that_cannot_be_used_is_said_in_one_line(
+    tmp_path: Path, content: str | dict[str, Any], fragments: list[str]
+) -> None:
     path = tmp_path / "config"
-    path.write_text(text)
+    path.write_text(content if isinstance(content, str) else yaml.safe_dump(content))
     line = one_line(run(tmp_path, KUBECONFIG=str(path)))
     assert str(path) in line
-    assert what in line
-
-
-def test_empty_kubeconfig(tmp_path: Path) -> None:
-    path = tmp_path / "config"
-    path.write_text("")
-    line = one_line(run(tmp_path, KUBECONFIG=str(path)))
-    assert str(path) in line
-    assert "empty" in line
-
-
-def test_kubeconfig_without_current_context(tmp_path: Path) -> None:
-    path = tmp_path / "config"
-    path.write_text(yaml.safe_dump(kubeconfig(current_context=None)))
-    line = one_line(run(tmp_path, KUBECONFIG=str(path)))
-    assert str(path) in line
-    assert "no current-context" in line
-    assert "kubectl config use-context" in line
-    assert "dev" in line  # the contexts there are to choose from
-
-
-def test_kubeconfig_whose_current_context_is_not_in_the_file(tmp_path: Path) -> None:
-    path = tmp_path / "config"
-    path.write_text(yaml.safe_dump(kubeconfig(current_context="prod")))
-    line = one_line(run(tmp_path, KUBECONFIG=str(path)))
-    assert str(path) in line
-    assert "'prod'" in line
-    assert "kubectl config use-context" in line
-
-
-def test_kubeconfig_whose_context_names_a_user_not_in_the_file(tmp_path: Path) -> None:
-    path = tmp_path / "config"
-    contexts = [{"name": "dev", "context": {"cluster": "local", "user": "ghost"}}]
-    path.write_text(yaml.safe_dump(kubeconfig(contexts=contexts)))
-    line = one_line(run(tmp_path, KUBECONFIG=str(path)))
-    assert str(path) in line
-    assert "user 'ghost'" in line
-
-
-def test_kubeconfig_whose_context_names_a_cluster_not_in_the_file(tmp_path: Path) -> None:
-    path = tmp_path / "config"
-    path.write_text(yaml.safe_dump(kubeconfig(clusters=[])))
-    line = one_line(run(tmp_path, KUBECONFIG=str(path)))
-    assert str(path) in line
-    assert "cluster 'local'" in line
+    for fragment in fragments:
+        assert fragment in line
 
 
 def test_no_kubeconfig_at_all_outside_a_cluster(tmp_path: Path) -> None:
