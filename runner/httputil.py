@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+import aiohttp
 import orjson
 
 from runner.redact import REDACTOR
@@ -70,6 +71,20 @@ def last_exception(text: str) -> str:
     if lines and any(line.startswith("Traceback (most recent call last)") for line in lines):
         return lines[-1]
     return text
+
+
+def unanswered(what: str, error: BaseException, limit: float) -> str:
+    """Why the request ``what`` got no answer: TLS, a transport ``error``, or ``limit`` passed.
+
+    ``error`` is what ``aiohttp`` raised: a ``ClientError``, a ``ConnectionError``
+    or a ``TimeoutError``. aiohttp's own timeouts are also ``ClientError``s, and
+    say so by their name.
+    """
+    if isinstance(error, aiohttp.ClientSSLError):
+        return f"{what}: TLS failed: {trim(str(error))}"
+    if isinstance(error, aiohttp.ClientError | ConnectionError):
+        return f"{what} failed: {type(error).__name__}: {trim(str(error))}"
+    return f"{what} timed out after {limit:.1f}s"
 
 
 def server_message(body: bytes, limit: int = SERVER_MESSAGE_LIMIT) -> str:

@@ -9,7 +9,9 @@ settings, passed through unmodified by the controller.
 ``prepare``, ``load_rows`` and ``store`` (:class:`~runner.storage.base.StorageProvider`).
 Nothing else changes: :func:`provider_keys` lists this package's modules, and
 :func:`resolve` imports the one the contract names. Modules whose name starts
-with ``_`` and :mod:`runner.storage.base` are not providers.
+with ``_`` are not providers, nor are the parts the providers share:
+:mod:`runner.storage.base`, :mod:`runner.storage.endpoint`,
+:mod:`runner.storage.transport` and :mod:`runner.storage.jsonhttp`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 from runner.storage.base import Role, StorageProvider
 
-_NOT_PROVIDERS = frozenset({"base"})
+_NOT_PROVIDERS = frozenset({"base", "endpoint", "jsonhttp", "transport"})
 
 
 def provider_keys() -> list[str]:

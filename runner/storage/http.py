@@ -69,41 +69,23 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from runner.secrets import SecretError
-from runner.storage.base import (
-    PAGING_KEYS,
-    Endpoint,
-    Page,
-    Paging,
-    Partition,
-    Role,
-    StorageContext,
-    StorageError,
-    Stored,
-    build_endpoint,
-    check_parameters,
-    check_stored,
-    chunks,
-    explain,
-    keyed_arguments,
-    next_from,
-    output_body,
-    page_from,
-    paging_arguments,
-    parse_bool,
-    parse_header_lines,
-    probe_request,
-    rows_from,
-    send,
-    stored_from,
+from runner.storage.base import Paging, Role, StorageContext, StorageError
+from runner.storage.endpoint import SecretKeys, parse_header_lines
+from runner.storage.jsonhttp import (
+    Headers,
+    JsonHttpProvider,
+    Route,
+    SecretReference,
+    check_entry_parameters,
+    checked_method,
+    validated,
 )
+from runner.storage.transport import probe_request
 
 KEY = "http"
-OFFSET_KEY = "predictions_offset"
-_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 _QUERY_METHODS = ("GET", "DELETE")
 
 
@@ -113,16 +95,15 @@ class _Settings(BaseModel):
     )
 
 
-class SecretRef(_Settings):
-    name: str = Field(min_length=1)
-    namespace: str | None = None
+class SecretRef(SecretReference, _Settings):
+    pass
 
 
 class Settings(_Settings):
     secret_ref: SecretRef
     method: str = "POST"
     path: str = ""
-    headers: list[str] | dict[str, str] = Field(default_factory=list)
+    headers: Headers = Field(default_factory=list)
     rows_field: str = "result"
     predictions_as: Literal["array", "string"] = "array"
     chunk_size: int | None = Field(default=None, ge=1)
@@ -133,192 +114,60 @@ class Settings(_Settings):
     @field_validator("method", "resume_method")
     @classmethod
     def _method(cls, method: str) -> str:
-        method = method.strip().upper()
-        if method not in _METHODS:
-            raise ValueError(f"method must be one of {', '.join(_METHODS)}")
-        return method
-
-    @field_validator("headers")
-    @classmethod
-    def _headers(cls, headers: list[str] | dict[str, str]) -> list[str] | dict[str, str]:
-        parse_header_lines(headers)
-        return headers
+        return checked_method(method, "method")
 
 
-class HttpProvider:
+class HttpProvider(JsonHttpProvider):
+    """The ``http`` dialect: the contract's method and path, fields in a GET's query."""
+
     key = KEY
+    secret_keys = SecretKeys(url="url", ca="ca")
 
     def __init__(self, settings: Settings, role: Role) -> None:
-        self.settings = settings
-        self.role = role
-        self.headers = parse_header_lines(settings.headers)
-        self._endpoint: Endpoint | None = None
-        self.paging = settings.paging if role == "input" else None
-
-    async def prepare(self, ctx: StorageContext) -> None:
-        ref = self.settings.secret_ref
-        namespace = ref.namespace or ctx.namespace
-        source = f"Secret {namespace}/{ref.name}"
-        try:
-            data = await ctx.secrets.read(namespace, ref.name)
-        except SecretError as error:
-            raise StorageError(str(error)) from None
-        url = (data.get("url") or "").strip()
-        if not url:
-            raise StorageError(f"{source} has no url")
-        self._endpoint = build_endpoint(
-            url=url,
-            token=data.get("token") or None,
-            username=data.get("username"),
-            password=data.get("password") or None,
-            ca_data=data.get("ca") or None,
-            insecure=parse_bool(data.get("insecure", "").strip(), "insecure"),
-            proxy_url=None,
-            source=source,
+        resume = None
+        if settings.resume_path is not None:
+            resume = Route(settings.resume_method, settings.resume_path)
+        super().__init__(
+            role,
+            secret=settings.secret_ref,
+            headers=parse_header_lines(settings.headers),
+            data=Route(settings.method, settings.path),
+            resume=resume,
+            rows_field=settings.rows_field,
+            chunk_size=settings.chunk_size,
+            paging=settings.paging,
         )
+        self.settings = settings
+
+    def encode(self, method: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+        if method in _QUERY_METHODS:
+            return {"body": None, "params": {k: str(v) for k, v in fields.items()}}
+        return super().encode(method, fields)
+
+    def predictions_value(self, piece: list[Any]) -> Any:
+        if self.settings.predictions_as == "string":
+            return orjson.dumps(piece).decode()
+        return piece
 
     async def probe(self, ctx: StorageContext) -> str:
         """A HEAD of the base URL: reachable, credentials not refused (see "Probe" above)."""
-        if self._endpoint is None:
-            raise RuntimeError("prepare() was not called")
         answer = await probe_request(
-            ctx, self._endpoint, method="HEAD", path="", headers=self.headers
+            ctx, self.endpoint, method="HEAD", path="", headers=self.headers
         )
         return f"{answer.what} answered {answer.status}"
 
-    def _request(self, body: Mapping[str, Any], method: str | None = None) -> dict[str, Any]:
-        if (method or self.settings.method) in _QUERY_METHODS:
-            return {"body": None, "params": {k: str(v) for k, v in body.items()}}
-        return {"body": orjson.dumps(body), "params": None}
-
-    async def load_rows(self, ctx: StorageContext) -> list[Any]:
-        if self._endpoint is None:
-            raise RuntimeError("prepare() was not called")
-        answer = await send(
-            ctx,
-            self._endpoint,
-            method=self.settings.method,
-            path=self.settings.path,
-            headers=self.headers,
-            retry="all",
-            **self._request(dict(ctx.parameters)),
-        )
-        return rows_from(answer, self.settings.rows_field)
-
-    @property
-    def endpoint(self) -> Endpoint:
-        if self._endpoint is None:
-            raise RuntimeError("prepare() was not called")
-        return self._endpoint
-
-    async def read_page(
-        self, ctx: StorageContext, offset: int, limit: int, part: Partition
-    ) -> Page:
-        if self.paging is None:
-            raise RuntimeError("the input entry has no paging")
-        answer = await send(
-            ctx,
-            self.endpoint,
-            method=self.settings.method,
-            path=self.settings.path,
-            headers=self.headers,
-            retry="all",
-            **self._request({**ctx.parameters, **paging_arguments(offset, limit, part)}),
-        )
-        return page_from(answer, self.settings.rows_field, self.paging, offset)
-
-    async def store_keyed(
-        self, ctx: StorageContext, offset: int, predictions: list[Any], part: Partition
-    ) -> Stored:
-        """One page's predictions, keyed: a write repeated is stored once, so it is retried."""
-        stored = duplicates = 0
-        counted = True
-        for start, piece in chunks(predictions, self.settings.chunk_size):
-            value: Any = piece
-            if self.settings.predictions_as == "string":
-                value = orjson.dumps(piece).decode()
-            extra = keyed_arguments(ctx, offset + start, part)
-            answer = await send(
-                ctx,
-                self.endpoint,
-                method=self.settings.method,
-                path=self.settings.path,
-                headers=self.headers,
-                body=orjson.dumps(output_body(ctx, value, extra)),
-                retry="all",
-            )
-            check_stored(answer)
-            done = stored_from(answer)
-            if done.stored is None or done.duplicates is None:
-                counted = False
-            else:
-                stored += done.stored
-                duplicates += done.duplicates
-        return Stored(stored, duplicates) if counted else Stored()
-
-    async def stored_next(self, ctx: StorageContext, part: Partition) -> int | None:
-        if self.settings.resume_path is None:
-            return None
-        query = {
-            **ctx.parameters,
-            "job_uid": ctx.job_id,
-            "shard_index": str(part.index),
-            "shard_count": str(part.count),
-        }
-        answer = await send(
-            ctx,
-            self.endpoint,
-            method=self.settings.resume_method,
-            path=self.settings.resume_path,
-            headers=self.headers,
-            retry="all",
-            **self._request(query, self.settings.resume_method),
-        )
-        return next_from(answer)
-
     async def store(self, ctx: StorageContext, predictions: list[Any]) -> None:
-        if self._endpoint is None:
-            raise RuntimeError("prepare() was not called")
+        # from_settings refuses such an output entry; this guards a provider built directly.
         if self.settings.method in _QUERY_METHODS:
             raise StorageError(f"cannot send predictions with {self.settings.method}")
-        pieces = chunks(predictions, self.settings.chunk_size)
-        for number, (offset, piece) in enumerate(pieces, start=1):
-            value: Any = piece
-            if self.settings.predictions_as == "string":
-                value = orjson.dumps(piece).decode()
-            extra = {OFFSET_KEY: str(offset)} if self.settings.chunk_size else None
-            try:
-                answer = await send(
-                    ctx,
-                    self._endpoint,
-                    method=self.settings.method,
-                    path=self.settings.path,
-                    headers=self.headers,
-                    body=orjson.dumps(output_body(ctx, value, extra)),
-                    retry="unsent",
-                )
-                check_stored(answer)
-            except StorageError as error:
-                if len(pieces) > 1:
-                    # Same class: a refused chunk is as permanent as a refused write.
-                    raise type(error)(
-                        f"chunk {number} of {len(pieces)} (predictions from {offset}) failed, "
-                        f"{number - 1} chunk(s) stored: {error.message}"
-                    ) from None
-                raise
+        await super().store(ctx, predictions)
 
 
 def from_settings(
     settings: Mapping[str, Any], role: Role, parameters: Mapping[str, str]
 ) -> HttpProvider:
-    try:
-        parsed = Settings.model_validate(settings)
-    except ValidationError as error:
-        raise ValueError(explain(error)) from None
-    if role == "output":
-        if parsed.method in _QUERY_METHODS:
-            raise ValueError(f"method {parsed.method} cannot carry predictions; use POST or PUT")
-        check_parameters(parameters, (OFFSET_KEY,) if parsed.chunk_size else ())
-    elif parsed.paging is not None:
-        check_parameters(parameters, PAGING_KEYS)
+    parsed = validated(Settings, settings)
+    if role == "output" and parsed.method in _QUERY_METHODS:
+        raise ValueError(f"method {parsed.method} cannot carry predictions; use POST or PUT")
+    check_entry_parameters(role, parameters, parsed.chunk_size, parsed.paging)
     return HttpProvider(parsed, role)

@@ -92,44 +92,24 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from runner.secrets import SecretError
-from runner.storage.base import (
-    PAGING_KEYS,
-    Answer,
-    Endpoint,
-    Page,
-    Paging,
-    Partition,
-    Role,
-    StorageContext,
-    StorageError,
-    StorageRejected,
-    Stored,
-    build_endpoint,
-    check_parameters,
-    check_stored,
-    chunks,
-    explain,
-    keyed_arguments,
-    next_from,
-    output_body,
-    page_from,
-    paging_arguments,
-    parse_bool,
-    parse_header_lines,
-    probe_request,
-    rows_from,
-    send,
-    stored_from,
+from runner.storage.base import Paging, Role, StorageContext, StorageRejected
+from runner.storage.endpoint import SecretKeys, parse_header_lines
+from runner.storage.jsonhttp import (
+    HeaderList,
+    JsonHttpProvider,
+    Route,
+    SecretReference,
+    check_entry_parameters,
+    checked_method,
+    validated,
 )
+from runner.storage.transport import Answer, probe_request
 
 KEY = "krateo"
 ARGUMENT_LIMIT = 128 * 1024
-OFFSET_KEY = "predictions_offset"
-_VERBS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 # Notebook names quoted at most when the configured one is missing.
 NAMES_IN_MESSAGE = 20
 
@@ -138,31 +118,21 @@ class _Settings(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
 
-class EndpointRef(_Settings):
-    name: str = Field(min_length=1)
-    namespace: str | None = None
+class EndpointRef(SecretReference, _Settings):
+    pass
 
 
 class Api(_Settings):
     endpoint_ref: EndpointRef
     path: str = ""
     verb: str = "GET"
-    headers: list[str] = Field(default_factory=list)
+    headers: HeaderList = Field(default_factory=list)
     payload: Any = None
 
     @field_validator("verb")
     @classmethod
     def _verb(cls, verb: str) -> str:
-        verb = verb.strip().upper() or "GET"
-        if verb not in _VERBS:
-            raise ValueError(f"verb must be one of {', '.join(_VERBS)}")
-        return verb
-
-    @field_validator("headers")
-    @classmethod
-    def _headers(cls, headers: list[str]) -> list[str]:
-        parse_header_lines(headers)
-        return headers
+        return checked_method(verb.strip() or "GET", "verb")
 
 
 class Settings(_Settings):
@@ -172,17 +142,39 @@ class Settings(_Settings):
     resume_path: str | None = Field(default=None, min_length=1)
 
 
-class KrateoProvider:
+SECRET_KEYS = SecretKeys(
+    url="server-url",
+    ca="certificate-authority-data",
+    proxy="proxy-url",
+    client_cert="client-certificate-data",
+    client_key="client-key-data",
+)
+
+
+class KrateoProvider(JsonHttpProvider):
+    """The ``krateo`` dialect: ``api``'s verb and path, a JSON body always, JSON answers."""
+
     key = KEY
+    secret_keys = SECRET_KEYS
+    resume_extra = {"progress": "true"}
 
     def __init__(self, settings: Settings, role: Role) -> None:
+        api = settings.api
+        headers = parse_header_lines(api.headers)
+        if not any(name.lower() == "accept" for name in headers):
+            headers["Accept"] = "application/json"
+        resume = None if settings.resume_path is None else Route(api.verb, settings.resume_path)
+        super().__init__(
+            role,
+            secret=api.endpoint_ref,
+            headers=headers,
+            data=Route(api.verb, api.path),
+            resume=resume,
+            rows_field="result",
+            chunk_size=settings.chunk_size,
+            paging=settings.paging,
+        )
         self.settings = settings
-        self.role = role
-        self.headers = parse_header_lines(settings.api.headers)
-        if not any(name.lower() == "accept" for name in self.headers):
-            self.headers["Accept"] = "application/json"
-        self._endpoint: Endpoint | None = None
-        self.paging = settings.paging if role == "input" else None
 
     async def prepare(self, ctx: StorageContext) -> None:
         if self.settings.api.payload is not None:
@@ -190,111 +182,31 @@ class KrateoProvider:
                 "api.payload is ignored, as upstream: the body is the run's parameters",
                 role=self.role,
             )
-        ref = self.settings.api.endpoint_ref
-        namespace = ref.namespace or ctx.namespace
-        source = f"Secret {namespace}/{ref.name}"
-        try:
-            data = await ctx.secrets.read(namespace, ref.name)
-        except SecretError as error:
-            raise StorageError(str(error)) from None
-        self._endpoint = endpoint_from_secret(data, source)
+        await super().prepare(ctx)
 
-    @property
-    def endpoint(self) -> Endpoint:
-        if self._endpoint is None:
-            raise RuntimeError("prepare() was not called")
-        return self._endpoint
-
-    async def _call(
-        self, ctx: StorageContext, body: Mapping[str, Any], retry: Any, path: str | None = None
-    ) -> Answer:
-        answer = await send(
-            ctx,
-            self.endpoint,
-            method=self.settings.api.verb,
-            path=self.settings.api.path if path is None else path,
-            headers=self.headers,
-            body=orjson.dumps(body),
-            retry=retry,
-        )
+    def check_answer(self, answer: Answer) -> None:
         if "json" not in answer.content_type.lower():
             raise StorageRejected(
                 f"{answer.what} answered {answer.status} with content type "
                 f"{answer.content_type or '(none)'}, not JSON (finops-database-handler answers "
                 f"JSON only to 'Accept: application/json', exactly): {answer.text()}"
             )
-        return answer
 
-    async def load_rows(self, ctx: StorageContext) -> list[Any]:
-        answer = await self._call(ctx, dict(ctx.parameters), retry="all")
-        return rows_from(answer, "result")
+    def predictions_value(self, piece: list[Any]) -> Any:
+        # As upstream: the handler passes predictions to the notebook as one string.
+        return orjson.dumps(piece).decode()
 
-    async def store(self, ctx: StorageContext, predictions: list[Any]) -> None:
-        pieces = chunks(predictions, self.settings.chunk_size)
-        for number, (offset, piece) in enumerate(pieces, start=1):
-            encoded = orjson.dumps(piece).decode()
-            if self.settings.chunk_size is None and len(encoded) >= ARGUMENT_LIMIT:
-                ctx.log.warning(
-                    "the predictions argument exceeds what finops-database-handler can pass "
-                    "to a notebook; set chunkSize in the output's krateo entry",
-                    bytes=len(encoded),
-                    limitBytes=ARGUMENT_LIMIT,
-                )
-            extra = {OFFSET_KEY: str(offset)} if self.settings.chunk_size else None
-            try:
-                answer = await self._call(ctx, output_body(ctx, encoded, extra), retry="unsent")
-                check_stored(answer)
-            except StorageError as error:
-                if len(pieces) > 1:
-                    # Same class: a refused chunk is as permanent as a refused write.
-                    raise type(error)(
-                        f"chunk {number} of {len(pieces)} (predictions from {offset}) failed, "
-                        f"{number - 1} chunk(s) stored: {error.message}"
-                    ) from None
-                raise
-            if len(pieces) > 1:
-                ctx.log.info("predictions chunk stored", chunk=number, chunks=len(pieces))
+    def before_write(self, ctx: StorageContext, value: Any) -> None:
+        if self.chunk_size is None and len(value) >= ARGUMENT_LIMIT:
+            ctx.log.warning(
+                "the predictions argument exceeds what finops-database-handler can pass "
+                "to a notebook; set chunkSize in the output's krateo entry",
+                bytes=len(value),
+                limitBytes=ARGUMENT_LIMIT,
+            )
 
-    async def read_page(
-        self, ctx: StorageContext, offset: int, limit: int, part: Partition
-    ) -> Page:
-        if self.paging is None:
-            raise RuntimeError("the input entry has no paging")
-        body = {**ctx.parameters, **paging_arguments(offset, limit, part)}
-        answer = await self._call(ctx, body, retry="all")
-        return page_from(answer, "result", self.paging, offset)
-
-    async def store_keyed(
-        self, ctx: StorageContext, offset: int, predictions: list[Any], part: Partition
-    ) -> Stored:
-        """One page's predictions, keyed: a write repeated is stored once, so it is retried."""
-        stored = duplicates = 0
-        counted = True
-        for start, piece in chunks(predictions, self.settings.chunk_size):
-            extra = keyed_arguments(ctx, offset + start, part)
-            body = output_body(ctx, orjson.dumps(piece).decode(), extra)
-            answer = await self._call(ctx, body, retry="all")
-            check_stored(answer)
-            done = stored_from(answer)
-            if done.stored is None or done.duplicates is None:
-                counted = False
-            else:
-                stored += done.stored
-                duplicates += done.duplicates
-        return Stored(stored, duplicates) if counted else Stored()
-
-    async def stored_next(self, ctx: StorageContext, part: Partition) -> int | None:
-        if self.settings.resume_path is None:
-            return None
-        body = {
-            **ctx.parameters,
-            "job_uid": ctx.job_id,
-            "shard_index": str(part.index),
-            "shard_count": str(part.count),
-            "progress": "true",
-        }
-        answer = await self._call(ctx, body, retry="all", path=self.settings.resume_path)
-        return next_from(answer)
+    def chunk_stored(self, ctx: StorageContext, number: int, count: int) -> None:
+        ctx.log.info("predictions chunk stored", chunk=number, chunks=count)
 
     async def probe(self, ctx: StorageContext) -> str:
         """Reachable, credentials accepted, notebook present: see "Probe" above. No data moves."""
@@ -354,33 +266,9 @@ def notebook_names(listing: Any) -> set[str]:
     return names
 
 
-def endpoint_from_secret(data: Mapping[str, str], source: str) -> Endpoint:
-    server_url = (data.get("server-url") or "").strip()
-    if not server_url:
-        raise StorageError(f"{source} has no server-url")
-    return build_endpoint(
-        url=server_url,
-        token=data.get("token") or None,
-        username=data.get("username"),
-        password=data.get("password") or None,
-        ca_data=data.get("certificate-authority-data") or None,
-        insecure=parse_bool(data.get("insecure", "").strip(), "insecure"),
-        proxy_url=(data.get("proxy-url") or "").strip() or None,
-        client_cert=data.get("client-certificate-data") or None,
-        client_key=data.get("client-key-data") or None,
-        source=source,
-    )
-
-
 def from_settings(
     settings: Mapping[str, Any], role: Role, parameters: Mapping[str, str]
 ) -> KrateoProvider:
-    try:
-        parsed = Settings.model_validate(settings)
-    except ValidationError as error:
-        raise ValueError(explain(error)) from None
-    if role == "output":
-        check_parameters(parameters, (OFFSET_KEY,) if parsed.chunk_size else ())
-    elif parsed.paging is not None:
-        check_parameters(parameters, PAGING_KEYS)
+    parsed = validated(Settings, settings)
+    check_entry_parameters(role, parameters, parsed.chunk_size, parsed.paging)
     return KrateoProvider(parsed, role)

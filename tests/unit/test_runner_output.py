@@ -30,20 +30,9 @@ from runner.inference import (
     v1_request,
     v2_request,
 )
-from runner.storage.base import (
-    Answer,
-    StorageContext,
-    StorageError,
-    build_endpoint,
-    check_parameters,
-    check_stored,
-    chunks,
-    output_body,
-    parse_bool,
-    parse_header_lines,
-    rows_from,
-    split_userinfo,
-)
+from runner.storage.base import StorageContext, StorageError, check_parameters, chunks, output_body
+from runner.storage.endpoint import build_endpoint, parse_bool, parse_header_lines, split_userinfo
+from runner.storage.transport import Answer, check_stored, rows_from
 
 pytestmark = pytest.mark.unit
 

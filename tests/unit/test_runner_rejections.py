@@ -19,7 +19,8 @@ from runner.exitcodes import (
     OutputRejected,
 )
 from runner.inference import ModelRefused, classify, parse_v1_response, parse_v2_response
-from runner.storage.base import Answer, StorageError, StorageRejected, check_stored, rows_from
+from runner.storage.base import StorageError, StorageRejected
+from runner.storage.transport import Answer, check_stored, rows_from
 
 pytestmark = pytest.mark.unit
 

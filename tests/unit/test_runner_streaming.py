@@ -10,18 +10,15 @@ import pytest
 from runner import storage
 from runner.batching import Deadline
 from runner.storage.base import (
-    Answer,
     Paging,
     Partition,
     StorageContext,
     StorageRejected,
     Stored,
     keyed_arguments,
-    next_from,
-    page_from,
     paging_arguments,
-    stored_from,
 )
+from runner.storage.transport import Answer, next_from, page_from, stored_from
 from runner.streaming import StreamStats, missing_part
 from runner.termination import RunResult, success_message
 
