@@ -55,8 +55,9 @@ client-go's reflector and indexer, in asyncio, on raw watch streams:
   loop time (``time.monotonic()`` on the default loop) since which every
   scope has completed a list, and :attr:`Informer.lists` counts lists.
 
-The API access goes through a :class:`ListWatch` (``KubeClient`` is one), so
-the unit tests drive the same code with a scripted fake.
+The API access is :class:`~controller.kube.client.KubeClient`'s ``list`` and
+``watch``, the only two calls made; the unit tests drive the same code with a
+scripted fake of those two.
 """
 
 from __future__ import annotations
@@ -64,9 +65,9 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import random
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -75,6 +76,7 @@ from controller.kube.resources import Obj, Resource, Transform
 from controller.metrics import labelled
 
 if TYPE_CHECKING:
+    from controller.kube.client import KubeClient
     from controller.metrics import Metrics
 
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
@@ -370,34 +372,6 @@ class Retries:
         self.expiries.reset()
 
 
-class ListWatch(Protocol):
-    """The API access an informer needs (implemented by KubeClient)."""
-
-    async def list(
-        self,
-        resource: Resource,
-        namespace: str | None = None,
-        *,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        limit: int | None = None,
-        continue_token: str | None = None,
-        resource_version: str | None = None,
-    ) -> Obj: ...
-
-    def watch(
-        self,
-        resource: Resource,
-        namespace: str | None = None,
-        *,
-        resource_version: str | None = None,
-        timeout_seconds: int | None = None,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        allow_bookmarks: bool = True,
-    ) -> AsyncIterator[Obj]: ...
-
-
 class WatchExpired(Exception):
     """The watch's resourceVersion is too old (410 Gone): list again."""
 
@@ -414,7 +388,7 @@ class Informer:
 
     def __init__(
         self,
-        source: ListWatch,
+        source: KubeClient,
         resource: Resource,
         *,
         namespaces: Sequence[str] = (),

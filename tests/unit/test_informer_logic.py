@@ -82,27 +82,13 @@ class FakeSource:
     def script_watch(self, namespace: str | None, *streams: list[Any]) -> None:
         self.watches.setdefault(namespace, deque()).extend(streams)
 
+    # KubeClient.list and .watch, scripted. Each call is recorded with the
+    # options the informer passed (by KubeClient's keyword names) and its loop time.
+
     async def list(
-        self,
-        resource: Resource,
-        namespace: str | None = None,
-        *,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        limit: int | None = None,
-        continue_token: str | None = None,
-        resource_version: str | None = None,
+        self, resource: Resource, namespace: str | None = None, **options: Any
     ) -> dict[str, Any]:
-        loop = asyncio.get_running_loop()
-        self.list_calls.append(
-            {
-                "namespace": namespace,
-                "label_selector": label_selector,
-                "limit": limit,
-                "continue": continue_token,
-                "at": loop.time(),
-            }
-        )
+        self.list_calls.append(self._call(namespace, options))
         script = self.lists.get(namespace)
         if not script:
             await asyncio.Future()  # hang
@@ -112,29 +98,16 @@ class FakeSource:
         return response  # type: ignore[no-any-return]
 
     def watch(
-        self,
-        resource: Resource,
-        namespace: str | None = None,
-        *,
-        resource_version: str | None = None,
-        timeout_seconds: int | None = None,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        allow_bookmarks: bool = True,
+        self, resource: Resource, namespace: str | None = None, **options: Any
     ) -> AsyncIterator[dict[str, Any]]:
-        self.watch_calls.append(
-            {
-                "namespace": namespace,
-                "resource_version": resource_version,
-                "timeout_seconds": timeout_seconds,
-                "label_selector": label_selector,
-                "allow_bookmarks": allow_bookmarks,
-                "at": asyncio.get_running_loop().time(),
-            }
-        )
+        self.watch_calls.append(self._call(namespace, options))
         script = self.watches.get(namespace)
         steps = script.popleft() if script else [HANG]
         return self._stream(steps)
+
+    @staticmethod
+    def _call(namespace: str | None, options: dict[str, Any]) -> dict[str, Any]:
+        return {"namespace": namespace, **options, "at": asyncio.get_running_loop().time()}
 
     async def _stream(self, steps: Steps) -> AsyncIterator[dict[str, Any]]:
         try:
@@ -462,7 +435,7 @@ async def test_lists_every_page_then_watches_from_the_list_version(
     await informer.wait_for_sync()
     await asyncio.sleep(1)
     assert informer.has_synced()
-    assert [c["continue"] for c in source.list_calls] == [None, "next"]
+    assert [c["continue_token"] for c in source.list_calls] == [None, "next"]
     assert all(c["label_selector"] == "app=x" and c["limit"] == 1 for c in source.list_calls)
     assert sorted(seen.calls) == [("add", "ns/a", "3"), ("add", "ns/b", "4")]
     (watch,) = source.watch_calls
