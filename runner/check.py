@@ -73,7 +73,7 @@ from runner.exitcodes import (
     OutputRejected,
     RunnerError,
 )
-from runner.httputil import RETRYABLE_4XX, server_message, trim
+from runner.httputil import RETRYABLE_4XX, server_message, unanswered
 from runner.inference import (
     DEFAULT_INPUT_NAME,
     InputMetadata,
@@ -270,12 +270,8 @@ async def check_model(
         ) as response:
             status = response.status
             body = await response.read()
-    except aiohttp.ClientSSLError as error:
-        raise InferenceError(f"{what}: TLS failed: {trim(str(error))}") from None
-    except (aiohttp.ClientError, ConnectionError) as error:
-        raise InferenceError(f"{what} failed: {type(error).__name__}: {trim(str(error))}") from None
-    except TimeoutError:
-        raise InferenceError(f"{what} timed out after {limit:.1f}s") from None
+    except (aiohttp.ClientError, ConnectionError, TimeoutError) as error:
+        raise InferenceError(unanswered(what, error, limit)) from None
     who = f"model {probe.model_name!r}: " if probe.model_name else ""
     answered = f"{who}{what} answered {status}: {server_message(body)}"
     if status >= 500 or status in RETRYABLE_4XX:
