@@ -44,16 +44,9 @@ Count = Annotated[int, Field(ge=0)]
 
 # A pydantic dataclass: positional construction for the runner, validation and
 # camelCase keys (rows, durationSeconds, resumedRows) for the wire and the status.
-@dataclass(
-    frozen=True,
-    config=ConfigDict(
-        alias_generator=to_camel,
-        validate_by_name=True,
-        validate_by_alias=True,
-        serialize_by_alias=True,
-        extra="ignore",
-    ),
-)
+# Keys it does not know are ignored (the dataclass default), so a newer runner's
+# message still parses; dumps pass by_alias.
+@dataclass(frozen=True, config=ConfigDict(alias_generator=to_camel, validate_by_name=True))
 class RunResult:
     rows: Count
     predictions: Count
