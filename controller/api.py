@@ -56,7 +56,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from controller.cron import check_schedule, check_time_zone
+from controller.cron import Schedule, TimeZone
 from runner.contract import Batching, KServe
 from runner.credentials import find_inline_credentials
 from runner.termination import RunResult
@@ -94,7 +94,6 @@ REASON_INVALID_SPEC = "InvalidSpec"
 DEFAULT_BACKOFF_LIMIT = 2
 DEFAULT_CONCURRENCY_POLICY: ConcurrencyPolicy = "Forbid"
 MAX_PARALLELISM = 1000
-MAX_SCHEDULE_LENGTH = 128
 # Condition messages stay short enough to read in `kubectl describe`.
 MAX_MESSAGE_LENGTH = 1024
 # timeoutSeconds (the Job's activeDeadlineSeconds) and startingDeadlineSeconds
@@ -117,7 +116,7 @@ MAX_PARAMETERS_TOTAL_LENGTH = 32768
 DNS_LABEL_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 # --------------------------------------------------------------------------------------------
-# Schedules and time zones: controller.cron (check_schedule, check_time_zone),
+# Schedules and time zones: controller.cron (the Schedule and TimeZone types),
 # whose cron pattern is also the CRD's CEL rule.
 
 # --------------------------------------------------------------------------------------------
@@ -729,7 +728,7 @@ class InferenceRunSpec(_Model):
     config_ref: ConfigRef
     # 0 keeps upstream's meaning: no deadline.
     timeout_seconds: int | None = Field(default=None, ge=0, le=MAX_DEADLINE_SECONDS)
-    schedule: str | None = Field(default=None, max_length=MAX_SCHEDULE_LENGTH)
+    schedule: Schedule | None = None
     parameters: dict[ParameterName, ParameterValue] | None = Field(
         default=None, max_length=MAX_PARAMETERS
     )
@@ -738,16 +737,9 @@ class InferenceRunSpec(_Model):
     starting_deadline_seconds: int | None = Field(default=None, ge=0, le=MAX_DEADLINE_SECONDS)
     successful_jobs_history_limit: int | None = Field(default=None, ge=0)
     failed_jobs_history_limit: int | None = Field(default=None, ge=0)
-    time_zone: str | None = None
+    time_zone: TimeZone | None = None
     backoff_limit: int = Field(default=DEFAULT_BACKOFF_LIMIT, ge=0, le=100)
     parallelism: int = Field(default=1, ge=1, le=MAX_PARALLELISM)
-
-    @field_validator("schedule")
-    @classmethod
-    def _schedule(cls, value: str | None) -> str | None:
-        if value is not None:
-            check_schedule(value)
-        return value
 
     @field_validator("parameters")
     @classmethod
@@ -760,13 +752,6 @@ class InferenceRunSpec(_Model):
                 "{limit}: pass large data through the input storage instead",
                 {"total": total, "limit": MAX_PARAMETERS_TOTAL_LENGTH},
             )
-        return value
-
-    @field_validator("time_zone")
-    @classmethod
-    def _time_zone(cls, value: str | None) -> str | None:
-        if value is not None:
-            check_time_zone(value)
         return value
 
     @model_validator(mode="after")

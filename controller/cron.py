@@ -1,19 +1,22 @@
 """Cron schedules and time zones: what the CronJob controller accepts, and when it fires.
 
-Pure (``re``, ``zoneinfo``, ``croniter``): ``controller.api`` checks a run's
-``schedule`` and ``timeZone`` with :func:`check_schedule` and
-:func:`check_time_zone`; ``controller.status`` says when the CronJob fires next
-with :func:`next_schedule_time`.
+Pure (``re``, ``zoneinfo``, ``croniter``): ``controller.api`` types a run's
+``schedule`` and ``timeZone`` as :data:`Schedule` and :data:`TimeZone`, strings
+checked with :func:`check_schedule` and :func:`check_time_zone`;
+``controller.status`` says when the CronJob fires next with
+:func:`next_schedule_time`.
 """
 
 from __future__ import annotations
 
 import re
 import zoneinfo
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from typing import Annotated
 
 from croniter import CroniterBadDateError, croniter
+from pydantic import AfterValidator, Field
 from pydantic_core import PydanticCustomError
 
 # Cron syntax. The same pattern is the CRD's CEL rule (a unit test checks the
@@ -128,6 +131,22 @@ def check_time_zone(name: str) -> None:
             "'{name}' is not a time zone in the IANA database (e.g. 'Europe/Rome', 'UTC')",
             {"name": name},
         ) from None
+
+
+def _checked(check: Callable[[str], None]) -> AfterValidator:
+    def validate(value: str) -> str:
+        check(value)
+        return value
+
+    return AfterValidator(validate)
+
+
+# The CRD's maxLength for spec.schedule.
+MAX_SCHEDULE_LENGTH = 128
+# The types of spec.schedule and spec.timeZone: a string the check accepts
+# (a schedule first held to its length, so an overlong one is only that).
+Schedule = Annotated[str, Field(max_length=MAX_SCHEDULE_LENGTH), _checked(check_schedule)]
+TimeZone = Annotated[str, _checked(check_time_zone)]
 
 
 def next_schedule_time(schedule: str, time_zone: str | None, now: datetime) -> datetime | None:

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from controller import api, render
+from controller import api, cron, render
 from controller.api import (
     Condition,
     Execution,
@@ -805,7 +805,7 @@ def test_defaults_match_the_models() -> None:
     assert runs[".spec.parallelism"]["default"] == spec.parallelism
     assert runs[".spec.parallelism"]["maximum"] == api.MAX_PARALLELISM
     assert runs[".spec.suspend"]["default"] is spec.suspend
-    assert runs[".spec.schedule"]["maxLength"] == api.MAX_SCHEDULE_LENGTH
+    assert runs[".spec.schedule"]["maxLength"] == cron.MAX_SCHEDULE_LENGTH
     cfg = InferenceConfig.model_validate(config_raw()).spec
     assert configs[".spec.autoDeletePolicy"]["default"] == cfg.auto_delete_policy
     assert configs[".spec.imagePullPolicy"]["default"] == cfg.image_pull_policy
