@@ -26,7 +26,9 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from runner.credentials import REDACTED, redact_structure, redact_text
+# REDACTED is re-exported: the runner names it through this module.
+from runner.credentials import REDACTED as REDACTED
+from runner.credentials import redact_structure, redact_text
 
 MIN_SECRET_LENGTH = 4
 
