@@ -5,6 +5,9 @@ namespace, and reads its invariants from the audit log
 (``tests/faults/invariants.py``). What this file adds:
 
 - ``audit``: the audit log from the start of the test, in its namespace;
+- ``world``: what every fault test starts from (API client, namespace,
+  cluster, audit log, seed, its random source, timeline and runs), so no test
+  repeats that set-up;
 - ``apiserver_guard``: whatever a test does to kube-apiserver, it is running
   again when the test ends (the cluster is shared with the rest of the suite);
 - ``seed``: the random seed of the test (``KSC_FAULT_SEED`` replays one); it
@@ -25,6 +28,7 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,9 +40,9 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from hack.cluster import LocalCluster
-from tests.controllerproc import ControllerProcess
-from tests.faults.invariants import AuditLog, Ledger, now
-from tests.runs import GROUP, VERSION
+from tests.controllerproc import ControllerProcess, controller_for
+from tests.faults.invariants import AuditLog, Ledger, controller_user, now
+from tests.runs import GROUP, VERSION, Runs, inference_config
 
 T = TypeVar("T")
 
@@ -64,6 +68,60 @@ def apiserver_guard(cluster: LocalCluster) -> Iterator[LocalCluster]:
 @pytest.fixture
 def seed() -> int:
     return int(os.environ.get("KSC_FAULT_SEED") or random.SystemRandom().randrange(2**32))
+
+
+@dataclass
+class World:
+    """One fault test's namespace on the shared cluster, and what the test draws from."""
+
+    api: client.ApiClient
+    namespace: str
+    cluster: LocalCluster
+    tmp_path: Path
+    audit: AuditLog
+    seed: int
+    # Made from the seed (the timeline prints it): KSC_FAULT_SEED replays the same choices.
+    rng: random.Random = field(init=False)
+    timeline: Timeline = field(init=False)
+    runs: Runs = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self.timeline = Timeline(self.seed)
+        self.runs = Runs(self.api, self.namespace)
+
+    @property
+    def user(self) -> str:
+        """The controller's user, as the audit log names it."""
+        return controller_user(self.namespace)
+
+    def controller(
+        self, *, env: dict[str, str] | None = None, name: str = "controller"
+    ) -> ControllerProcess:
+        """A controller of this namespace (not started); installs the CRDs and the RBAC."""
+        return controller_for(self.cluster, self.namespace, self.tmp_path, env=env, name=name)
+
+    async def configs(self, **images: str) -> None:
+        """One InferenceConfig per ``name=image``."""
+        for name, image in images.items():
+            await self.runs.create(inference_config(name, image))
+
+    async def converge(
+        self, ledger: Ledger, *, within: float = 120.0, note: Callable[[str], object] | None = None
+    ) -> dict[str, dict[str, Any]]:
+        return await converge(self.api, self.namespace, ledger, within=within, note=note)
+
+
+@pytest.fixture
+def world(
+    api_client: client.ApiClient,
+    namespace: str,
+    cluster: LocalCluster,
+    tmp_path: Path,
+    audit: AuditLog,
+    seed: int,
+) -> World:
+    return World(api_client, namespace, cluster, tmp_path, audit, seed)
 
 
 class Timeline:

@@ -381,6 +381,27 @@ def controller_deleted(requests: Sequence[Request], user: str, runs: Ledger) -> 
     return violations
 
 
+def children_once(
+    requests: Sequence[Request], user: str, runs: Ledger, *, recreatable: Sequence[Run] = ()
+) -> list[str]:
+    """The checks every fault test makes of the children, in one place.
+
+    Each child created once (:func:`duplicate_creates`), one workload per run
+    (:func:`children_per_run`), no one-shot run's Job deleted by the
+    controller (:func:`controller_deleted`). A ``recreatable`` run's Job was
+    deleted out of band: one create is allowed after each such delete, so it
+    is left out of the once-per-run count.
+    """
+    once = Ledger(dict(runs.by_name))
+    for run in recreatable:
+        once.by_name[run.name] = Run(run.name, run.uid, run.scheduled, expect=None)
+    return [
+        *duplicate_creates(requests, user, recreatable=[run.child for run in recreatable]),
+        *children_per_run(requests, user, once),
+        *controller_deleted(requests, user, runs),
+    ]
+
+
 def _evidence(requests: Sequence[Request], names: set[str]) -> list[str]:
     lines: list[str] = []
     for name in sorted(names):

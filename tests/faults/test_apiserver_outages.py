@@ -29,62 +29,45 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime
-from pathlib import Path
 
 import pytest
-from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from hack.cluster import LocalCluster
-from tests.controllerproc import controller_for
 from tests.faults.conftest import (
     OK,
     SLOW,
-    Timeline,
-    converge,
+    World,
     log_excerpt,
     retry,
     start_in_thread,
 )
 from tests.faults.invariants import (
-    AuditLog,
     Ledger,
     Run,
-    children_per_run,
-    controller_deleted,
-    controller_user,
+    children_once,
     count_by_verb,
     created_after_delete,
     delete_times,
     describe_informers_back,
-    duplicate_creates,
     informers_back,
     now,
     refused_creates,
     report,
 )
-from tests.runs import Runs, inference_config, inference_run
+from tests.runs import Runs, inference_run
 
 OUTAGES = (5.0, 60.0, 5.0)
 WATCH_AFTER_LAST = 35.0  # past the incident's 10-30 s window
 
 
 @pytest.mark.timeout(600)
-async def test_apiserver_outages(
-    api_client: client.ApiClient,
-    namespace: str,
-    apiserver_guard: LocalCluster,
-    tmp_path: Path,
-    audit: AuditLog,
-    seed: int,
-) -> None:
+async def test_apiserver_outages(world: World, apiserver_guard: LocalCluster) -> None:
     cluster = apiserver_guard
-    timeline = Timeline(seed)
-    runs = Runs(api_client, namespace)
+    timeline, runs = world.timeline, world.runs
     ledger = Ledger()
-    proc = controller_for(cluster, namespace, tmp_path)  # installs the CRDs and the RBAC
-    await runs.create(inference_config("ok", OK))
-    await runs.create(inference_config("slow", SLOW))
+    proc = world.controller()
+    await world.configs(ok=OK, slow=SLOW)
     await start_in_thread(proc)
 
     async def create(name: str, config: str, expect: str | None) -> Run:
@@ -127,28 +110,26 @@ async def test_apiserver_outages(
             await delete(brief)
             timeline.note(f"outage {k}: deletes and creates done")
             try:
-                await converge(api_client, namespace, ledger, within=120, note=timeline.note)
+                await world.converge(ledger, within=120, note=timeline.note)
                 timeline.note(f"outage {k}: converged")
             except AssertionError as exc:
                 violations.append(f"liveness after outage {k}: {exc}")
         await asyncio.sleep(max(0.0, WATCH_AFTER_LAST - (now() - restarts[-1]).total_seconds()))
         timeline.note("watched the aftermath")
         try:
-            await converge(api_client, namespace, ledger, within=60)
+            await world.converge(ledger, within=60)
         except AssertionError as exc:
             violations.append(f"liveness at the end: {exc}")
     finally:
         code = proc.stop()
 
-    everything = audit.requests(stages=("ResponseStarted", "ResponseComplete"))
+    everything = world.audit.requests(stages=("ResponseStarted", "ResponseComplete"))
     requests = [r for r in everything if r.stage == "ResponseComplete"]
-    user = controller_user(namespace)
+    user = world.user
     deleted_at = delete_times(requests, "admin", ledger)
     late, races = created_after_delete(requests, user, ledger, deleted_at)
     violations += late
-    violations += duplicate_creates(requests, user)
-    violations += children_per_run(requests, user, ledger)
-    violations += controller_deleted(requests, user, ledger)
+    violations += children_once(requests, user, ledger)
     if code != 0:
         violations.append(f"the controller exited {code} on SIGTERM")
     context = [

@@ -24,42 +24,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes_asyncio import client
 
-from hack.cluster import LocalCluster
-from tests.controllerproc import ControllerProcess, controller_for
+from tests.controllerproc import ControllerProcess
 from tests.faults.conftest import (
     FAIL,
     OK,
     TERMINAL,
-    Timeline,
-    converge,
+    World,
     log_excerpt,
     phases,
     start_in_thread,
     wait_spawned,
 )
 from tests.faults.invariants import (
-    AuditLog,
     Ledger,
-    children_per_run,
-    controller_deleted,
-    controller_user,
+    children_once,
     count_by_verb,
-    duplicate_creates,
     now,
     refused_creates,
     report,
     writes_after,
 )
 from tests.kubehelpers import eventually
-from tests.runs import Runs, inference_config, inference_run
+from tests.runs import inference_run
 
 ONE_SHOT = 50
 SCHEDULED = 5
@@ -71,20 +62,10 @@ STABLE = 3.0  # a terminal run unchanged this long has settled
 
 
 @pytest.mark.timeout(480)
-async def test_controller_killed_at_random_moments(
-    api_client: client.ApiClient,
-    namespace: str,
-    cluster: LocalCluster,
-    tmp_path: Path,
-    audit: AuditLog,
-    seed: int,
-) -> None:
-    rng = random.Random(seed)
-    timeline = Timeline(seed)
-    proc = controller_for(cluster, namespace, tmp_path)  # installs the CRDs and the RBAC
-    runs = Runs(api_client, namespace)
-    await runs.create(inference_config("ok", OK))
-    await runs.create(inference_config("fail", FAIL))
+async def test_controller_killed_at_random_moments(world: World) -> None:
+    rng, timeline, runs = world.rng, world.timeline, world.runs
+    proc = world.controller()
+    await world.configs(ok=OK, fail=FAIL)
 
     plan: list[tuple[dict[str, Any], str]] = []
     kinds = ["ok"] * (ONE_SHOT // 2) + ["fail"] * (ONE_SHOT - ONE_SHOT // 2)
@@ -113,7 +94,7 @@ async def test_controller_killed_at_random_moments(
     async def watch_settling() -> None:
         while True:
             with contextlib.suppress(Exception):
-                for name, run in (await phases(api_client, namespace)).items():
+                for name, run in (await phases(world.api, world.namespace)).items():
                     record = ledger.by_name.get(name)
                     phase = (run.get("status") or {}).get("phase")
                     if record is None or record.scheduled or phase not in TERMINAL:
@@ -146,7 +127,7 @@ async def test_controller_killed_at_random_moments(
         await start_in_thread(proc)
         timeline.note("controller started, left alone")
         try:
-            await converge(api_client, namespace, ledger, within=120)
+            await world.converge(ledger, within=120)
             timeline.note("every run converged")
         except AssertionError as exc:
             violations.append(f"liveness: {exc}")
@@ -167,11 +148,9 @@ async def test_controller_killed_at_random_moments(
         code = proc.stop()
     assert code == 0, f"controller exited {code} on SIGTERM:\n{proc.output()[-3000:]}"
 
-    requests = audit.requests()
-    user = controller_user(namespace)
-    violations += duplicate_creates(requests, user)
-    violations += children_per_run(requests, user, ledger)
-    violations += controller_deleted(requests, user, ledger)
+    requests = world.audit.requests()
+    user = world.user
+    violations += children_once(requests, user, ledger)
     for name, at in sorted(settled.items()):
         restart = next((s for s in starts if s > at), None)
         if restart is not None:

@@ -19,35 +19,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
-from pathlib import Path
 
 import pytest
 from kubernetes_asyncio import client
 
-from hack.cluster import LocalCluster
-from tests.controllerproc import ControllerProcess, controller_for
+from tests.controllerproc import ControllerProcess
 from tests.faults.conftest import (
     FAIL,
     OK,
-    Timeline,
-    converge,
+    World,
     log_excerpt,
     start_in_thread,
 )
 from tests.faults.invariants import (
-    AuditLog,
     Ledger,
-    children_per_run,
-    controller_deleted,
-    controller_user,
+    children_once,
     count_by_verb,
-    duplicate_creates,
     refused_creates,
     report,
 )
-from tests.runs import Runs, inference_config, inference_run
+from tests.runs import inference_run
 
 LEASE = "kserve-inference-controller"  # the chart's Lease name (its RBAC names it)
 ELECTION = {
@@ -61,31 +53,19 @@ RUNS = 40
 
 
 @pytest.mark.timeout(300)
-async def test_leader_killed_then_terminated(
-    api_client: client.ApiClient,
-    namespace: str,
-    cluster: LocalCluster,
-    tmp_path: Path,
-    audit: AuditLog,
-    seed: int,
-) -> None:
-    rng = random.Random(seed)
-    timeline = Timeline(seed)
+async def test_leader_killed_then_terminated(world: World) -> None:
+    rng, timeline, runs = world.rng, world.timeline, world.runs
     replicas = {
-        name: controller_for(
-            cluster, namespace, tmp_path, env={**ELECTION, "POD_NAME": name}, name=name
-        )
+        name: world.controller(env={**ELECTION, "POD_NAME": name}, name=name)
         for name in ("replica-a", "replica-b")
     }
-    runs = Runs(api_client, namespace)
-    await runs.create(inference_config("ok", OK))
-    await runs.create(inference_config("fail", FAIL))
+    await world.configs(ok=OK, fail=FAIL)
     await asyncio.gather(*(start_in_thread(p) for p in replicas.values()))
-    coordination = client.CoordinationV1Api(api_client)
+    coordination = client.CoordinationV1Api(world.api)
 
     async def holder() -> str:
         with contextlib.suppress(client.exceptions.ApiException):
-            lease = await coordination.read_namespaced_lease(LEASE, namespace)
+            lease = await coordination.read_namespaced_lease(LEASE, world.namespace)
             return str(lease.spec.holder_identity or "")
         return ""
 
@@ -152,7 +132,7 @@ async def test_leader_killed_then_terminated(
 
         await creating
         try:
-            await converge(api_client, namespace, ledger, within=120)
+            await world.converge(ledger, within=120)
             timeline.note("every run converged")
         except AssertionError as exc:
             violations.append(f"liveness: {exc}")
@@ -164,11 +144,9 @@ async def test_leader_killed_then_terminated(
     violations += [f"both replicas led at once: {line}" for line in both]
     violations += [f"replica exited {c} on SIGTERM" for c in codes if c not in (0, None)]
 
-    requests = audit.requests()
-    user = controller_user(namespace)
-    violations += duplicate_creates(requests, user)
-    violations += children_per_run(requests, user, ledger)
-    violations += controller_deleted(requests, user, ledger)
+    requests = world.audit.requests()
+    user = world.user
+    violations += children_once(requests, user, ledger)
     creators = {r.credential[-6:] for r in requests if r.user == user and r.verb == "create"}
     context = [
         *timeline.lines,

@@ -28,69 +28,53 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import pytest
 from kubernetes_asyncio import client
 
-from hack.cluster import LocalCluster
-from tests.controllerproc import controller_for
 from tests.faults.conftest import (
     FAIL,
     OK,
     SLOW,
-    Timeline,
-    converge,
+    World,
     log_excerpt,
     start_in_thread,
     through,
 )
 from tests.faults.invariants import (
-    AuditLog,
     Ledger,
     Request,
     Run,
-    children_per_run,
-    controller_deleted,
-    controller_user,
+    children_once,
     count_by_verb,
     created_after_delete,
     delete_times,
-    duplicate_creates,
     history,
     refused_creates,
     report,
 )
 from tests.integration.tcpproxy import TcpProxy, Tls
 from tests.kubehelpers import eventually
-from tests.runs import Runs, inference_config, inference_run
+from tests.runs import inference_run
 
 DELAY = 5.0
 
 
 @pytest.mark.timeout(420)
-async def test_watch_streams_delayed(
-    api_client: client.ApiClient,
-    namespace: str,
-    cluster: LocalCluster,
-    tmp_path: Path,
-    audit: AuditLog,
-    seed: int,
-) -> None:
+async def test_watch_streams_delayed(world: World) -> None:
+    cluster, namespace = world.cluster, world.namespace
     assert cluster.pki is not None
     api = urlparse(cluster.server)
     tls = Tls.impersonating(cluster.pki.apiserver_cert, cluster.pki.apiserver_key, cluster.ca_path)
     proxy = TcpProxy(api.hostname or "127.0.0.1", api.port or 443, tls=tls, watch_delay=DELAY)
     await proxy.start()
-    timeline = Timeline(seed)
-    runs = Runs(api_client, namespace)
-    batch = client.BatchV1Api(api_client)
+    timeline, runs = world.timeline, world.runs
+    batch = client.BatchV1Api(world.api)
     ledger = Ledger()
-    proc = controller_for(cluster, namespace, tmp_path)  # installs the CRDs and the RBAC
-    for name, image in (("ok", OK), ("fail", FAIL), ("slow", SLOW)):
-        await runs.create(inference_config(name, image))
+    proc = world.controller()
+    await world.configs(ok=OK, fail=FAIL, slow=SLOW)
 
     async def create(name: str, config: str, expect: str | None, **spec: object) -> Run:
         return ledger.add(await runs.create(inference_run(name, config, **spec)), expect)
@@ -111,7 +95,7 @@ async def test_watch_streams_delayed(
         doomed = await create("deleted-running", "slow", None)
         edited = await create("edited-running", "slow", "Failed", timeoutSeconds=20)
         cron = await create("edited-cron", "ok", "Scheduled", schedule="0 0 1 1 *")
-        await converge(api_client, namespace, _only(ledger, "plain-"), within=120)
+        await world.converge(_only(ledger, "plain-"), within=120)
         await runs.wait_phase(finished.name, "Succeeded", within=60)
         for run in (running_job, doomed, edited):
             await runs.wait_phase(run.name, "Running", within=60)
@@ -145,9 +129,9 @@ async def test_watch_streams_delayed(
         timeline.note(f"created {brief.name}, deleted it 1 s later")
 
         try:
-            await converge(api_client, namespace, ledger, within=120)
+            await world.converge(ledger, within=120)
             timeline.note("every run converged")
-            await _eventually_contract(api_client, namespace, cron.child, "edited")
+            await _eventually_contract(world.api, namespace, cron.child, "edited")
             timeline.note("the scheduled run's ConfigMap holds the edit")
         except AssertionError as exc:
             violations.append(f"liveness: {exc}")
@@ -157,15 +141,13 @@ async def test_watch_streams_delayed(
         code = await asyncio.to_thread(proc.stop)  # the proxy lives on this loop
         await proxy.stop()
 
-    requests = audit.requests()
-    user = controller_user(namespace)
+    requests = world.audit.requests()
+    user = world.user
     deleted_at = delete_times(requests, "admin", ledger)
     late, races = created_after_delete(requests, user, ledger, deleted_at)
     violations += late
-    violations += duplicate_creates(requests, user, recreatable=[running_job.child])
-    violations += children_per_run(requests, user, _without(ledger, running_job))
-    violations += controller_deleted(requests, user, ledger)
-    contract = await _contract(api_client, namespace, late_edit)
+    violations += children_once(requests, user, ledger, recreatable=[running_job])
+    contract = await _contract(world.api, namespace, late_edit)
     violations += _stale_contract(requests, user, late_edit, contract)
     if code != 0:
         violations.append(f"the controller exited {code} on SIGTERM")
@@ -183,13 +165,6 @@ async def test_watch_streams_delayed(
 
 def _only(ledger: Ledger, prefix: str) -> Ledger:
     return Ledger({n: r for n, r in ledger.by_name.items() if n.startswith(prefix)})
-
-
-def _without(ledger: Ledger, run: Run) -> Ledger:
-    """The ledger without ``run`` for the once-per-run count (its re-create is allowed)."""
-    kept = Ledger(dict(ledger.by_name))
-    kept.by_name[run.name] = Run(run.name, run.uid, run.scheduled, expect=None)
-    return kept
 
 
 async def _contract(api: client.ApiClient, namespace: str, run: Run) -> dict[str, Any] | None:
