@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack
 
 import aiohttp
 import orjson
@@ -38,8 +38,8 @@ from kubernetes_asyncio.client import Configuration
 from controller.kube.errors import ApiError
 from controller.kube.resources import PODS, Obj, Resource
 from controller.kube.transport import (
-    Body,
     JsonArray,
+    RequestOptions,
     Transport,
     load_configuration,
     no_answer_raises,
@@ -60,6 +60,28 @@ _PATCH_CONTENT_TYPES: dict[str, str] = {
     "json": "application/json-patch+json",
     "apply": "application/apply-patch+yaml",
 }
+
+
+class Selection(TypedDict, total=False):
+    """Which objects a list or a watch is about (part of the API's ListOptions)."""
+
+    label_selector: str | None
+    field_selector: str | None
+    # A list: at least this recent ("0": any cached state). A watch: changes after it.
+    resource_version: str | None
+
+
+class ListOptions(Selection, total=False):
+    # A page of at most ``limit`` objects; ``continue_token`` asks for the next one.
+    limit: int | None
+    continue_token: str | None
+
+
+class WatchOptions(Selection, total=False):
+    # The server ends the watch after this long (client-go picks 5-10 minutes).
+    timeout_seconds: int | None
+    # BOOKMARK events carry the resourceVersion forward; on unless False.
+    allow_bookmarks: bool
 
 
 class KubeClient:
@@ -132,24 +154,11 @@ class KubeClient:
         return await self.request("get", "GET", resource.path(namespace, name))
 
     async def list(
-        self,
-        resource: Resource,
-        namespace: str | None = None,
-        *,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        limit: int | None = None,
-        continue_token: str | None = None,
-        resource_version: str | None = None,
+        self, resource: Resource, namespace: str | None = None, **options: Unpack[ListOptions]
     ) -> Obj:
         """One page of a list (``metadata.continue`` names the next one)."""
-        params = _params(
-            labelSelector=label_selector,
-            fieldSelector=field_selector,
-            limit=limit,
-            resourceVersion=resource_version,
-        )
-        if continue_token:
+        params = _selection_params(options) | _params(limit=options.get("limit"))
+        if continue_token := options.get("continue_token"):
             params["continue"] = continue_token
         return await self.request("list", "GET", resource.path(namespace), params=params)
 
@@ -252,15 +261,7 @@ class KubeClient:
         return await self.request("delete", "DELETE", resource.path(namespace, name), body=options)
 
     async def watch(
-        self,
-        resource: Resource,
-        namespace: str | None = None,
-        *,
-        resource_version: str | None = None,
-        timeout_seconds: int | None = None,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        allow_bookmarks: bool = True,
+        self, resource: Resource, namespace: str | None = None, **options: Unpack[WatchOptions]
     ) -> AsyncIterator[Obj]:
         """Raw watch events (``{"type": ..., "object": {...}}``) until the server ends the watch.
 
@@ -268,14 +269,10 @@ class KubeClient:
         :class:`ApiError` before the first event; ``ERROR`` events are yielded
         as they come, for the caller to judge.
         """
-        params = _params(
-            watch="true",
-            resourceVersion=resource_version,
-            timeoutSeconds=timeout_seconds,
-            labelSelector=label_selector,
-            fieldSelector=field_selector,
-            allowWatchBookmarks="true" if allow_bookmarks else None,
-        )
+        timeout_seconds = options.get("timeout_seconds")
+        params = _params(watch="true", timeoutSeconds=timeout_seconds) | _selection_params(options)
+        if options.get("allow_bookmarks", True):
+            params["allowWatchBookmarks"] = "true"
         read_timeout = (timeout_seconds or 1800) + WATCH_READ_SLACK
         timeout = aiohttp.ClientTimeout(
             total=None, connect=self.request_timeout, sock_read=read_timeout
@@ -310,22 +307,11 @@ class KubeClient:
         verb: str,
         method: str,
         path: str,
-        *,
-        params: Mapping[str, str] | None = None,
-        body: Body | None = None,
-        content_type: str = "application/json",
+        **options: Unpack[RequestOptions],
     ) -> Obj:
         """One request; the JSON answer as a dict, or a typed :class:`ApiError`."""
         timeout = aiohttp.ClientTimeout(total=self.request_timeout)
-        async with self.transport.open(
-            verb,
-            method,
-            path,
-            params=params,
-            body=body,
-            content_type=content_type,
-            timeouts=timeout,
-        ) as response:
+        async with self.transport.open(verb, method, path, timeouts=timeout, **options) as response:
             with no_answer_raises(verb, path):
                 data = await response.read()
         if not data:
@@ -336,6 +322,14 @@ class KubeClient:
                 response.status, "BadResponse", "expected a JSON object", verb=verb, path=path
             )
         return parsed
+
+
+def _selection_params(options: Selection) -> dict[str, str]:
+    return _params(
+        labelSelector=options.get("label_selector"),
+        fieldSelector=options.get("field_selector"),
+        resourceVersion=options.get("resource_version"),
+    )
 
 
 def _params(**values: str | int | None) -> dict[str, str]:

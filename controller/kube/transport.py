@@ -18,7 +18,7 @@ import os
 import ssl
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import aiohttp
 import aiohttp.helpers
@@ -38,6 +38,15 @@ USER_AGENT = "kserve-inference-controller/0.1.0"
 # A JSON patch, or any JSON array body (named so KubeClient.list cannot shadow it).
 JsonArray = list[Any]
 Body = Mapping[str, Any] | JsonArray
+
+
+class RequestOptions(TypedDict, total=False):
+    """What a request carries besides its verb, method and path (all optional)."""
+
+    params: Mapping[str, str] | None
+    body: Body | None
+    # Of the body; application/json unless said otherwise.
+    content_type: str
 
 
 async def load_configuration(
@@ -142,14 +151,14 @@ class Transport:
         method: str,
         path: str,
         *,
-        params: Mapping[str, str] | None = None,
-        body: Body | None = None,
-        content_type: str = "application/json",
         timeouts: aiohttp.ClientTimeout,
+        **options: Unpack[RequestOptions],
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """``async with``: the answer to one request, a 2xx one (else ApiError is raised)."""
         await self._throttle(verb)
+        body = options.get("body")
         data = orjson.dumps(body) if body is not None else None
+        content_type = options.get("content_type", "application/json")
         headers = await self._headers(content_type if data is not None else None)
         sent = _loop_time()
         session = self.session()
@@ -161,7 +170,7 @@ class Transport:
             response = await session.request(
                 method,
                 self.host + path,
-                params=params,
+                params=options.get("params"),
                 data=data,
                 headers=headers,
                 timeout=timeouts,
