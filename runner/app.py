@@ -47,7 +47,7 @@ import orjson
 from pydantic import ValidationError
 
 from runner import paths, storage, streaming, termination
-from runner.batching import Deadline, GaveUp, Transient, shard
+from runner.batching import shard
 from runner.contract import Contract
 from runner.exitcodes import (
     STAGE_ERRORS,
@@ -75,6 +75,7 @@ from runner.inference import (
 from runner.logs import get_logger
 from runner.progress import EVENT as PROGRESS_EVENT
 from runner.progress import Progress, ProgressTracker
+from runner.retry import Deadline, GaveUp, Transient
 from runner.secrets import (
     KubernetesSecretReader,
     RedactingSecretReader,

@@ -59,7 +59,6 @@ import orjson
 
 from runner import paths, storage, termination
 from runner.app import RunnerEnv, load_contract
-from runner.batching import Deadline
 from runner.contract import Contract, KServe
 from runner.exitcodes import (
     STAGE_ERRORS,
@@ -82,6 +81,7 @@ from runner.inference import (
     parse_metadata,
 )
 from runner.logs import get_logger
+from runner.retry import Deadline
 from runner.secrets import (
     KubernetesSecretReader,
     RedactingSecretReader,

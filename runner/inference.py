@@ -21,7 +21,7 @@ with both shapes in the message. The input's name and datatype come from the
 contract (``modelInputName``), else from the metadata, else ``input-0``/``FP32``.
 
 **Errors.** Connection errors, timeouts, 5xx, 429 and 408 are
-:class:`~runner.batching.Transient` (with the ``Retry-After`` hint): retried
+:class:`~runner.retry.Transient` (with the ``Retry-After`` hint): retried
 within the budget, then exit 4 (``INFERENCE``), which a later pod may get past.
 Any other 4xx (bad request, no such model, 422), a 2xx that is not the answer
 it should be, and rows that contradict the model's declared shape
@@ -45,17 +45,11 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import orjson
 
-from runner.batching import (
-    Deadline,
-    RetryPolicy,
-    Transient,
-    batch_ranges,
-    call_with_retries,
-    map_ordered,
-)
+from runner.batching import batch_ranges, map_ordered
 from runner.contract import Batching, KServe
 from runner.exitcodes import ContractError
 from runner.httputil import RETRYABLE_4XX, retry_after_seconds, server_message, trim
+from runner.retry import Deadline, RetryPolicy, Transient, call_with_retries
 
 Protocol = Literal["v1", "v2"]
 

@@ -51,7 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from runner.batching import Deadline, GaveUp, Transient, batch_ranges, call_with_retries
+from runner.batching import batch_ranges
 from runner.exitcodes import (
     InferenceError,
     InferenceRejected,
@@ -72,6 +72,7 @@ from runner.inference import (
 )
 from runner.progress import EVENT as PROGRESS_EVENT
 from runner.progress import Progress, ProgressTracker
+from runner.retry import Deadline, GaveUp, Transient, call_with_retries
 from runner.storage.base import (
     KeyedOutput,
     Page,

@@ -31,7 +31,7 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from runner.batching import Deadline
+from runner.retry import Deadline
 from runner.secrets import SecretReader
 
 Role = Literal["input", "output"]

@@ -28,7 +28,6 @@ from typing import Any, Literal
 import aiohttp
 import orjson
 
-from runner.batching import GaveUp, RetryPolicy, Transient, call_with_retries
 from runner.httputil import (
     RETRYABLE_4XX,
     retry_after_seconds,
@@ -37,6 +36,7 @@ from runner.httputil import (
     trim,
     unanswered,
 )
+from runner.retry import GaveUp, RetryPolicy, Transient, call_with_retries
 from runner.storage.base import Page, Paging, StorageContext, StorageError, StorageRejected, Stored
 from runner.storage.endpoint import Endpoint
 

@@ -1,4 +1,4 @@
-"""Batches, order, sharding and retries (runner/batching.py), without real waiting."""
+"""Batches, order, sharding and retries (runner/batching.py, runner/retry.py), no real waiting."""
 
 from __future__ import annotations
 
@@ -7,16 +7,8 @@ import random
 
 import pytest
 
-from runner.batching import (
-    Deadline,
-    GaveUp,
-    RetryPolicy,
-    Transient,
-    batch_ranges,
-    call_with_retries,
-    map_ordered,
-    shard,
-)
+from runner.batching import batch_ranges, map_ordered, shard
+from runner.retry import Deadline, GaveUp, RetryPolicy, Transient, call_with_retries
 
 pytestmark = pytest.mark.unit
 

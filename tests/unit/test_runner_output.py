@@ -8,7 +8,6 @@ from typing import Any
 import orjson
 import pytest
 
-from runner.batching import Deadline, Transient
 from runner.contract import KServe
 from runner.exitcodes import ContractError
 from runner.httputil import retry_after_seconds, server_message, trim
@@ -30,6 +29,7 @@ from runner.inference import (
     v1_request,
     v2_request,
 )
+from runner.retry import Deadline, Transient
 from runner.storage.base import StorageContext, StorageError, check_parameters, chunks, output_body
 from runner.storage.endpoint import build_endpoint, parse_bool, parse_header_lines, split_userinfo
 from runner.storage.transport import Answer, check_stored, rows_from

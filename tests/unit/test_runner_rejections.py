@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from runner.batching import Transient
 from runner.exitcodes import (
     PERMANENT,
     REASONS,
@@ -19,6 +18,7 @@ from runner.exitcodes import (
     OutputRejected,
 )
 from runner.inference import ModelRefused, classify, parse_v1_response, parse_v2_response
+from runner.retry import Transient
 from runner.storage.base import StorageError, StorageRejected
 from runner.storage.transport import Answer, check_stored, rows_from
 

@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from runner import storage
-from runner.batching import Deadline
+from runner.retry import Deadline
 from runner.storage.base import (
     Paging,
     Partition,
