@@ -297,16 +297,7 @@ class WorkQueue(Generic[K]):
 
     def add_after(self, key: K, delay: float) -> None:
         """Queue ``key`` at normal priority after ``delay`` seconds (line 5)."""
-        if self._shutting_down:
-            return
-        if delay <= 0:
-            self._add(key, Priority.NORMAL)
-            return
-        ready_at = self._now() + delay
-        pending = self._waiting.get(key)
-        if pending is not None and pending[0] <= ready_at:
-            return
-        self._schedule(self._waiting, key, ready_at, Priority.NORMAL)
+        self._schedule(self._waiting, key, delay, Priority.NORMAL, keep_sooner=True)
 
     def add_rate_limited(self, key: K) -> None:
         """Queue ``key`` after its backoff and a token from the global bucket (lines 6, 7)."""
@@ -321,12 +312,7 @@ class WorkQueue(Generic[K]):
 
     def resync_after(self, key: K, delay: float) -> None:
         """Requeue ``key`` at low priority after ``delay`` seconds; restarts its clock (line 8)."""
-        if self._shutting_down:
-            return
-        if delay <= 0:
-            self._add(key, Priority.LOW)
-            return
-        self._schedule(self._resync_waiting, key, self._now() + delay, Priority.LOW)
+        self._schedule(self._resync_waiting, key, delay, Priority.LOW, keep_sooner=False)
 
     def cancel_resync(self, key: K) -> None:
         """Drop the key's pending resync (e.g. its object was deleted)."""
@@ -438,9 +424,24 @@ class WorkQueue(Generic[K]):
         self,
         pending: dict[K, tuple[float, int]],
         key: K,
-        ready_at: float,
+        delay: float,
         priority: Priority,
+        *,
+        keep_sooner: bool,
     ) -> None:
+        """Add ``key`` after ``delay`` seconds (at once if not positive), noted in ``pending``.
+
+        ``keep_sooner``: a pending add of the key that comes no later stands
+        (add_after); without it the key's clock restarts (resync_after).
+        """
+        if self._shutting_down:
+            return
+        if delay <= 0:
+            self._add(key, priority)
+            return
+        ready_at = self._now() + delay
+        if keep_sooner and (waiting := pending.get(key)) is not None and waiting[0] <= ready_at:
+            return
         seq = next(self._seq)
         pending[key] = (ready_at, seq)
         heapq.heappush(self._heap, (ready_at, seq, priority, key))
