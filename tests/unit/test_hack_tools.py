@@ -11,7 +11,8 @@ import uuid
 import pytest
 
 from hack.cluster import leftover_processes
-from hack.nodeagent import expand, field_ref, parse_image_command
+from hack.nodeagent import parse_image_command
+from hack.nodeagent_pod import expand, field_ref
 
 POD = {
     "metadata": {
