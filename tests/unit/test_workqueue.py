@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import AsyncIterator
+from typing import TypeVar
 
 import pytest
 from prometheus_client import generate_latest
@@ -24,6 +26,8 @@ from controller.metrics import Metrics
 
 pytestmark = [pytest.mark.unit, pytest.mark.looptime]
 
+K = TypeVar("K")
+
 
 def sample(metrics: Metrics, metric: str, **labels: str) -> float:
     value = metrics.registry.get_sample_value(metric, labels)
@@ -38,6 +42,15 @@ async def drain(queue: WorkQueue[str]) -> list[str]:
         queue.done(key)
         keys.append(key)
     return keys
+
+
+async def handed_out(queue: WorkQueue[K]) -> AsyncIterator[K]:
+    """The keys one worker gets, each in turn, until the queue is shut down and empty."""
+    while True:
+        try:
+            yield await queue.get()
+        except ShutDown:
+            return
 
 
 async def nothing_within(queue: WorkQueue[str], seconds: float) -> bool:
@@ -96,11 +109,7 @@ async def test_3_exclusive_under_concurrent_workers() -> None:
     rng = random.Random(7)
 
     async def worker() -> None:
-        while True:
-            try:
-                key = await queue.get()
-            except ShutDown:
-                return
+        async for key in handed_out(queue):
             if key in active:
                 overlaps.append(key)
             active.add(key)
@@ -455,11 +464,7 @@ async def test_10_many_producers_and_consumers_process_every_key_after_its_last_
             await asyncio.sleep(rng.uniform(0, 0.05))
 
     async def consumer() -> None:
-        while True:
-            try:
-                key = await queue.get()
-            except ShutDown:
-                return
+        async for key in handed_out(queue):
             last_start[key] = loop.time()
             await asyncio.sleep(rng.uniform(0, 0.2))
             queue.done(key)
