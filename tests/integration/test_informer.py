@@ -11,17 +11,15 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
-from urllib.parse import urlparse
 
 import pytest
 
 from controller.kube.client import KubeClient
 from controller.kube.informer import Informer, object_key, owner_uids
 from controller.kube.resources import CONFIGMAPS, NAMESPACES
-from controller.kube.transport import load_configuration
 from controller.metrics import Metrics
 from hack.cluster import LocalCluster
-from tests.integration.tcpproxy import TcpProxy
+from tests.integration.partition import behind_a_proxy
 from tests.kubehelpers import eventually
 
 
@@ -227,11 +225,7 @@ async def test_watches_that_time_out_are_reopened_without_a_list_or_a_lost_event
 async def test_recovers_from_a_network_partition_and_catches_up(
     cluster: LocalCluster, kube: KubeClient, namespace: str, tasks: list[asyncio.Task[None]]
 ) -> None:
-    api = urlparse(cluster.server)
-    proxy = TcpProxy(api.hostname or "127.0.0.1", api.port or 443)
-    await proxy.start()
-    configuration = await load_configuration(kubeconfig=str(cluster.kubeconfig))
-    configuration.host = f"https://127.0.0.1:{proxy.port}"
+    proxy, configuration = await behind_a_proxy(cluster)
     metrics = Metrics()
     behind_proxy = KubeClient(configuration, metrics=metrics)
     try:

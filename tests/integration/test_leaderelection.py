@@ -17,7 +17,6 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import pytest
 from structlog.testing import capture_logs
@@ -26,12 +25,11 @@ from controller.kube.client import KubeClient
 from controller.kube.errors import NotFound
 from controller.kube.leaderelection import SERVICEACCOUNTS, LeaderElector, LeadershipLost
 from controller.kube.resources import CONFIGMAPS, LEASES, Obj
-from controller.kube.transport import load_configuration
 from controller.metrics import Metrics
 from hack.cluster import LocalCluster
 from tests.chart import CONTROLLER_SERVICE_ACCOUNT, FULLNAME
 from tests.controllerproc import ControllerProcess, controller_for
-from tests.integration.tcpproxy import TcpProxy
+from tests.integration.partition import behind_a_proxy
 from tests.kubehelpers import eventually
 
 FAST = {"lease_duration": 4.0, "renew_deadline": 3.0, "retry_period": 1.0}
@@ -148,11 +146,7 @@ async def test_a_leader_that_stops_releases_and_the_standby_takes_over_quickly(
 async def test_a_partitioned_leader_steps_down_before_the_standby_takes_over(
     cluster: LocalCluster, kube: KubeClient, namespace: str
 ) -> None:
-    api = urlparse(cluster.server)
-    proxy = TcpProxy(api.hostname or "127.0.0.1", api.port or 443)
-    await proxy.start()
-    configuration = await load_configuration(kubeconfig=str(cluster.kubeconfig))
-    configuration.host = f"https://127.0.0.1:{proxy.port}"
+    proxy, configuration = await behind_a_proxy(cluster)
     cut_off = KubeClient(configuration, request_timeout=2)
     leader = Candidate(cut_off, namespace, "partitioned").start()
     standby: Candidate | None = None
