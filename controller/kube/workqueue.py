@@ -331,13 +331,7 @@ class WorkQueue(Generic[K]):
                 return key
             if self._shutting_down:
                 raise ShutDown
-            waiter = self._get_loop().create_future()
-            self._getters.append(waiter)
-            try:
-                await waiter
-            finally:
-                if waiter in self._getters:
-                    self._getters.remove(waiter)
+            await self._woken(self._getters)
 
     def done(self, key: K) -> None:
         """Processing of ``key`` finished; requeue it if it was re-added meanwhile (line 4)."""
@@ -368,15 +362,19 @@ class WorkQueue(Generic[K]):
         """``shut_down()``, then wait until no key is being processed."""
         self.shut_down()
         while self._processing:
-            waiter = self._get_loop().create_future()
-            self._drained.append(waiter)
-            try:
-                await waiter
-            finally:
-                if waiter in self._drained:
-                    self._drained.remove(waiter)
+            await self._woken(self._drained)
 
     # ---------------------------------------------------------------- private
+
+    async def _woken(self, waiters: list[asyncio.Future[None]]) -> None:
+        """Wait for the next ``_wake(waiters)``; the future is gone from ``waiters`` after."""
+        waiter = self._get_loop().create_future()
+        waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if waiter in waiters:
+                waiters.remove(waiter)
 
     def _add(self, key: K, priority: Priority) -> None:
         if self._shutting_down:
