@@ -10,7 +10,7 @@ import asyncio
 import itertools
 import random
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -156,6 +156,24 @@ def running() -> Iterator[list[asyncio.Task[None]]]:
 
 def start(informer: Informer, running: list[asyncio.Task[None]]) -> None:
     running.append(asyncio.create_task(informer.run()))
+
+
+def gaps(times: Sequence[float]) -> list[float]:
+    """The time between each call and the next."""
+    return [b - a for a, b in itertools.pairwise(times)]
+
+
+def backoff_steps(waits: Iterable[float]) -> list[int | None]:
+    """The step of the jittered 0.8 s doubling backoff each wait falls in.
+
+    Step n is ``0.8 * 2**n <= wait < 1.6 * 2**n`` (0.8-1.6 s, 1.6-3.2 s,
+    3.2-6.4 s...); None for a wait in none of the first ten.
+    """
+    steps: list[int | None] = []
+    for wait in waits:
+        lows = (0.8 * 2**n for n in range(10))
+        steps.append(next((n for n, low in enumerate(lows) if low <= wait < 2 * low), None))
+    return steps
 
 
 # ------------------------------------------------------------------ pure helpers
@@ -553,10 +571,9 @@ async def test_repeated_410s_back_off_instead_of_relisting_in_a_loop(
     await asyncio.sleep(120)
     times = [c["at"] for c in source.list_calls]
     assert len(times) == 5
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert gaps[0] == 0  # the first relist is immediate
-    assert 0.8 <= gaps[1] < 1.6
-    assert 1.6 <= gaps[2] < 3.2
+    waits = gaps(times)
+    assert waits[0] == 0  # the first relist is immediate
+    assert backoff_steps(waits[1:3]) == [0, 1]
 
 
 @pytest.mark.looptime
@@ -577,12 +594,8 @@ async def test_errors_back_off_jittered_and_resume_from_the_same_version(
     await asyncio.sleep(200)
     calls = source.watch_calls
     assert [c["resource_version"] for c in calls] == ["10", "10", "10", "10", "12", "12"]
-    gaps = [b["at"] - a["at"] for a, b in itertools.pairwise(calls)]
-    assert 0.8 <= gaps[0] < 1.6
-    assert 1.6 <= gaps[1] < 3.2
-    assert 3.2 <= gaps[2] < 6.4
-    assert 0.8 <= gaps[3] < 1.6  # an event reset the backoff
-    assert 1.6 <= gaps[4] < 3.2
+    # The fourth wait is back at the first step: an event reset the backoff.
+    assert backoff_steps(gaps([c["at"] for c in calls])[:5]) == [0, 1, 2, 0, 1]
     assert len(source.list_calls) == 1
 
 
@@ -605,9 +618,9 @@ async def test_a_server_that_does_not_answer_is_retried_every_second_without_gro
     calls = source.watch_calls
     assert len(calls) == 62
     assert [c["resource_version"] for c in calls[1:]] == ["11"] * 61
-    gaps = [b["at"] - a["at"] for a, b in itertools.pairwise(calls)]
-    assert all(0.5 <= gap <= 1.0 for gap in gaps)
-    assert len(set(gaps)) > 50  # jittered
+    waits = gaps([c["at"] for c in calls])
+    assert all(0.5 <= wait <= 1.0 for wait in waits)
+    assert len(set(waits)) > 50  # jittered
     assert informer.get("ns", "a")["metadata"]["resourceVersion"] == "12"  # type: ignore[index]
     assert len(source.list_calls) == 1
     errors = metrics.registry.get_sample_value(
@@ -642,8 +655,7 @@ async def test_an_api_server_restart_is_followed_by_a_relist_within_a_second_of_
     assert len(calls) == 1 + 100 + 3 + 1 + 1
     broke, answered = calls[0]["at"], calls[101]["at"]
     assert answered - broke > 60  # the outage lasted over a minute
-    gaps = [b["at"] - a["at"] for a, b in itertools.pairwise(calls[:-1])]
-    assert max(gaps) <= 1.0  # never more than a second between tries
+    assert max(gaps([c["at"] for c in calls[:-1]])) <= 1.0  # never more than a second between tries
     relisted = source.list_calls[1]["at"]
     assert relisted - answered <= 4 * 1.0  # three warm-up answers, each retried within 1 s
     assert relisted == calls[-2]["at"]  # the 410 relisted at once
@@ -674,9 +686,7 @@ async def test_after_the_recovery_window_errors_back_off_exponentially_again(
     assert len(within) > 60
     assert all(0.5 <= gap <= 1.0 for gap in within)
     after = [b - a for a, b in itertools.pairwise(times) if a - unanswered >= 60]
-    assert 0.8 <= after[0] < 1.6  # the outage did not grow the backoff
-    assert 1.6 <= after[1] < 3.2
-    assert 3.2 <= after[2] < 6.4
+    assert backoff_steps(after[:3]) == [0, 1, 2]  # the outage did not grow the backoff
 
 
 @pytest.mark.looptime
@@ -718,8 +728,7 @@ async def test_a_successful_list_resets_the_backoff(
     assert lists[-1] - lists[-2] >= 12.8  # five failures grew the backoff
     watches = [c["at"] for c in source.watch_calls]
     assert watches[0] == lists[-1]
-    assert 0.8 <= watches[1] - watches[0] < 1.6  # from the start again
-    assert 1.6 <= watches[2] - watches[1] < 3.2
+    assert backoff_steps(gaps(watches)[:2]) == [0, 1]  # from the start again
 
 
 @pytest.mark.looptime
