@@ -33,6 +33,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bench.common import config_body, request_key, run_body
 from hack import chart
 from hack.cluster import LocalCluster, free_port, running_cluster, spawn, stop_process
 from hack.crds import install_crds
@@ -42,25 +43,7 @@ IMAGE = "test.local/fake-ok:1"
 
 
 def config_and_run(run: str) -> list[dict[str, Any]]:
-    storage = {"krateo": {"api": {"endpointRef": {"name": "s"}, "path": "/x", "verb": "POST"}}}
-    return [
-        {
-            "apiVersion": "ai.krateo.io/v1",
-            "kind": "InferenceConfig",
-            "metadata": {"name": "cfg", "namespace": NAMESPACE},
-            "spec": {
-                "image": IMAGE,
-                "kserve": {"modelUrl": "m:1/v2/models/m/infer"},
-                "storage": {"input": storage, "output": storage},
-            },
-        },
-        {
-            "apiVersion": "ai.krateo.io/v1",
-            "kind": "InferenceRun",
-            "metadata": {"name": run, "namespace": NAMESPACE},
-            "spec": {"configRef": {"name": "cfg"}, "parameters": {"t": "x"}},
-        },
-    ]
+    return [config_body(NAMESPACE, "cfg", IMAGE), run_body(NAMESPACE, run, "cfg")]
 
 
 def controller_requests(cluster: LocalCluster, user: str, since: int) -> tuple[Counter[str], int]:
@@ -71,17 +54,13 @@ def controller_requests(cluster: LocalCluster, user: str, since: int) -> tuple[C
         event = json.loads(line)
         if event.get("user", {}).get("username") != user:
             continue
-        ref = event.get("objectRef") or {}
-        what = ref.get("resource", event.get("requestURI", "?"))
-        if ref.get("subresource"):
-            what += "/" + ref["subresource"]
         verb = event["verb"]
         if event["stage"] == "ResponseComplete" or (
             verb == "watch" and event["stage"] == "ResponseStarted"
         ):
             if verb == "watch" and event["stage"] == "ResponseComplete":
                 continue  # counted when it started
-            counts[f"{verb} {what}"] += 1
+            counts[request_key(event)] += 1
     return counts, len(lines)
 
 

@@ -1,7 +1,8 @@
-"""Measuring helpers shared by benchmarks: /proc readings, audit-log counts, quantiles.
+"""Helpers shared by benchmarks: /proc readings, audit-log counts, quantiles, the objects.
 
 Nothing here talks to the API server: benchmarks do that through the
-controller's own client (``controller.kube.client.KubeClient``).
+controller's own client (``controller.kube.client.KubeClient``). The objects
+they create (:func:`config_body`, :func:`run_body`) are written once, here.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import platform
 import statistics
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 MIB = 2**20
+T = TypeVar("T")
 
 
 def proc_cpu_seconds(pid: int) -> float:
@@ -36,13 +38,22 @@ def proc_rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def median_rss(pid: int, samples: int = 5, every: float = 0.4) -> int:
+def readings(read: Callable[[], T], count: int, every: float) -> list[T]:
+    """``count`` results of ``read()``, ``every`` seconds apart (memory moves: take several)."""
     values = []
-    for index in range(samples):
+    for index in range(count):
         if index:
             time.sleep(every)
-        values.append(proc_rss_bytes(pid))
-    return int(statistics.median(values))
+        values.append(read())
+    return values
+
+
+def median_rss(pid: int, samples: int = 5, every: float = 0.4) -> int:
+    return int(statistics.median(readings(lambda: proc_rss_bytes(pid), samples, every)))
+
+
+def mib(value: float) -> str:
+    return f"{value / MIB:.1f}"
 
 
 def load_average() -> str:
@@ -133,3 +144,31 @@ def since(now: Counter[str], before: Counter[str]) -> Counter[str]:
         if value - before.get(key, 0):
             diff[key] = value - before.get(key, 0)
     return diff
+
+
+# ------------------------------------------------------------------------------ objects
+
+
+def config_body(namespace: str, name: str, image: str) -> dict[str, Any]:
+    """An InferenceConfig whose runs never reach a real model or storage."""
+    storage = {"krateo": {"api": {"endpointRef": {"name": "s"}, "path": "/x", "verb": "POST"}}}
+    return {
+        "apiVersion": "ai.krateo.io/v1",
+        "kind": "InferenceConfig",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "image": image,
+            "kserve": {"modelUrl": "m:1/v2/models/m/infer"},
+            "storage": {"input": storage, "output": storage},
+        },
+    }
+
+
+def run_body(namespace: str, name: str, config: str, **spec: Any) -> dict[str, Any]:
+    """An InferenceRun of ``config``; ``spec`` adds fields (``suspend=True``, ``schedule``)."""
+    return {
+        "apiVersion": "ai.krateo.io/v1",
+        "kind": "InferenceRun",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"configRef": {"name": config}, "parameters": {"t": "x"}, **spec},
+    }

@@ -61,7 +61,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -69,12 +68,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.common import (
     MIB,
     AuditLog,
+    config_body,
     load_average,
     machine,
     median_rss,
+    mib,
     proc_cpu_seconds,
     proc_rss_bytes,
     quantile,
+    run_body,
     since,
 )
 from controller.api import InferenceConfig, InferenceRun
@@ -83,48 +85,22 @@ from controller.kube.errors import ApiError
 from controller.kube.resources import CRONJOBS, JOBS, NAMESPACES, Obj, Resource
 from controller.naming import RUN_UID_LABEL, managed_selector
 from controller.plan import Create, View, plan
+from controller.reconcile import CONFIGS, RUNS
 from controller.sharding import shard_of
 from hack import chart
 from hack.cluster import LocalCluster, ensure_binaries
 from hack.crds import install_crds
 from hack.kwok import Kwok
+from runner.batching import map_ordered
 from tests.controllerproc import ControllerProcess
 
 REPO = Path(__file__).resolve().parents[1]
-RUNS = Resource("ai.krateo.io", "v1", "inferenceruns", "InferenceRun")
-CONFIGS = Resource("ai.krateo.io", "v1", "inferenceconfigs", "InferenceConfig")
 CONFIG, LATE_CONFIG = "cfg", "late"
 IMAGE = "bench.local/runner:1"
 DIRECT_NAMESPACE = "direct"
 TERMINAL = ("Succeeded", "Failed")
 # Processes whose CPU is reported beside the controller's (by /proc/<pid>/comm).
 OTHERS = ("kube-apiserver", "etcd", "kube-controller", "kwok")
-
-
-# ------------------------------------------------------------------------------ objects
-
-
-def config_body(namespace: str, name: str) -> Obj:
-    storage = {"krateo": {"api": {"endpointRef": {"name": "s"}, "path": "/x", "verb": "POST"}}}
-    return {
-        "apiVersion": "ai.krateo.io/v1",
-        "kind": "InferenceConfig",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "image": IMAGE,
-            "kserve": {"modelUrl": "m:1/v2/models/m/infer"},
-            "storage": {"input": storage, "output": storage},
-        },
-    }
-
-
-def run_body(namespace: str, name: str, config: str = CONFIG, **spec: Any) -> Obj:
-    return {
-        "apiVersion": "ai.krateo.io/v1",
-        "kind": "InferenceRun",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"configRef": {"name": config}, "parameters": {"t": "x"}, **spec},
-    }
 
 
 # ------------------------------------------------------------------------------ tracking
@@ -489,16 +465,12 @@ class Bench:
         """The API server's own rate for the controller's first-reconcile writes; runs/s."""
         namespace = f"{DIRECT_NAMESPACE}-{concurrency}"
         await self.kube.create(NAMESPACES, None, {"metadata": {"name": namespace}})
-        raw_config = await self.kube.create(CONFIGS, namespace, config_body(namespace, CONFIG))
+        raw_config = await self.kube.create(
+            CONFIGS, namespace, config_body(namespace, CONFIG, IMAGE)
+        )
         config = InferenceConfig.model_validate(raw_config)
-        bodies = [run_body(namespace, f"d-{i:05d}", suspend=True) for i in range(count)]
-        gate = asyncio.Semaphore(32)
-
-        async def create(body: Obj) -> Obj:
-            async with gate:
-                return await self.kube.create(RUNS, namespace, body)
-
-        stored = await asyncio.gather(*(create(b) for b in bodies))
+        bodies = [run_body(namespace, f"d-{i:05d}", CONFIG, suspend=True) for i in range(count)]
+        stored = await map_ordered(bodies, lambda b: self.kube.create(RUNS, namespace, b), 32)
         work: list[tuple[Obj, list[Create], Obj]] = []
         now = datetime.now(UTC)
         for raw in stored:
@@ -514,14 +486,8 @@ class Bench:
                 await self.kube.create(write.resource, namespace, write.obj)
             await self.kube.update_status(RUNS, namespace, raw["metadata"]["name"], status)
 
-        queue = list(work)
-
-        async def worker() -> None:
-            while queue:
-                await one(*queue.pop())
-
         with Meter(process_pids(self.cluster, self.kwok, [])) as meter:
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            await map_ordered(work, lambda item: one(*item), concurrency)
         await self.kube.delete(NAMESPACES, None, namespace)
         return count / meter.wall, meter
 
@@ -575,7 +541,7 @@ class Bench:
             t0 = time.monotonic()
             await asyncio.gather(
                 *(
-                    self.kube.create(CONFIGS, ns, config_body(ns, LATE_CONFIG))
+                    self.kube.create(CONFIGS, ns, config_body(ns, LATE_CONFIG, IMAGE))
                     for ns in self.namespaces
                 )
             )
@@ -590,33 +556,52 @@ class Bench:
         self.phase_requests(phase, before)
         return phase, count / drained
 
-    async def one_shot(self, index: int, count: int, rate: float) -> Phase:
-        label = f"p{index}"
-        offset = index * count
-        bodies = [
-            run_body(self.namespaces[(offset + i) % len(self.namespaces)], f"{label}-{i:05d}")
-            for i in range(count)
-        ]
-        phase = Phase(f"one-shot runs at {rate:g}/s", count, rate)
+    async def paced(
+        self,
+        phase: Phase,
+        bodies: Sequence[Obj],
+        until: Sequence[str],
+        within: float,
+        quiet_within: float,
+    ) -> list[str]:
+        """Create ``bodies`` at the phase's rate, timed until every run is in a phase of ``until``.
+
+        Fills in ``phase``: create and settle seconds, CPU and wall time (up to the
+        controllers' going quiet), metric deltas, requests, runs per shard and
+        each run's start latency (created -> its Job or CronJob seen). The uids.
+        """
         before = self.requests()
         marks = self.metric_mark()
         with self.meter() as meter:
             t0 = time.monotonic()
-            uids = await self.create_paced(bodies, rate)
+            uids = await self.create_paced(bodies, phase.target_rate)
             phase.create_seconds = time.monotonic() - t0
-            await self.tracker.wait(uids, TERMINAL, 3600, phase.name, self.alive)
+            await self.tracker.wait(uids, until, within, phase.name, self.alive)
             phase.settle_seconds = time.monotonic() - t0
-            await asyncio.to_thread(wait_quiet, self.shards, 900)
+            await asyncio.to_thread(wait_quiet, self.shards, quiet_within)
         phase.cpu, phase.wall = meter.used, meter.wall
         self.phase_metrics(phase, marks)
         self.phase_requests(phase, before)
         for uid in uids:
             phase.runs_by_shard[self.shard_of(self.tracker.namespace_of[uid])] += 1
-            phase.outcomes[self.tracker.phase.get(uid, "-")] += 1
             seen = self.tracker.child_seen.get(uid)
             if seen is not None:
-                latency = max(0.0, seen - self.tracker.created[uid])
-                phase.latencies[uid] = latency
+                phase.latencies[uid] = max(0.0, seen - self.tracker.created[uid])
+        return uids
+
+    async def one_shot(self, index: int, count: int, rate: float) -> Phase:
+        label = f"p{index}"
+        offset = index * count
+        bodies = [
+            run_body(
+                self.namespaces[(offset + i) % len(self.namespaces)], f"{label}-{i:05d}", CONFIG
+            )
+            for i in range(count)
+        ]
+        phase = Phase(f"one-shot runs at {rate:g}/s", count, rate)
+        uids = await self.paced(phase, bodies, TERMINAL, 3600, 900)
+        for uid in uids:
+            phase.outcomes[self.tracker.phase.get(uid, "-")] += 1
         ordered = sorted(uids, key=lambda u: self.tracker.created[u])
         base = len(self.series)
         for position, uid in enumerate(ordered):
@@ -627,28 +612,15 @@ class Bench:
     async def scheduled(self, count: int, rate: float) -> Phase:
         bodies = [
             run_body(
-                self.namespaces[i % len(self.namespaces)], f"s-{i:05d}", schedule=self.args.schedule
+                self.namespaces[i % len(self.namespaces)],
+                f"s-{i:05d}",
+                CONFIG,
+                schedule=self.args.schedule,
             )
             for i in range(count)
         ]
         phase = Phase(f"scheduled runs at {rate:g}/s", count, rate)
-        before = self.requests()
-        marks = self.metric_mark()
-        with self.meter() as meter:
-            t0 = time.monotonic()
-            uids = await self.create_paced(bodies, rate)
-            phase.create_seconds = time.monotonic() - t0
-            await self.tracker.wait(uids, ("Scheduled",), 1800, phase.name, self.alive)
-            phase.settle_seconds = time.monotonic() - t0
-            await asyncio.to_thread(wait_quiet, self.shards, 600)
-        phase.cpu, phase.wall = meter.used, meter.wall
-        self.phase_metrics(phase, marks)
-        self.phase_requests(phase, before)
-        for uid in uids:
-            phase.runs_by_shard[self.shard_of(self.tracker.namespace_of[uid])] += 1
-            seen = self.tracker.child_seen.get(uid)
-            if seen is not None:
-                phase.latencies[uid] = max(0.0, seen - self.tracker.created[uid])
+        await self.paced(phase, bodies, ("Scheduled",), 1800, 600)
         return phase
 
 
@@ -657,10 +629,6 @@ class Bench:
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
-
-
-def mib(value: float) -> str:
-    return f"{value / MIB:.1f}"
 
 
 WRITE_VERBS = ("create", "update", "patch", "delete")
@@ -1070,7 +1038,9 @@ async def measure(
                 for n in namespaces
             )
         )
-        await asyncio.gather(*(kube.create(CONFIGS, n, config_body(n, CONFIG)) for n in namespaces))
+        await asyncio.gather(
+            *(kube.create(CONFIGS, n, config_body(n, CONFIG, IMAGE)) for n in namespaces)
+        )
 
         tracker = Tracker(kube)
         bench = Bench(
