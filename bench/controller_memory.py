@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
-import os
 import statistics
 import sys
 import tempfile
@@ -40,36 +38,35 @@ import tracemalloc
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import orjson
 
 from bench.api_requests import controller_requests
+from bench.common import MIB, config_body, mib, proc_cpu_seconds, readings
 from bench.controller_throughput import (
+    CONFIG,
+    IMAGE,
     NAMESPACE,
-    Admin,
     Controller,
     Setup,
     Watch,
-    bounded,
-    config_body,
-    configmaps_path,
-    configs_path,
+    admin_client,
     job_run_uid,
-    jobs_path,
     load_average,
     machine,
     object_uid,
     prepare,
-    run_body,
-    runs_path,
+    suspended_run,
 )
+from controller.kube.client import KubeClient
 from controller.kube.informer import LAST_APPLIED
+from controller.kube.resources import CONFIGMAPS, JOBS
 from controller.naming import managed_selector
+from controller.reconcile import CONFIGS, RUNS
 from hack.cluster import running_cluster
+from runner.batching import map_ordered
 
 WORKERS = 4
-MIB = 2**20
 
 
 @dataclass(frozen=True)
@@ -88,20 +85,8 @@ def proc_memory(pid: int) -> Memory:
     return Memory(fields["VmRSS"], fields["VmHWM"])
 
 
-def proc_cpu(pid: int) -> float:
-    """User plus system CPU seconds a process has used (``/proc/<pid>/stat``)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    # After "pid (comm) ": state is field 3, utime 14 and stime 15 (1-based).
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def sample(pid: int, count: int = 5, every: float = 0.5) -> Memory:
-    samples = []
-    for index in range(count):
-        if index:
-            time.sleep(every)
-        samples.append(proc_memory(pid))
+    samples = readings(lambda: proc_memory(pid), count, every)
     return Memory(int(statistics.median(m.rss for m in samples)), max(m.hwm for m in samples))
 
 
@@ -134,38 +119,34 @@ class Cached:
     parsed_bytes: int
 
 
-async def cached_sizes(admin: Admin) -> dict[str, Cached]:
+async def cached_sizes(kube: KubeClient) -> dict[str, Cached]:
     """What the controller's caches hold, by kind: count, slim JSON size, parsed size."""
-    selector = f"?labelSelector={quote(managed_selector())}"
-    paths = {
-        "InferenceRun": runs_path(NAMESPACE),
-        "ConfigMap": configmaps_path(NAMESPACE) + selector,
-        "Job": jobs_path(NAMESPACE) + selector,
+    selector = managed_selector()
+    lists = {
+        "InferenceRun": await kube.list(RUNS, NAMESPACE),
+        "ConfigMap": await kube.list(CONFIGMAPS, NAMESPACE, label_selector=selector),
+        "Job": await kube.list(JOBS, NAMESPACE, label_selector=selector),
     }
     sizes = {}
-    for kind, path in paths.items():
-        blobs = [slim_json(item) for item in (await admin.get(path))["items"]]
+    for kind, listed in lists.items():
+        blobs = [slim_json(item) for item in listed["items"]]
         sizes[kind] = Cached(len(blobs), sum(map(len, blobs)), parsed_size(blobs))
     return sizes
 
 
 async def create_runs(setup: Setup, count: int) -> None:
     """``count`` suspended runs; until each has its Job and status ``Suspended``."""
-    admin = Admin(setup.cluster)
-    runs = Watch(admin, runs_path(NAMESPACE), object_uid)
-    jobs = Watch(admin, jobs_path(NAMESPACE), job_run_uid, selector=managed_selector())
+    kube = await admin_client(setup.cluster)
+    runs = Watch(kube, RUNS, NAMESPACE, object_uid)
+    jobs = Watch(kube, JOBS, NAMESPACE, job_run_uid, selector=managed_selector())
     try:
-        await admin.post(configs_path(NAMESPACE), config_body(NAMESPACE))
+        await kube.create(CONFIGS, NAMESPACE, config_body(NAMESPACE, CONFIG, IMAGE))
         await runs.start()
         await jobs.start()
-        await bounded(
-            8,
-            [
-                functools.partial(
-                    admin.post, runs_path(NAMESPACE), run_body(NAMESPACE, f"run-{i:05d}")
-                )
-                for i in range(count)
-            ],
+        await map_ordered(
+            [suspended_run(NAMESPACE, f"run-{i:05d}") for i in range(count)],
+            lambda body: kube.create(RUNS, NAMESPACE, body),
+            concurrency=8,
         )
 
         def suspended(w: Watch) -> bool:
@@ -177,11 +158,7 @@ async def create_runs(setup: Setup, count: int) -> None:
     finally:
         await runs.stop()
         await jobs.stop()
-        await admin.close()
-
-
-def mib(value: float) -> str:
-    return f"{value / MIB:.1f}"
+        await kube.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,11 +183,11 @@ def main(argv: list[str] | None = None) -> int:
             empty = sample(first.pid)
 
             started = time.monotonic()
-            cpu_before = proc_cpu(first.pid)
+            cpu_before = proc_cpu_seconds(first.pid)
             asyncio.run(create_runs(setup, args.runs))
             first.wait_quiet(within=300)
             created_in = time.monotonic() - started
-            created_cpu = proc_cpu(first.pid) - cpu_before
+            created_cpu = proc_cpu_seconds(first.pid) - cpu_before
             grown = sample(first.pid)
             first.stop()
             loads.append(load_average())
@@ -218,18 +195,15 @@ def main(argv: list[str] | None = None) -> int:
             _, mark = controller_requests(cluster, setup.user, 0)
             second.start(within=120)
             second.wait_quiet(within=300)
-            restarted_cpu = proc_cpu(second.pid)
+            restarted_cpu = proc_cpu_seconds(second.pid)
             restarted = sample(second.pid)
             time.sleep(2)
             requests, _ = controller_requests(cluster, setup.user, mark)
             reconciles = second.metrics().get("controller_runtime_reconcile_total", 0.0)
 
             async def sizes() -> dict[str, Cached]:
-                admin = Admin(cluster)
-                try:
-                    return await cached_sizes(admin)
-                finally:
-                    await admin.close()
+                async with await admin_client(cluster) as kube:
+                    return await cached_sizes(kube)
 
             cached = asyncio.run(sizes())
         finally:

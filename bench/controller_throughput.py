@@ -6,13 +6,16 @@ On one fresh local control plane (``hack.cluster.running_cluster``), with the
 controller running as the Helm chart's ServiceAccount, ``--workers`` workers
 (``MAX_RECONCILE_RATE``) and client-side limits far above what is reached
 (``KUBE_API_QPS=500``, ``KUBE_API_BURST=1000``), every run ``suspend: true``
-so that no pod runs and a run counts as reconciled once its Job exists:
+so that no pod runs and a run counts as reconciled once its Job exists. The
+benchmark's own requests go through the controller's client
+(``controller.kube.client.KubeClient``) as the admin user, with limits far
+above what is reached too:
 
 1. **API server limit** (namespace ``bench-direct``, which the controller does
    not watch): the admin user creates ``--runs`` ConfigMap + Job pairs exactly
    as the controller renders them (``controller.render`` on the stored runs),
    ``--workers`` at a time, each worker ConfigMap then Job, as a reconcile
-   does; bodies are encoded before the clock starts. A second variant adds the
+   does; bodies are rendered before the clock starts. A second variant adds the
    other two writes the controller makes for a new run (its status and a
    ``Created`` Event). Measured before and after the controller's phases; the
    spread says how far to trust a ratio on a shared machine.
@@ -31,9 +34,10 @@ so that no pod runs and a run counts as reconciled once its Job exists:
 
 For each timed phase the benchmark also prints, per run: the CPU time of the
 controller, the API server, etcd, the kube-controller-manager and itself
-(``/proc/<pid>/stat``), every request by client from the audit log, and the
-controller's reconciles, so what lies behind a ratio is visible. Measured and printed, never
-asserted: the numbers depend on the machine.
+(``/proc/<pid>/stat``), every request by client from the audit log (the
+controller by its ServiceAccount, kubectl by its user agent, the benchmark as
+the admin), and the controller's reconciles, so what lies behind a ratio is
+visible. Measured and printed, never asserted: the numbers depend on the machine.
 """
 
 from __future__ import annotations
@@ -41,11 +45,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import functools
 import json
 import math
 import os
-import ssl
 import statistics
 import sys
 import tempfile
@@ -53,23 +55,25 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
-import aiohttp
-import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.common import config_body, proc_cpu_seconds, run_body
 from controller.api import InferenceConfig, InferenceRun
+from controller.kube.client import KubeClient
+from controller.kube.resources import CONFIGMAPS, EVENTS, JOBS, Obj, Resource
 from controller.naming import RUN_UID_LABEL, managed_selector
+from controller.reconcile import CONFIGS, RUNS
 from controller.render import desired_configmap, desired_job
 from hack import chart
 from hack.cluster import LocalCluster, free_port, running_cluster, spawn, stop_process
 from hack.crds import install_crds
+from runner.batching import map_ordered
 
 NAMESPACE = "bench"
 DIRECT_NAMESPACE = "bench-direct"
@@ -79,130 +83,30 @@ REPO = Path(__file__).resolve().parents[1]
 # The control plane's processes whose CPU time is reported (by /proc/<pid>/comm).
 CONTROL_PLANE_PROCESSES = ("kube-apiserver", "etcd", "kube-controller")
 
-Obj = dict[str, Any]
-
 
 # ------------------------------------------------------------------------------ objects
 
 
-def config_body(namespace: str, name: str = CONFIG) -> Obj:
-    storage = {"krateo": {"api": {"endpointRef": {"name": "s"}, "path": "/x", "verb": "POST"}}}
-    return {
-        "apiVersion": "ai.krateo.io/v1",
-        "kind": "InferenceConfig",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "image": IMAGE,
-            "kserve": {"modelUrl": "m:1/v2/models/m/infer"},
-            "storage": {"input": storage, "output": storage},
-        },
-    }
-
-
-def run_body(namespace: str, name: str, config: str = CONFIG) -> Obj:
+def suspended_run(namespace: str, name: str, config: str = CONFIG) -> Obj:
     """A one-shot run that never starts a pod: its Job is created suspended."""
-    return {
-        "apiVersion": "ai.krateo.io/v1",
-        "kind": "InferenceRun",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"configRef": {"name": config}, "parameters": {"t": "x"}, "suspend": True},
-    }
+    return run_body(namespace, name, config, suspend=True)
 
 
-def runs_path(namespace: str) -> str:
-    return f"/apis/ai.krateo.io/v1/namespaces/{namespace}/inferenceruns"
+# ------------------------------------------------------------------------------ watches
 
 
-def configs_path(namespace: str) -> str:
-    return f"/apis/ai.krateo.io/v1/namespaces/{namespace}/inferenceconfigs"
-
-
-def configmaps_path(namespace: str) -> str:
-    return f"/api/v1/namespaces/{namespace}/configmaps"
-
-
-def jobs_path(namespace: str) -> str:
-    return f"/apis/batch/v1/namespaces/{namespace}/jobs"
-
-
-def events_path(namespace: str) -> str:
-    return f"/api/v1/namespaces/{namespace}/events"
-
-
-# ------------------------------------------------------------------------------ admin client
-
-
-class Admin:
-    """The admin user over one aiohttp session: POST/PUT/GET raw JSON, watch streams."""
-
-    def __init__(self, cluster: LocalCluster) -> None:
-        self.base = cluster.server
-        self._ssl = ssl.create_default_context(cafile=str(cluster.ca_path))
-        self._headers = {"Authorization": f"Bearer {cluster.token_for('admin')}"}
-        self._session: aiohttp.ClientSession | None = None
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                headers=self._headers,
-                connector=aiohttp.TCPConnector(ssl=self._ssl, limit=0),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-            )
-        return self._session
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    async def send(self, method: str, path: str, body: bytes | None = None) -> Obj:
-        headers = {"Content-Type": "application/json"} if body is not None else {}
-        async with self.session.request(
-            method, self.base + path, data=body, headers=headers
-        ) as resp:
-            data = await resp.read()
-            if resp.status >= 300:
-                raise RuntimeError(f"{method} {path}: {resp.status} {data[:300]!r}")
-            result: Obj = orjson.loads(data)
-            return result
-
-    async def post(self, path: str, body: Obj | bytes) -> Obj:
-        return await self.send(
-            "POST", path, body if isinstance(body, bytes) else orjson.dumps(body)
-        )
-
-    async def get(self, path: str) -> Obj:
-        return await self.send("GET", path)
-
-    @contextlib.asynccontextmanager
-    async def stream(self, path: str) -> AsyncIterator[aiohttp.StreamReader]:
-        async with self.session.get(self.base + path) as resp:
-            if resp.status != 200:
-                raise RuntimeError(f"watch {path}: {resp.status} {await resp.text()}")
-            yield resp.content
-
-
-async def bounded(concurrency: int, jobs: Iterable[Callable[[], Awaitable[Any]]]) -> list[Any]:
-    """Run the coroutine factories, ``concurrency`` at a time, in order; their results."""
-    items = list(enumerate(jobs))
-    results: list[Any] = [None] * len(items)
-    position = iter(items)
-
-    async def worker() -> None:
-        for index, job in position:
-            results[index] = await job()
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return results
+async def admin_client(cluster: LocalCluster) -> KubeClient:
+    """The controller's own client as the admin user, with limits far above what is reached."""
+    return await KubeClient.connect(kubeconfig=str(cluster.kubeconfig), qps=5000, burst=10000)
 
 
 @dataclass
 class Watch:
     """When this client first saw each object (by ``key``), from a list then a watch."""
 
-    admin: Admin
-    path: str
+    kube: KubeClient
+    resource: Resource
+    namespace: str
     key: Callable[[Obj], str | None]
     selector: str | None = None
     seen: dict[str, float] = field(default_factory=dict)
@@ -211,8 +115,7 @@ class Watch:
     _task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        query = f"?labelSelector={quote(self.selector)}" if self.selector else ""
-        listed = await self.admin.get(self.path + query)
+        listed = await self.kube.list(self.resource, self.namespace, label_selector=self.selector)
         now = time.monotonic()
         for obj in listed.get("items") or []:
             self._record(obj, now)
@@ -234,22 +137,22 @@ class Watch:
 
     async def _watch(self, version: str) -> None:
         while True:
-            params = f"watch=1&timeoutSeconds=600&resourceVersion={version}"
-            if self.selector:
-                params += f"&labelSelector={quote(self.selector)}"
-            async with self.admin.stream(f"{self.path}?{params}") as lines:
-                async for line in lines:
-                    if not line.strip():
-                        continue
-                    event = orjson.loads(line)
-                    if event["type"] == "ERROR":
-                        raise RuntimeError(f"watch {self.path}: {event['object']}")
-                    obj = event["object"]
-                    version = obj["metadata"]["resourceVersion"]
-                    if event["type"] in ("ADDED", "MODIFIED"):
-                        self._record(obj, time.monotonic())
-                        async with self._changed:
-                            self._changed.notify_all()
+            async for event in self.kube.watch(
+                self.resource,
+                self.namespace,
+                resource_version=version,
+                timeout_seconds=600,
+                label_selector=self.selector,
+                allow_bookmarks=False,
+            ):
+                if event["type"] == "ERROR":
+                    raise RuntimeError(f"watch {self.resource}: {event['object']}")
+                obj = event["object"]
+                version = obj["metadata"]["resourceVersion"]
+                if event["type"] in ("ADDED", "MODIFIED"):
+                    self._record(obj, time.monotonic())
+                    async with self._changed:
+                        self._changed.notify_all()
 
     async def wait_for(
         self, predicate: Callable[[Watch], bool], within: float, what: str = "objects"
@@ -399,24 +302,36 @@ class Controller:
         raise TimeoutError(f"controller still busy after {within}s")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (``/proc/<pid>/stat``)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def audit_lines(cluster: LocalCluster) -> int:
     with cluster.audit_log.open("rb") as log:
         return sum(1 for _ in log)
 
 
-def audit_requests(cluster: LocalCluster, since: int) -> Counter[str]:
+def client_of(event: dict[str, Any], cluster: LocalCluster, controller_user: str) -> str:
+    """Who sent an audited request: ``controller``, ``kubectl``, ``bench`` or its user agent.
+
+    This benchmark talks through the controller's own client, user agent and
+    all, so the user tells the two apart (the controller's ServiceAccount, the
+    admin here); the user agent tells kubectl (also the admin) from the bench.
+    The test node agent (``hack.nodeagent``, the admin over plain aiohttp)
+    counts as the bench, as it did when the bench had an aiohttp client too.
+    """
+    agent = (event.get("userAgent") or "?").split("/")[0]
+    user = (event.get("user") or {}).get("username", "")
+    if agent == "kubectl":
+        return "kubectl"
+    if user == controller_user:
+        return "controller"
+    if user == cluster.users["admin"].name:
+        return "bench"
+    return agent
+
+
+def audit_requests(cluster: LocalCluster, since: int, controller_user: str) -> Counter[str]:
     """Requests after audit line ``since``, as ``"<client> <verb> <resource>"`` -> count.
 
-    The client is the user agent's product (``kubectl``, ``Python`` for this
-    benchmark's aiohttp client, ``kserve-inference-controller``); a watch counts
-    once, when it opens. The kube-controller-manager is not audited.
+    The client is :func:`client_of`'s; a watch counts once, when it opens. The
+    kube-controller-manager is not audited.
     """
     counts: Counter[str] = Counter()
     with cluster.audit_log.open() as log:
@@ -427,12 +342,12 @@ def audit_requests(cluster: LocalCluster, since: int) -> Counter[str]:
             verb = event["verb"]
             if event["stage"] != ("ResponseStarted" if verb == "watch" else "ResponseComplete"):
                 continue
-            agent = (event.get("userAgent") or "?").split("/")[0]
+            client = client_of(event, cluster, controller_user)
             ref = event.get("objectRef") or {}
             what = ref.get("resource", "?") + (
                 "/" + ref["subresource"] if ref.get("subresource") else ""
             )
-            counts[f"{agent} {verb} {what}"] += 1
+            counts[f"{client} {verb} {what}"] += 1
     return counts
 
 
@@ -447,6 +362,7 @@ class PhaseMeter:
     """
 
     cluster: LocalCluster
+    controller_user: str
     pids: dict[str, int]
     reconciles: Callable[[], float] | None = None
     used: dict[str, float] = field(default_factory=dict)
@@ -461,15 +377,17 @@ class PhaseMeter:
     def start(self) -> None:
         self._audit = audit_lines(self.cluster)
         self._reconciles = self.reconciles() if self.reconciles else 0.0
-        self._cpu = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self._cpu = {name: proc_cpu_seconds(pid) for name, pid in self.pids.items()}
         self._wall = time.monotonic()
 
     def stop(self) -> None:
         self.wall = time.monotonic() - self._wall
-        self.used = {name: cpu_seconds(pid) - self._cpu[name] for name, pid in self.pids.items()}
+        self.used = {
+            name: proc_cpu_seconds(pid) - self._cpu[name] for name, pid in self.pids.items()
+        }
 
     def finish(self) -> None:
-        self.requests = audit_requests(self.cluster, self._audit)
+        self.requests = audit_requests(self.cluster, self._audit, self.controller_user)
         if self.reconciles:
             self.reconciled = self.reconciles() - self._reconciles
 
@@ -519,36 +437,34 @@ class DirectResult:
         return self.pairs / self.seconds
 
 
-def event_body(run: Obj, index: int) -> bytes:
+def event_body(run: Obj, index: int) -> Obj:
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     meta = run["metadata"]
-    return orjson.dumps(
-        {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{meta['name']}.{index:08x}", "namespace": meta["namespace"]},
-            "involvedObject": {
-                "apiVersion": run["apiVersion"],
-                "kind": run["kind"],
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta["uid"],
-                "resourceVersion": meta["resourceVersion"],
-            },
-            "type": "Normal",
-            "reason": "Created",
-            "message": f"created Job inf-{meta['name']}",
-            "count": 1,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "source": {"component": "bench"},
-            "reportingComponent": "bench",
-            "reportingInstance": "bench",
-        }
-    )
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{meta['name']}.{index:08x}", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": run["apiVersion"],
+            "kind": run["kind"],
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+            "resourceVersion": meta["resourceVersion"],
+        },
+        "type": "Normal",
+        "reason": "Created",
+        "message": f"created Job inf-{meta['name']}",
+        "count": 1,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "source": {"component": "bench"},
+        "reportingComponent": "bench",
+        "reportingInstance": "bench",
+    }
 
 
-def status_body(run: Obj) -> bytes:
+def status_body(run: Obj) -> Obj:
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     status = {
         "phase": "Suspended",
@@ -565,46 +481,39 @@ def status_body(run: Obj) -> bytes:
             }
         ],
     }
-    return orjson.dumps({**run, "status": status})
+    return {**run, "status": status}
 
 
 async def direct_writes(
-    admin: Admin, when: str, runs: int, workers: int, full: bool, cpu: PhaseMeter
+    kube: KubeClient, when: str, runs: int, workers: int, full: bool, cpu: PhaseMeter
 ) -> DirectResult:
     """The admin creates what the controller would for ``runs`` stored runs, timed."""
     namespace = DIRECT_NAMESPACE
-    config = InferenceConfig.model_validate(await admin.get(f"{configs_path(namespace)}/{CONFIG}"))
-    stored: list[Obj] = await bounded(
-        8,
-        [
-            functools.partial(
-                admin.post, runs_path(namespace), run_body(namespace, f"{when}-{int(full)}-{i}")
-            )
-            for i in range(runs)
-        ],
+    config = InferenceConfig.model_validate(await kube.get(CONFIGS, namespace, CONFIG))
+    stored = await map_ordered(
+        [suspended_run(namespace, f"{when}-{int(full)}-{i}") for i in range(runs)],
+        lambda body: kube.create(RUNS, namespace, body),
+        concurrency=8,
     )
-    bodies: list[tuple[bytes, ...]] = []
+    # Rendered before the clock starts, as the controller has them by the time it writes.
+    bodies: list[tuple[Obj, ...]] = []
     for index, raw in enumerate(stored):
         run = InferenceRun.model_validate(raw)
-        pair = (
-            orjson.dumps(desired_configmap(run, config)),
-            orjson.dumps(desired_job(run, config)),
-        )
+        pair = (desired_configmap(run, config), desired_job(run, config))
         extra = (status_body(raw), event_body(raw, index)) if full else ()
         bodies.append(pair + extra)
 
-    async def one(raw: Obj, body: tuple[bytes, ...]) -> None:
-        await admin.post(configmaps_path(namespace), body[0])
-        await admin.post(jobs_path(namespace), body[1])
+    async def one(raw: Obj, body: tuple[Obj, ...]) -> None:
+        await kube.create(CONFIGMAPS, namespace, body[0])
+        await kube.create(JOBS, namespace, body[1])
         if full:
-            name = raw["metadata"]["name"]
-            await admin.send("PUT", f"{runs_path(namespace)}/{name}/status", body[2])
-            await admin.post(events_path(namespace), body[3])
+            await kube.update_status(RUNS, namespace, raw["metadata"]["name"], body[2])
+            await kube.create(EVENTS, namespace, body[3])
 
     cpu.start()
     start = time.perf_counter()
-    await bounded(
-        workers, [functools.partial(one, r, b) for r, b in zip(stored, bodies, strict=True)]
+    await map_ordered(
+        list(zip(stored, bodies, strict=True)), lambda pair: one(*pair), concurrency=workers
     )
     seconds = time.perf_counter() - start
     cpu.stop()
@@ -613,13 +522,13 @@ async def direct_writes(
     return DirectResult(label, when, runs, seconds, 4 if full else 2, cpu)
 
 
-async def latency(admin: Admin, jobs: Watch, count: int) -> list[float]:
+async def latency(kube: KubeClient, jobs: Watch, count: int) -> list[float]:
     """Seconds from each run's create request to its Job seen by the watch, one at a time."""
     samples = []
     for index in range(count):
-        body = orjson.dumps(run_body(NAMESPACE, f"latency-{index}"))
+        body = suspended_run(NAMESPACE, f"latency-{index}")
         start = time.monotonic()
-        created = await admin.post(runs_path(NAMESPACE), body)
+        created = await kube.create(RUNS, NAMESPACE, body)
         uid = created["metadata"]["uid"]
         await jobs.wait_keys([uid], 60)
         samples.append(jobs.seen[uid] - start)
@@ -642,7 +551,7 @@ class BurstResult:
 
 async def burst(setup: Setup, runs: Watch, jobs: Watch, count: int, cpu: PhaseMeter) -> BurstResult:
     """One kubectl apply of ``count`` runs; time until every one has its Job."""
-    items = [run_body(NAMESPACE, f"burst-{i}") for i in range(count)]
+    items = [suspended_run(NAMESPACE, f"burst-{i}") for i in range(count)]
     document = json.dumps({"apiVersion": "v1", "kind": "List", "items": items}).encode()
     cluster = setup.cluster
     cpu.start()
@@ -676,17 +585,15 @@ async def burst(setup: Setup, runs: Watch, jobs: Watch, count: int, cpu: PhaseMe
 
 
 async def backlog(
-    admin: Admin, runs: Watch, jobs: Watch, count: int, cpu: PhaseMeter
+    kube: KubeClient, runs: Watch, jobs: Watch, count: int, cpu: PhaseMeter
 ) -> BurstResult:
     """``count`` runs waiting for a missing config; time from its creation to the last Job."""
     config = "later"
     names = {f"backlog-{i}" for i in range(count)}
-    await bounded(
-        8,
-        [
-            functools.partial(admin.post, runs_path(NAMESPACE), run_body(NAMESPACE, n, config))
-            for n in sorted(names)
-        ],
+    await map_ordered(
+        [suspended_run(NAMESPACE, n, config) for n in sorted(names)],
+        lambda body: kube.create(RUNS, NAMESPACE, body),
+        concurrency=8,
     )
 
     def waiting(w: Watch) -> list[str]:
@@ -702,7 +609,7 @@ async def backlog(
     await asyncio.sleep(2)  # the status writes' own watch events, reconciled to no-ops
     cpu.start()
     start = time.monotonic()
-    await admin.post(configs_path(NAMESPACE), config_body(NAMESPACE, config))
+    await kube.create(CONFIGS, NAMESPACE, config_body(NAMESPACE, config, IMAGE))
     created = time.monotonic() - start
     await jobs.wait_keys(wanted, 600)
     cpu.stop()
@@ -718,7 +625,7 @@ def fmt(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-CLIENTS = {"kserve-inference-controller": "controller", "kubectl": "kubectl", "Python": "bench"}
+CLIENTS = ("controller", "kubectl", "bench")
 
 
 def _phases(
@@ -737,8 +644,7 @@ def cost_table(
 ) -> list[str]:
     """Per run of each timed phase: CPU ms per process (share of a core), requests, reconciles."""
     names = ["controller", *CONTROL_PLANE_PROCESSES, "bench client"]
-    clients = list(dict.fromkeys(CLIENTS.values()))
-    header = [*(f"{n} CPU ms" for n in names), "wall ms", *(f"{c} requests" for c in clients)]
+    header = [*(f"{n} CPU ms" for n in names), "wall ms", *(f"{c} requests" for c in CLIENTS)]
     lines = [
         "| per run (CPU: share of one core) | " + " | ".join(header) + " | reconciles |",
         "|---" * (len(header) + 2) + "|",
@@ -754,8 +660,8 @@ def cost_table(
         cells.append(f"{meter.wall * 1000 / runs:.1f}")
         by_client: Counter[str] = Counter()
         for key, count in meter.requests.items():
-            by_client[CLIENTS.get(key.split()[0], key.split()[0])] += count
-        cells += [f"{by_client[c] / runs:.2f}" for c in clients]
+            by_client[key.split()[0]] += count
+        cells += [f"{by_client[c] / runs:.2f}" for c in CLIENTS]
         cells.append(f"{meter.reconciled / runs:.2f}" if meter.reconciles else "-")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
@@ -770,9 +676,9 @@ def requests_table(runs: int, burst_result: BurstResult, backlog_result: BurstRe
         "|---|---|---|",
     ]
     for key in keys:
-        agent, rest = key.split(" ", 1)
+        client, rest = key.split(" ", 1)
         lines.append(
-            f"| {CLIENTS.get(agent, agent)} `{rest}` | {burst_requests[key] / runs:.2f} | "
+            f"| {client} `{rest}` | {burst_requests[key] / runs:.2f} | "
             f"{backlog_requests[key] / runs:.2f} |"
         )
     return lines
@@ -848,7 +754,7 @@ def report(
 
 async def measure(setup: Setup, args: argparse.Namespace) -> str:
     cluster = setup.cluster
-    admin = Admin(cluster)
+    kube = await admin_client(cluster)
     loads = [load_average()]
     direct: list[DirectResult] = []
     controller = Controller(setup, args.workers)
@@ -861,36 +767,37 @@ async def measure(setup: Setup, args: argparse.Namespace) -> str:
 
     def meter(with_controller: bool = False) -> PhaseMeter:
         if not with_controller:
-            return PhaseMeter(cluster, control_plane)
+            return PhaseMeter(cluster, setup.user, control_plane)
 
         def reconciles() -> float:
             return controller.metrics().get("controller_runtime_reconcile_total", 0.0)
 
-        return PhaseMeter(cluster, {"controller": controller.pid, **control_plane}, reconciles)
+        pids = {"controller": controller.pid, **control_plane}
+        return PhaseMeter(cluster, setup.user, pids, reconciles)
 
     try:
         for namespace in (NAMESPACE, DIRECT_NAMESPACE):
-            await admin.post(configs_path(namespace), config_body(namespace))
+            await kube.create(CONFIGS, namespace, config_body(namespace, CONFIG, IMAGE))
 
         for full in (False, True):
             direct.append(
-                await direct_writes(admin, "before", args.runs, args.workers, full, meter())
+                await direct_writes(kube, "before", args.runs, args.workers, full, meter())
             )
 
         await asyncio.to_thread(controller.start)
-        runs = Watch(admin, runs_path(NAMESPACE), object_uid)
-        jobs = Watch(admin, jobs_path(NAMESPACE), job_run_uid, selector=managed_selector())
+        runs = Watch(kube, RUNS, NAMESPACE, object_uid)
+        jobs = Watch(kube, JOBS, NAMESPACE, job_run_uid, selector=managed_selector())
         await runs.start()
         await jobs.start()
         try:
-            latencies = await latency(admin, jobs, args.latency_runs)
+            latencies = await latency(kube, jobs, args.latency_runs)
             await asyncio.to_thread(controller.wait_quiet)
             burst_result = await burst(setup, runs, jobs, args.runs, meter(True))
             await asyncio.to_thread(controller.wait_quiet)
             await asyncio.sleep(2)  # trailing Events are written in the background
             burst_result.cpu.finish()
             loads.append(load_average())
-            backlog_result = await backlog(admin, runs, jobs, args.runs, meter(True))
+            backlog_result = await backlog(kube, runs, jobs, args.runs, meter(True))
             await asyncio.to_thread(controller.wait_quiet)
             await asyncio.sleep(2)
             backlog_result.cpu.finish()
@@ -904,12 +811,12 @@ async def measure(setup: Setup, args: argparse.Namespace) -> str:
 
         for full in (False, True):
             direct.append(
-                await direct_writes(admin, "after", args.runs, args.workers, full, meter())
+                await direct_writes(kube, "after", args.runs, args.workers, full, meter())
             )
         loads.append(load_average())
     finally:
         controller.stop()
-        await admin.close()
+        await kube.close()
     return report(args, loads, direct, latencies, burst_result, backlog_result, errors)
 
 
