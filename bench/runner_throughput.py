@@ -55,19 +55,14 @@ from typing import Any
 import aiohttp
 import numpy as np
 import orjson
-from aiohttp import web
+
+from bench.common import proc_cpu_seconds
+from hack.cluster import free_port
+from hack.loopback import FaultProxy
 
 REPO = Path(__file__).resolve().parents[1]
 USER, PASSWORD = "bench", "bench-password"
 MODEL = "sklearn-iris"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_until_ready(url: str, process: subprocess.Popen[bytes], within: float = 120) -> None:
@@ -106,12 +101,6 @@ def server(args: list[str], ready_url: str) -> Iterator[subprocess.Popen[bytes]]
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (``/proc/<pid>/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def iris_rows(count: int) -> list[list[float]]:
@@ -312,57 +301,28 @@ def run_runner(
     return {**outcome(process, log_path), "wallSeconds": time.perf_counter() - started}
 
 
-class CountingProxy:
-    """Forwards to the model server in a thread of its own, counting the rows predicted."""
+class CountingProxy(FaultProxy):
+    """Forwards to the model server in a thread of its own, counting the rows predicted.
+
+    The tests' :class:`hack.loopback.FaultProxy`, injecting no faults
+    (``forwarded_rows`` is the count), on an event loop of its own: this
+    benchmark's main thread blocks.
+    """
 
     def __init__(self, target: str) -> None:
-        self.target = target.rstrip("/")
-        self.rows = 0
-        self.url = ""
+        super().__init__(target)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
 
     def __enter__(self) -> CountingProxy:
         self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
+        asyncio.run_coroutine_threadsafe(self.start(), self._loop).result(30)
         return self
 
     def __exit__(self, *_: object) -> None:
-        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(30)
+        asyncio.run_coroutine_threadsafe(self.stop(), self._loop).result(30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
-
-    async def _start(self) -> None:
-        app = web.Application(client_max_size=1 << 28)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        port = free_port()
-        await web.TCPSite(self._runner, "127.0.0.1", port).start()
-        self.url = f"http://127.0.0.1:{port}"
-
-    async def _stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        assert self._session is not None
-        body = await request.read()
-        async with self._session.request(
-            request.method,
-            f"{self.target}{request.path_qs}",
-            data=body,
-            headers={"Content-Type": "application/json"},
-        ) as answer:
-            payload = await answer.read()
-        if request.method == "POST" and answer.status == 200:
-            self.rows += int(orjson.loads(body)["inputs"][0]["shape"][0])
-        return web.Response(status=answer.status, body=payload, content_type=answer.content_type)
 
 
 def stored(db: Path, table: str) -> dict[str, int]:
@@ -403,9 +363,9 @@ def kill_and_resume(
         process.send_signal(signal.SIGKILL)
         process.wait()
         killed_at = stored_so_far(db, "out_kill")
-        predicted_first = proxy.rows
+        predicted_first = proxy.forwarded_rows
         second = run_runner(workdir, "kill-2", contract, storage_url, POD_UID="pod-2")
-        predicted = proxy.rows
+        predicted = proxy.forwarded_rows
     check = stored(db, "out_kill")
     return {
         "threshold": threshold,
@@ -504,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
             before = asyncio.run(
                 direct_rows_per_second(model_url, direct_rows, args.batch_size, args.concurrency)
             )
-            cpu_before = [cpu_seconds(p.pid) for p in (model_process, storage_process)]
+            cpu_before = [proc_cpu_seconds(p.pid) for p in (model_process, storage_process)]
             one = run_runner(
                 workdir,
                 "stream",
@@ -512,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
                 storage_url,
             )
             cpu = [
-                cpu_seconds(p.pid) - b
+                proc_cpu_seconds(p.pid) - b
                 for p, b in zip((model_process, storage_process), cpu_before, strict=True)
             ]
             one_check = stored(db, "out_stream")
