@@ -43,17 +43,17 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.naming import job_name
 from hack.cluster import LocalCluster, running_cluster
 from hack.crds import install_crds
+from hack.polling import wait_for
 from tests.controllerproc import ControllerProcess, controller_for
 from tests.faults.invariants import (
     INFORMED,
@@ -72,17 +72,6 @@ TIMINGS = {
     "default 15/10/2 s": {"LEASE_DURATION": "15s", "RENEW_DEADLINE": "10s", "RETRY_PERIOD": "2s"},
     "fault tier 4/3/1 s": {"LEASE_DURATION": "4s", "RENEW_DEADLINE": "3s", "RETRY_PERIOD": "1s"},
 }
-T = TypeVar("T")
-
-
-def until(probe: Callable[[], T | None], within: float, what: str, every: float = 0.05) -> T:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        found = probe()
-        if found:
-            return found
-        time.sleep(every)
-    raise TimeoutError(f"{what} not within {within}s")
 
 
 def create_run(cluster: LocalCluster, name: str) -> dict[str, Any]:
@@ -149,7 +138,7 @@ def outages(
         for i in range(5):  # something in every cache
             audit = AuditLog(cluster, NAMESPACE)
             run = create_run(cluster, f"before-{i}")
-            until(partial(job_created, audit, user, run), 60, "a Job")
+            wait_for(partial(job_created, audit, user, run), within=60, what="a Job", every=0.05)
         time.sleep(3)
         for n, (label, down) in enumerate(plan):
             audit = AuditLog(cluster, NAMESPACE)
@@ -160,9 +149,16 @@ def outages(
             ready_s = cluster.start_apiserver()
             ready = now()
             run = create_run(cluster, f"after-{n}")
-            job = until(partial(job_created, audit, user, run), 300, "the run's Job", 0.2)
+            job = wait_for(
+                partial(job_created, audit, user, run), within=300, what="the run's Job", every=0.2
+            )
             # From the process start: an informer can be back before the probe saw /readyz.
-            back = until(partial(all_back, audit, user, starting), 300, "every informer back", 0.5)
+            back = wait_for(
+                partial(all_back, audit, user, starting),
+                within=300,
+                what="every informer back",
+                every=0.5,
+            )
             results.append(
                 {
                     "outage": label,
@@ -194,10 +190,12 @@ def takeovers(cluster: LocalCluster, workdir: Path, repeat: int) -> list[dict[st
         try:
             for proc in replicas:
                 proc.start()
-            until(partial(leading, replicas), 60, "a leader")
+            wait_for(partial(leading, replicas), within=60, what="a leader", every=0.05)
             for sig in (signal.SIGKILL, signal.SIGTERM):
                 for n in range(repeat):
-                    leader = until(partial(leading, replicas), 60, "a leader")
+                    leader = wait_for(
+                        partial(leading, replicas), within=60, what="a leader", every=0.05
+                    )
                     standby = next(p for p in replicas if p is not leader)
                     audit = AuditLog(cluster, NAMESPACE)
                     time.sleep(3)  # mid-term of a lease, as a crash would be
@@ -206,9 +204,16 @@ def takeovers(cluster: LocalCluster, workdir: Path, repeat: int) -> list[dict[st
                     started = time.monotonic()
                     leader.proc.send_signal(sig)
                     run = create_run(cluster, f"{sig.name.lower()}-{label[:2]}-{n}")
-                    until(partial(leading, [standby]), 120, "the take-over", 0.05)
+                    wait_for(
+                        partial(leading, [standby]), within=120, what="the take-over", every=0.05
+                    )
                     took = time.monotonic() - started
-                    job = until(partial(job_created, audit, user, run), 120, "the Job", 0.1)
+                    job = wait_for(
+                        partial(job_created, audit, user, run),
+                        within=120,
+                        what="the Job",
+                        every=0.1,
+                    )
                     leader.proc.wait(30)
                     results.append(
                         {

@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ import yaml
 
 from hack import chart
 from hack.cluster import LocalCluster, free_port, spawn, stop_process, wait_http
+from hack.polling import wait_for as wait_for  # the tier's tests import it from here
 from hack.realnode import (
     CONTROLLER_IMAGE,
     RUNNER_IMAGE,
@@ -172,17 +172,6 @@ def helm_install(
 
 def get(kube: LocalCluster, *args: str) -> Any:
     return json.loads(kube.kubectl("get", *args, "-o", "json").stdout)
-
-
-def wait_for(probe: Any, *, within: float, what: str, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + within
-    last = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {within}s waiting for {what}; last: {last!r}")
 
 
 @pytest.fixture(scope="session")
