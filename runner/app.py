@@ -50,46 +50,38 @@ from runner import paths, storage, streaming, termination
 from runner.batching import shard
 from runner.contract import Contract
 from runner.exitcodes import (
-    STAGE_ERRORS,
     ContractError,
     ExitCode,
-    InferenceError,
-    InferenceRejected,
-    InputError,
     InputRejected,
-    OutputError,
-    OutputRejected,
     RunnerError,
 )
 from runner.inference import (
+    MODEL_RETRY_EVENT,
     BatchPlan,
     ModelClient,
     ModelEndpoint,
-    ModelRefused,
-    ShapeMismatch,
     check_rows,
     endpoint_from_contract,
     predict,
-    resolve_tensor_spec,
+    start_inference,
 )
 from runner.logs import get_logger
 from runner.progress import EVENT as PROGRESS_EVENT
 from runner.progress import Progress, ProgressTracker
-from runner.retry import Deadline, GaveUp, Transient
+from runner.retry import Deadline, log_retries
 from runner.secrets import (
     KubernetesSecretReader,
     RedactingSecretReader,
     SecretReader,
     pod_namespace,
 )
+from runner.stages import failed, model_failures, storage_failures
 from runner.storage.base import (
     KEYED_OUTPUT_KEYS,
     KeyedOutput,
     Partition,
     StorageContext,
-    StorageError,
     StorageProvider,
-    StorageRejected,
     explain,
 )
 from runner.termination import RunResult
@@ -236,13 +228,9 @@ async def execute(
         if source is not None:
             return await _stream(work, ctx, source, session, deadline, state, log, clock, started)
         state.stage = "input"
-        try:
+        with storage_failures("input"):
             await work.input.prepare(ctx)
             rows = await work.input.load_rows(ctx)
-        except StorageRejected as error:
-            raise InputRejected(error.message) from None
-        except StorageError as error:
-            raise InputError(error.message) from None
         try:
             check_rows(rows)
         except ValueError as error:
@@ -254,10 +242,9 @@ async def execute(
         input_done = clock()
 
         state.stage = "output"
-        try:
+        # Any failure to prepare the output exits 5, a refusal too (never 8).
+        with storage_failures("output", rejections=False):
             await work.output.prepare(ctx)
-        except StorageError as error:
-            raise OutputError(str(error)) from None
 
         state.stage = "inference"
         state.rows_total = len(rows)
@@ -267,12 +254,8 @@ async def execute(
         inference_done = clock()
 
         state.stage = "output"
-        try:
+        with storage_failures("output"):
             await work.output.store(ctx, predictions)
-        except StorageRejected as error:
-            raise OutputRejected(error.message) from None
-        except StorageError as error:
-            raise OutputError(error.message) from None
         finished = clock()
     log.info(
         "stage timings",
@@ -298,17 +281,11 @@ async def _stream(
 ) -> RunResult:
     """The streaming path (runner/streaming.py): pages in, keyed chunks out, resumable."""
     state.stage = "input"
-    try:
+    with storage_failures("input"):
         await work.input.prepare(ctx)
-    except StorageRejected as error:
-        raise InputRejected(error.message) from None
-    except StorageError as error:
-        raise InputError(error.message) from None
     state.stage = "output"
-    try:
+    with storage_failures("output", rejections=False):
         await work.output.prepare(ctx)
-    except StorageError as error:
-        raise OutputError(str(error)) from None
     state.stage = "inference"
     part = Partition(work.shard_index, work.shard_count)
     stats = streaming.StreamStats()
@@ -378,33 +355,9 @@ async def _infer(
         log.warning("the input has no rows: nothing to predict")
         tracker.report()
         return []
-    metadata = []
-    if client.endpoint.protocol == "v2":
-        metadata = await client.fetch_metadata(deadline.cap(work.batches.request_timeout))
-    try:
-        spec = resolve_tensor_spec(rows[0], work.contract.kserve.model_input_name, metadata)
-    except ShapeMismatch as error:
-        raise InferenceRejected(str(error)) from None
-    log.info(
-        "inference started",
-        url=client.endpoint.url,
-        protocol=client.endpoint.protocol,
-        input=spec.name,
-        datatype=spec.datatype,
-        shape=[-1, *spec.row_shape],
-        batchSize=work.batches.batch_size,
-        concurrency=work.batches.concurrency,
-    )
-
-    def on_retry(attempt: int, error: Transient, wait: float) -> None:
-        log.warning(
-            "model request failed, retrying",
-            attempt=attempt,
-            error=error.message,
-            retryInSeconds=round(wait, 2),
-        )
-
-    try:
+    input_name = work.contract.kserve.model_input_name
+    spec = await start_inference(client, rows[0], input_name, work.batches, deadline, log)
+    with model_failures():
         async with tracker.running():
             return await predict(
                 client,
@@ -413,13 +366,8 @@ async def _infer(
                 work.batches,
                 deadline,
                 on_batch_done=tracker.advance,
-                on_retry=on_retry,
+                on_retry=log_retries(log, MODEL_RETRY_EVENT),
             )
-    except ModelRefused as error:
-        failure = InferenceRejected if error.permanent else InferenceError
-        raise failure(error.message) from None
-    except GaveUp as error:
-        raise InferenceError(error.message) from None
 
 
 async def run(
@@ -454,21 +402,9 @@ async def run(
             kubernetes = KubernetesSecretReader(env_map)
             secrets = kubernetes
         result = await execute(work, env, RedactingSecretReader(secrets), state, log)
-    except RunnerError as error:
-        return _fail(log, termination_path, error.stage, error.message, error.exit_code)
-    except asyncio.CancelledError:
-        reason = f"stopped during {state.stage} after {state.rows_done}/{state.rows_total} rows"
-        return _fail(log, termination_path, "terminated", reason, ExitCode.TERMINATED)
-    except Exception as error:
-        log.exception("unexpected error", stage=state.stage)
-        failure = STAGE_ERRORS[state.stage]
-        return _fail(
-            log,
-            termination_path,
-            failure.stage,
-            f"unexpected {type(error).__name__}: {error}",
-            failure.exit_code,
-        )
+    except (asyncio.CancelledError, Exception) as error:
+        stopped = f"stopped during {state.stage} after {state.rows_done}/{state.rows_total} rows"
+        return failed(log, termination_path, "run", error, state.stage, stopped)
     finally:
         if kubernetes is not None:
             await kubernetes.close()
@@ -481,7 +417,3 @@ async def run(
     )
     termination.report(log, termination_path, message)
     return ExitCode.DONE
-
-
-def _fail(log: Any, path: Path, stage: str, reason: str, code: ExitCode) -> int:
-    return termination.report_failure(log, path, "run", stage, reason, code)

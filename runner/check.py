@@ -50,7 +50,6 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -61,16 +60,10 @@ from runner import paths, storage, termination
 from runner.app import RunnerEnv, load_contract
 from runner.contract import Contract, KServe
 from runner.exitcodes import (
-    STAGE_ERRORS,
     ContractError,
     ExitCode,
     InferenceError,
     InferenceRejected,
-    InputError,
-    InputRejected,
-    OutputError,
-    OutputRejected,
-    RunnerError,
 )
 from runner.httputil import RETRYABLE_4XX, server_message, unanswered
 from runner.inference import (
@@ -88,7 +81,14 @@ from runner.secrets import (
     SecretError,
     SecretReader,
 )
-from runner.storage.base import StorageContext, StorageError, StorageProvider, StorageRejected
+from runner.stages import STORAGE_ERRORS, failed, storage_failures
+from runner.storage.base import (
+    Role,
+    StorageContext,
+    StorageError,
+    StorageProvider,
+    StorageRejected,
+)
 
 MODEL_TIMEOUT_SECONDS = 10.0
 MAX_INPUTS_SHOWN = 16
@@ -222,16 +222,10 @@ class _WatchedSecrets:
         return data
 
 
-_ROLE_ERRORS: dict[str, tuple[type[RunnerError], type[RunnerError]]] = {
-    "input": (InputError, InputRejected),
-    "output": (OutputError, OutputRejected),
-}
-
-
 async def _prepare(
-    role: str, provider: StorageProvider, ctx: StorageContext, watched: _WatchedSecrets
+    role: Role, provider: StorageProvider, ctx: StorageContext, watched: _WatchedSecrets
 ) -> None:
-    transient, rejected = _ROLE_ERRORS[role]
+    transient, rejected = STORAGE_ERRORS[role]
     watched.failure = None
     try:
         await provider.prepare(ctx)
@@ -242,17 +236,13 @@ async def _prepare(
         raise (rejected if refused else transient)(error.message) from None
 
 
-async def _probe(role: str, provider: StorageProvider, ctx: StorageContext) -> str:
-    transient, rejected = _ROLE_ERRORS[role]
+async def _probe(role: Role, provider: StorageProvider, ctx: StorageContext) -> str:
+    transient, _ = STORAGE_ERRORS[role]
     probe = getattr(provider, "probe", None)
     if probe is None:
         raise transient(f"the {provider.key} provider has no probe: cannot check it")
-    try:
+    with storage_failures(role):
         saw: str = await probe(ctx)
-    except StorageRejected as error:
-        raise rejected(error.message) from None
-    except StorageError as error:
-        raise transient(error.message) from None
     return saw
 
 
@@ -332,7 +322,7 @@ async def run(
         probe = model_probe(contract.kserve)
         parameters = dict(contract.parameters or {})
         try:
-            providers = {
+            providers: dict[Role, StorageProvider] = {
                 "input": storage.resolve(contract.input, "input", parameters),
                 "output": storage.resolve(contract.output, "output", parameters),
             }
@@ -373,21 +363,9 @@ async def run(
             step.name = "inference"
             message = await check_model(session, contract, probe, deadline)
             log.info("check step passed", step="model", url=probe.url)
-    except RunnerError as error:
-        return _fail(log, termination_path, error.stage, error.message, error.exit_code)
-    except asyncio.CancelledError:
-        reason = f"check stopped during {step.name}"
-        return _fail(log, termination_path, "terminated", reason, ExitCode.TERMINATED)
-    except Exception as error:
-        log.exception("unexpected error", stage=step.name)
-        failure = STAGE_ERRORS[step.name]
-        return _fail(
-            log,
-            termination_path,
-            failure.stage,
-            f"unexpected {type(error).__name__}: {error}",
-            failure.exit_code,
-        )
+    except (asyncio.CancelledError, Exception) as error:
+        stopped = f"check stopped during {step.name}"
+        return failed(log, termination_path, "check", error, step.name, stopped)
     finally:
         if kubernetes is not None:
             await kubernetes.close()
@@ -396,7 +374,3 @@ async def run(
     )
     termination.report(log, termination_path, message)
     return int(ExitCode.DONE)
-
-
-def _fail(log: Any, path: Path, stage: str, reason: str, code: ExitCode) -> int:
-    return termination.report_failure(log, path, "check", stage, reason, code)

@@ -47,7 +47,7 @@ import orjson
 
 from runner.batching import batch_ranges, map_ordered
 from runner.contract import Batching, KServe
-from runner.exitcodes import ContractError
+from runner.exitcodes import ContractError, InferenceRejected
 from runner.httputil import RETRYABLE_4XX, retry_after_seconds, server_message, trim
 from runner.retry import Deadline, RetryPolicy, Transient, call_with_retries
 
@@ -374,6 +374,70 @@ class BatchPlan:
         )
 
 
+# What a model request being retried logs (runner.retry.log_retries).
+MODEL_RETRY_EVENT = "model request failed, retrying"
+
+
+async def start_inference(
+    client: ModelClient,
+    first_row: Any,
+    input_name: str | None,
+    plan: BatchPlan,
+    deadline: Deadline,
+    log: Any,
+    **fields: Any,
+) -> TensorSpec:
+    """The model input for rows like ``first_row``, logged as "inference started" with ``fields``.
+
+    A v2 model's metadata is asked first (:func:`resolve_tensor_spec`); rows that
+    cannot be its input are :class:`InferenceRejected` (the same rows on every attempt).
+    """
+    metadata = []
+    if client.endpoint.protocol == "v2":
+        metadata = await client.fetch_metadata(deadline.cap(plan.request_timeout))
+    try:
+        spec = resolve_tensor_spec(first_row, input_name, metadata)
+    except ShapeMismatch as error:
+        raise InferenceRejected(str(error)) from None
+    log.info(
+        "inference started",
+        url=client.endpoint.url,
+        protocol=client.endpoint.protocol,
+        input=spec.name,
+        datatype=spec.datatype,
+        shape=[-1, *spec.row_shape],
+        batchSize=plan.batch_size,
+        concurrency=plan.concurrency,
+        **fields,
+    )
+    return spec
+
+
+async def infer_batch(
+    client: ModelClient,
+    spec: TensorSpec,
+    rows: Sequence[Any],
+    plan: BatchPlan,
+    deadline: Deadline,
+    *,
+    on_retry: Callable[[int, Transient, float], None] | None = None,
+    sleep: Callable[[float], Any] = asyncio.sleep,
+) -> list[Any]:
+    """One batch's predictions, retried as ``plan`` says (:mod:`runner.retry`)."""
+
+    async def attempt(time_limit: float) -> list[Any]:
+        return await client.infer(spec, rows, time_limit)
+
+    return await call_with_retries(
+        attempt,
+        policy=plan.retry,
+        deadline=deadline,
+        request_timeout=plan.request_timeout,
+        sleep=sleep,
+        on_retry=on_retry,
+    )
+
+
 async def predict(
     client: ModelClient,
     spec: TensorSpec,
@@ -389,17 +453,8 @@ async def predict(
 
     async def one_batch(span: range) -> list[Any]:
         batch = rows[span.start : span.stop]
-
-        async def attempt(time_limit: float) -> list[Any]:
-            return await client.infer(spec, batch, time_limit)
-
-        predictions = await call_with_retries(
-            attempt,
-            policy=plan.retry,
-            deadline=deadline,
-            request_timeout=plan.request_timeout,
-            sleep=sleep,
-            on_retry=on_retry,
+        predictions = await infer_batch(
+            client, spec, batch, plan, deadline, on_retry=on_retry, sleep=sleep
         )
         on_batch_done(len(batch))
         return predictions

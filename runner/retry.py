@@ -149,3 +149,12 @@ async def call_with_retries(
             reason = f"the run's deadline stopped retries after {attempts} attempt(s)"
         raise GaveUp(f"{error.message} ({reason})", attempts, error) from None
     raise AssertionError("unreachable: tenacity either returns, raises or reraises")
+
+
+def log_retries(log: Any, event: str) -> Callable[[int, Transient, float], None]:
+    """An ``on_retry`` for :func:`call_with_retries` that logs each retry as ``event``."""
+
+    def on_retry(attempt: int, error: Transient, wait: float) -> None:
+        log.warning(event, attempt=attempt, error=error.message, retryInSeconds=round(wait, 2))
+
+    return on_retry

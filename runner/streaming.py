@@ -53,34 +53,28 @@ from typing import Any, cast
 
 from runner.batching import batch_ranges
 from runner.exitcodes import (
-    InferenceError,
-    InferenceRejected,
-    InputError,
     InputRejected,
-    OutputError,
-    OutputRejected,
     RunnerError,
 )
 from runner.inference import (
+    MODEL_RETRY_EVENT,
     BatchPlan,
     ModelClient,
-    ModelRefused,
-    ShapeMismatch,
     TensorSpec,
     check_rows,
-    resolve_tensor_spec,
+    infer_batch,
+    start_inference,
 )
 from runner.progress import EVENT as PROGRESS_EVENT
 from runner.progress import Progress, ProgressTracker
-from runner.retry import Deadline, GaveUp, Transient, call_with_retries
+from runner.retry import Deadline, log_retries
+from runner.stages import model_failures, storage_failures
 from runner.storage.base import (
     KeyedOutput,
     Page,
     PagedInput,
     Partition,
     StorageContext,
-    StorageError,
-    StorageRejected,
 )
 
 
@@ -121,12 +115,8 @@ def missing_part(stats: StreamStats, part: Partition) -> str:
 async def _read(source: PagedInput, ctx: StorageContext, offset: int, part: Partition) -> Page:
     assert source.paging is not None
     limit = source.paging.page_size
-    try:
+    with storage_failures("input"):
         page = await source.read_page(ctx, offset, limit, part)
-    except StorageRejected as error:
-        raise InputRejected(error.message) from None
-    except StorageError as error:
-        raise InputError(error.message) from None
     if len(page.rows) > limit:
         # A storage that ignores offset/limit would answer the same rows forever.
         raise InputRejected(
@@ -171,12 +161,8 @@ async def stream(
     page_size = source.paging.page_size
     shard_fields = {"shardIndex": part.index, "shardCount": part.count} if part.count > 1 else {}
 
-    try:
+    with storage_failures("output"):
         start = await sink.stored_next(ctx, part)
-    except StorageRejected as error:
-        raise OutputRejected(error.message) from None
-    except StorageError as error:
-        raise OutputError(error.message) from None
     start = start or 0
     stats.resumed = stats.stored_next = start
     if start:
@@ -211,36 +197,20 @@ async def stream(
         tracker.report()
         return stats
 
-    metadata = []
-    if client.endpoint.protocol == "v2":
-        metadata = await client.fetch_metadata(deadline.cap(plan.request_timeout))
-    try:
-        spec = resolve_tensor_spec(first.rows[0], input_name, metadata)
-    except ShapeMismatch as error:
-        raise InferenceRejected(str(error)) from None
-    log.info(
-        "inference started",
-        url=client.endpoint.url,
-        protocol=client.endpoint.protocol,
-        input=spec.name,
-        datatype=spec.datatype,
-        shape=[-1, *spec.row_shape],
-        batchSize=plan.batch_size,
-        concurrency=plan.concurrency,
+    spec = await start_inference(
+        client,
+        first.rows[0],
+        input_name,
+        plan,
+        deadline,
+        log,
         pageSize=page_size,
         pagesInFlight=source.paging.pages_in_flight,
         startRow=start,
         **shard_fields,
     )
     model_row = first.rows[0]
-
-    def on_retry(attempt: int, error: Transient, wait: float) -> None:
-        log.warning(
-            "model request failed, retrying",
-            attempt=attempt,
-            error=error.message,
-            retryInSeconds=round(wait, 2),
-        )
+    on_retry = log_retries(log, MODEL_RETRY_EVENT)
 
     pages: asyncio.Queue[Page | None] = asyncio.Queue(maxsize=1)
     done: asyncio.Queue[tuple[Page, asyncio.Future[list[Any]]] | None] = asyncio.Queue()
@@ -274,23 +244,8 @@ async def stream(
         future: asyncio.Future[list[Any]],
     ) -> None:
         try:
-
-            async def attempt(time_limit: float) -> list[Any]:
-                return await client.infer(spec, rows, time_limit)
-
-            try:
-                answer = await call_with_retries(
-                    attempt,
-                    policy=plan.retry,
-                    deadline=deadline,
-                    request_timeout=plan.request_timeout,
-                    on_retry=on_retry,
-                )
-            except ModelRefused as error:
-                failure = InferenceRejected if error.permanent else InferenceError
-                raise failure(error.message) from None
-            except GaveUp as error:
-                raise InferenceError(error.message) from None
+            with model_failures():
+                answer = await infer_batch(client, spec, rows, plan, deadline, on_retry=on_retry)
         finally:
             slots.release()
         results[number] = answer
@@ -331,12 +286,8 @@ async def stream(
         while (item := await done.get()) is not None:
             page, future = item
             predictions = await future
-            try:
+            with storage_failures("output"):
                 answer = await sink.store_keyed(ctx, page.offset, predictions, part)
-            except StorageRejected as error:
-                raise OutputRejected(error.message) from None
-            except StorageError as error:
-                raise OutputError(error.message) from None
             stats.chunks += 1
             stats.predictions += len(predictions)
             stats.stored_next = page.offset + len(page.rows)

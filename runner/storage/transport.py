@@ -36,7 +36,7 @@ from runner.httputil import (
     trim,
     unanswered,
 )
-from runner.retry import GaveUp, RetryPolicy, Transient, call_with_retries
+from runner.retry import GaveUp, RetryPolicy, Transient, call_with_retries, log_retries
 from runner.storage.base import Page, Paging, StorageContext, StorageError, StorageRejected, Stored
 from runner.storage.endpoint import Endpoint
 
@@ -181,12 +181,7 @@ async def send(
             policy=STORAGE_RETRY,
             deadline=ctx.deadline,
             request_timeout=time_limit,
-            on_retry=lambda n, error, wait: ctx.log.warning(
-                "storage request failed, retrying",
-                attempt=n,
-                error=error.message,
-                retryInSeconds=round(wait, 2),
-            ),
+            on_retry=log_retries(ctx.log, "storage request failed, retrying"),
         )
     except GaveUp as error:
         raise StorageError(error.message) from None
