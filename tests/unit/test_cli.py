@@ -20,8 +20,6 @@ import yaml
 import controller.__main__ as controller_main
 from controller.kube.client import KubeClient
 
-pytestmark = pytest.mark.unit
-
 VERSION = importlib.metadata.version("kserve-inference-controller")
 SCRIPTS = Path(sys.executable).parent
 

@@ -24,8 +24,6 @@ from controller.render import (
 )
 from runner.contract import Contract
 
-pytestmark = pytest.mark.unit
-
 UID = "5be07ada-5fe0-4c9e-a8bc-aaae67d8d344"
 
 # The example contract of upstream's README, in its own key order.

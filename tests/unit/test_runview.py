@@ -11,8 +11,6 @@ from controller import runview
 from controller.api import InferenceRun
 from controller.runview import Exit, UsageError
 
-pytestmark = pytest.mark.unit
-
 NOW = dt.datetime(2026, 11, 23, 12, 0, 0, tzinfo=dt.UTC)
 
 

@@ -35,8 +35,6 @@ from controller.selfcheck import (
     username,
 )
 
-pytestmark = pytest.mark.unit
-
 REPO = Path(__file__).resolve().parents[2]
 NOW = datetime(2026, 5, 1, 12, 0, 0, tzinfo=UTC)
 HOST = "https://10.96.0.1:443"

@@ -8,8 +8,6 @@ import pytest
 
 from controller.settings import Settings, SettingsError, load_settings, parse_duration
 
-pytestmark = pytest.mark.unit
-
 NO_FILE = Path("/nonexistent/namespace")
 
 
