@@ -42,7 +42,15 @@ from typing import Any
 import orjson
 
 from bench.api_requests import controller_requests
-from bench.common import MIB, config_body, mib, proc_cpu_seconds, readings
+from bench.common import (
+    MIB,
+    config_body,
+    load_average,
+    machine,
+    mib,
+    proc_cpu_seconds,
+    readings,
+)
 from bench.controller_throughput import (
     CONFIG,
     IMAGE,
@@ -52,8 +60,6 @@ from bench.controller_throughput import (
     Watch,
     admin_client,
     job_run_uid,
-    load_average,
-    machine,
     object_uid,
     prepare,
     suspended_run,

@@ -63,7 +63,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.common import config_body, proc_cpu_seconds, run_body
+from bench.common import config_body, load_average, machine, proc_cpu_seconds, run_body
 from controller.api import InferenceConfig, InferenceRun
 from controller.kube.client import KubeClient
 from controller.kube.resources import CONFIGMAPS, EVENTS, JOBS, Obj, Resource
@@ -395,22 +395,6 @@ class PhaseMeter:
 def process_names(pids: Iterable[int]) -> dict[str, int]:
     """``comm`` -> pid of the given processes (the control plane's, here)."""
     return {Path(f"/proc/{pid}/comm").read_text().strip(): pid for pid in pids}
-
-
-def load_average() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
-def machine() -> str:
-    mem_kib = next(
-        int(line.split()[1])
-        for line in Path("/proc/meminfo").read_text().splitlines()
-        if line.startswith("MemTotal:")
-    )
-    return (
-        f"{os.cpu_count()} CPUs, {mem_kib / 2**20:.1f} GiB RAM, Linux {os.uname().release} "
-        f"{os.uname().machine}, Python {sys.version.split()[0]}"
-    )
 
 
 def quantile(values: Sequence[float], q: float) -> float:
