@@ -1,4 +1,9 @@
-"""Names and labels of the objects the controller creates for a run.
+"""Names, labels and annotations of the objects the controller creates, in one place.
+
+Pure (hashlib only), so the planners and the I/O modules share these facts
+without the planners importing I/O (pyproject.toml's "pure-modules-no-io").
+The one label here that is not ours, ``COMPLETION_INDEX_LABEL``, is the Job
+controller's, read from an Indexed Job's pods.
 
 Child name: upstream's ``ComputeJobName("inf", name, uid)``, byte for byte, so a
 run keeps the name its Job/CronJob/ConfigMap had under the Go controller:
