@@ -51,6 +51,13 @@ def wait_phase(kube: LocalCluster, name: str, phase: str, within: float = 180) -
     return result
 
 
+def iris_succeeded(kube: LocalCluster, model: str, storage: Storage, run: str) -> dict[str, Any]:
+    """Run ``run`` (examples/iris-oneshot.yaml) against ``storage``: its status once Succeeded."""
+    endpoint_secret(kube, storage.url)
+    apply(kube, iris_manifests(model, run))
+    return wait_phase(kube, run, "Succeeded")
+
+
 def runner_pods(kube: LocalCluster, run: str) -> list[dict[str, Any]]:
     uid = get(kube, "infrun", run, "-n", RUNS_NAMESPACE)["metadata"]["uid"]
     pods: list[dict[str, Any]] = get(
@@ -76,9 +83,7 @@ def running_pod(kube: LocalCluster, run: str) -> dict[str, Any]:
 def test_iris_end_to_end_in_real_containers(
     kube: LocalCluster, release: str, model: str, storage: Storage
 ) -> None:
-    endpoint_secret(kube, storage.url)
-    apply(kube, iris_manifests(model, "iris-real"))
-    st = wait_phase(kube, "iris-real", "Succeeded")
+    st = iris_succeeded(kube, model, storage, "iris-real")
 
     # The runner's termination message, read by the real kubelet, is the result.
     assert st["result"]["rows"] == 150
@@ -124,9 +129,7 @@ def test_runner_container_is_non_root_read_only_with_writable_tmp(
     kube: LocalCluster, release: str, model: str, storage: Storage
 ) -> None:
     """The Job's own pod template, run with a command that reports what the container sees."""
-    endpoint_secret(kube, storage.url)
-    apply(kube, iris_manifests(model, "iris-inspect"))
-    st = wait_phase(kube, "iris-inspect", "Succeeded")
+    st = iris_succeeded(kube, model, storage, "iris-inspect")
     job = get(kube, "job", st["jobStatus"]["name"], "-n", RUNS_NAMESPACE)
     template = job["spec"]["template"]
     container = template["spec"]["containers"][0]
