@@ -27,6 +27,7 @@ from controller.api import (
     ObjectReference,
     Progress,
 )
+from controller.cron import CRON_DESCRIPTORS
 from controller.naming import RUN_UID_LABEL, managed_selector
 from controller.render import desired_configmap, desired_workload, render_contract
 from hack.cluster import LocalCluster
@@ -913,13 +914,8 @@ ACCEPTED_SCHEDULES = [
     "5/10 * * * *",
     "0,30 1 1 1 0",
     " 0 1  2 3 4 ",
-    "@hourly",
-    "@daily",
-    "@midnight",
-    "@weekly",
-    "@monthly",
-    "@yearly",
-    "@annually",
+    # Every descriptor the grammar names: the CronJob validation must accept each.
+    *(f"@{name}" for name in CRON_DESCRIPTORS),
 ]
 REFUSED_BY_CEL = [
     "",
