@@ -120,6 +120,55 @@ class RunnerEnv:
 
 
 @dataclass
+class Invocation:
+    """One ``python -m runner`` (``command`` "run") or ``--check`` ("check") from start to end.
+
+    What both begin with (the environment, the termination log, the log, the
+    clock, the Secret reader) and end with (the termination message and the exit
+    code), so that :func:`run` and :func:`runner.check.run` say only what differs.
+    """
+
+    command: str
+    environ: dict[str, str]
+    termination_path: Path
+    log: Any
+    started: float = field(default_factory=time.monotonic)
+    _kubernetes: KubernetesSecretReader | None = field(default=None, init=False)
+
+    @classmethod
+    def start(cls, command: str, environ: Mapping[str, str] | None, log: Any) -> Invocation:
+        env_map = dict(os.environ if environ is None else environ)
+        return cls(command, env_map, paths.termination_log_path(env_map), log)
+
+    def load(self) -> tuple[RunnerEnv, Contract]:
+        """The environment and the contract (ContractError otherwise); the log names the job."""
+        env = RunnerEnv.from_environ(self.environ)
+        contract = load_contract(env.contract_path)
+        self.log = self.log.bind(jobId=contract.job_id, jobName=contract.job_name)
+        return env, contract
+
+    def secrets(self, given: SecretReader | None) -> RedactingSecretReader:
+        """``given``, or the pod's Kubernetes API (closed by :meth:`close`), redacted."""
+        if given is None:
+            self._kubernetes = KubernetesSecretReader(self.environ)
+            given = self._kubernetes
+        return RedactingSecretReader(given)
+
+    async def close(self) -> None:
+        if self._kubernetes is not None:
+            await self._kubernetes.close()
+
+    def failed(self, error: BaseException, stage: str, stopped: str) -> int:
+        """Report the ``error`` that ended it during ``stage`` (:func:`runner.stages.failed`)."""
+        return failed(self.log, self.termination_path, self.command, error, stage, stopped)
+
+    def succeeded(self, event: str, message: str, **fields: Any) -> None:
+        """Log ``event`` with ``fields`` and the duration; report the success ``message``."""
+        self.log.info(event, **fields, durationSeconds=round(time.monotonic() - self.started, 3))
+        termination.report(self.log, self.termination_path, message)
+
+
+@dataclass
 class RunState:
     """Where the run is; read when something unexpected (or SIGTERM) stops it."""
 
@@ -376,16 +425,11 @@ async def run(
     secrets: SecretReader | None = None,
 ) -> int:
     """Run the contract the environment points at; returns the exit code."""
-    env_map = dict(os.environ if environ is None else environ)
-    started = time.monotonic()
+    call = Invocation.start("run", environ, get_logger())
     state = RunState()
-    log = get_logger()
-    kubernetes: KubernetesSecretReader | None = None
-    termination_path = paths.termination_log_path(env_map)
     try:
-        env = RunnerEnv.from_environ(env_map)
-        contract = load_contract(env.contract_path)
-        log = log.bind(jobId=contract.job_id, jobName=contract.job_name)
+        env, contract = call.load()
+        log = call.log
         work = plan(contract, env)
         log.info(
             "contract loaded",
@@ -398,22 +442,12 @@ async def run(
         )
         if not env.pod_uid:
             log.warning("no pod_uid in the environment: predictions are stored with an empty one")
-        if secrets is None:
-            kubernetes = KubernetesSecretReader(env_map)
-            secrets = kubernetes
-        result = await execute(work, env, RedactingSecretReader(secrets), state, log)
+        result = await execute(work, env, call.secrets(secrets), state, log)
     except (asyncio.CancelledError, Exception) as error:
         stopped = f"stopped during {state.stage} after {state.rows_done}/{state.rows_total} rows"
-        return failed(log, termination_path, "run", error, state.stage, stopped)
+        return call.failed(error, state.stage, stopped)
     finally:
-        if kubernetes is not None:
-            await kubernetes.close()
+        await call.close()
     message = termination.success_message(result)
-    log.info(
-        "run succeeded",
-        rows=result.rows,
-        predictions=result.predictions,
-        durationSeconds=round(time.monotonic() - started, 3),
-    )
-    termination.report(log, termination_path, message)
+    call.succeeded("run succeeded", message, rows=result.rows, predictions=result.predictions)
     return ExitCode.DONE

@@ -45,9 +45,7 @@ Every step that passes logs one line, ``check step passed`` with ``step``: ``con
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,8 +54,8 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import orjson
 
-from runner import paths, storage, termination
-from runner.app import RunnerEnv, load_contract
+from runner import storage
+from runner.app import Invocation
 from runner.contract import Contract, KServe
 from runner.exitcodes import (
     ContractError,
@@ -76,12 +74,10 @@ from runner.inference import (
 from runner.logs import get_logger
 from runner.retry import Deadline
 from runner.secrets import (
-    KubernetesSecretReader,
-    RedactingSecretReader,
     SecretError,
     SecretReader,
 )
-from runner.stages import STORAGE_ERRORS, failed, storage_failures
+from runner.stages import STORAGE_ERRORS, storage_failures
 from runner.storage.base import (
     Role,
     StorageContext,
@@ -309,16 +305,11 @@ async def run(
     secrets: SecretReader | None = None,
 ) -> int:
     """Check the contract the environment points at; returns the exit code."""
-    env_map = dict(os.environ if environ is None else environ)
-    started = time.monotonic()
+    call = Invocation.start("check", environ, get_logger().bind(check=True))
     step = _Step()
-    log = get_logger().bind(check=True)
-    kubernetes: KubernetesSecretReader | None = None
-    termination_path = paths.termination_log_path(env_map)
     try:
-        env = RunnerEnv.from_environ(env_map)
-        contract = load_contract(env.contract_path)
-        log = log.bind(jobId=contract.job_id, jobName=contract.job_name)
+        env, contract = call.load()
+        log = call.log
         probe = model_probe(contract.kserve)
         parameters = dict(contract.parameters or {})
         try:
@@ -335,10 +326,7 @@ async def run(
             input=providers["input"].key,
             output=providers["output"].key,
         )
-        if secrets is None:
-            kubernetes = KubernetesSecretReader(env_map)
-            secrets = kubernetes
-        watched = _WatchedSecrets(RedactingSecretReader(secrets))
+        watched = _WatchedSecrets(call.secrets(secrets))
         deadline = Deadline(env.deadline_seconds)
         async with aiohttp.ClientSession() as session:
             ctx = StorageContext(
@@ -364,13 +352,8 @@ async def run(
             message = await check_model(session, contract, probe, deadline)
             log.info("check step passed", step="model", url=probe.url)
     except (asyncio.CancelledError, Exception) as error:
-        stopped = f"check stopped during {step.name}"
-        return failed(log, termination_path, "check", error, step.name, stopped)
+        return call.failed(error, step.name, f"check stopped during {step.name}")
     finally:
-        if kubernetes is not None:
-            await kubernetes.close()
-    log.info(
-        "check succeeded", result=message, durationSeconds=round(time.monotonic() - started, 3)
-    )
-    termination.report(log, termination_path, message)
+        await call.close()
+    call.succeeded("check succeeded", message, result=message)
     return int(ExitCode.DONE)
