@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -26,6 +28,41 @@ class FakeTime:
     async def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)
         self.now += seconds
+
+    async def retry(
+        self,
+        call: Callable[[float], Awaitable[str]],
+        policy: RetryPolicy,
+        *,
+        deadline: Deadline | None = None,
+        request_timeout: float = 5.0,
+        **options: Any,
+    ) -> str:
+        """``call_with_retries`` on this clock and sleep (no deadline unless given)."""
+        return await call_with_retries(
+            call,
+            policy=policy,
+            deadline=deadline or Deadline(None, self.clock),
+            request_timeout=request_timeout,
+            sleep=self.sleep,
+            **options,
+        )
+
+
+def scripted(
+    answers: list[Exception | str], timeouts: list[float] | None = None
+) -> Callable[[float], Awaitable[str]]:
+    """A call that answers ``answers`` in turn, raising the exceptions; notes its time limits."""
+
+    async def call(time_limit: float) -> str:
+        if timeouts is not None:
+            timeouts.append(time_limit)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    return call
 
 
 def test_batch_ranges_cover_every_row_once_in_order() -> None:
@@ -114,23 +151,14 @@ def test_backoff_grows_exponentially_with_jitter_and_a_ceiling() -> None:
 
 async def test_transient_failures_are_retried_until_success() -> None:
     fake = FakeTime()
-    answers: list[Exception | str] = [Transient("503"), Transient("reset"), "ok"]
     timeouts: list[float] = []
-
-    async def call(time_limit: float) -> str:
-        timeouts.append(time_limit)
-        answer = answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
+    call = scripted([Transient("503"), Transient("reset"), "ok"], timeouts)
 
     retried: list[tuple[int, str]] = []
-    result = await call_with_retries(
+    result = await fake.retry(
         call,
-        policy=RetryPolicy(max_retries=5),
-        deadline=Deadline(None, fake.clock),
+        RetryPolicy(max_retries=5),
         request_timeout=30.0,
-        sleep=fake.sleep,
         rng=random.Random(3),
         on_retry=lambda n, error, _wait: retried.append((n, error.message)),
     )
@@ -144,42 +172,15 @@ async def test_transient_failures_are_retried_until_success() -> None:
 
 async def test_retry_after_is_honoured_instead_of_the_backoff() -> None:
     fake = FakeTime()
-    answers: list[Exception | str] = [Transient("429", retry_after=7.0), "ok"]
-
-    async def call(_timeout: float) -> str:
-        answer = answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    await call_with_retries(
-        call,
-        policy=RetryPolicy(),
-        deadline=Deadline(None, fake.clock),
-        request_timeout=5.0,
-        sleep=fake.sleep,
-    )
+    await fake.retry(scripted([Transient("429", retry_after=7.0), "ok"]), RetryPolicy())
 
     assert fake.sleeps == [7.0]
 
 
 async def test_an_absurd_retry_after_is_capped() -> None:
     fake = FakeTime()
-    answers: list[Exception | str] = [Transient("429", retry_after=1e9), "ok"]
-
-    async def call(_timeout: float) -> str:
-        answer = answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    await call_with_retries(
-        call,
-        policy=RetryPolicy(max_retry_after=60.0),
-        deadline=Deadline(None, fake.clock),
-        request_timeout=5.0,
-        sleep=fake.sleep,
-    )
+    call = scripted([Transient("429", retry_after=1e9), "ok"])
+    await fake.retry(call, RetryPolicy(max_retry_after=60.0))
 
     assert fake.sleeps == [60.0]
 
@@ -194,13 +195,7 @@ async def test_retries_stop_after_the_budget_with_the_last_error() -> None:
         raise Transient(f"model answered 500: boom {calls}")
 
     with pytest.raises(GaveUp) as failure:
-        await call_with_retries(
-            call,
-            policy=RetryPolicy(max_retries=2),
-            deadline=Deadline(None, fake.clock),
-            request_timeout=5.0,
-            sleep=fake.sleep,
-        )
+        await fake.retry(call, RetryPolicy(max_retries=2))
 
     assert calls == 3
     assert failure.value.attempts == 3
@@ -217,13 +212,7 @@ async def test_the_deadline_stops_retries_and_caps_each_request() -> None:
         raise Transient("slow 503", retry_after=1.0)
 
     with pytest.raises(GaveUp) as failure:
-        await call_with_retries(
-            call,
-            policy=RetryPolicy(max_retries=100),
-            deadline=Deadline(12.0, fake.clock),
-            request_timeout=5.0,
-            sleep=fake.sleep,
-        )
+        await fake.retry(call, RetryPolicy(max_retries=100), deadline=Deadline(12.0, fake.clock))
 
     # 0 s: attempt (5 s cap) -> 4 s, wait 1 -> 5 s: attempt -> 9 s, wait 1 -> 10 s:
     # attempt capped at the 2 s left -> 14 s: no time for another wait.
@@ -243,13 +232,7 @@ async def test_a_non_transient_error_is_not_retried() -> None:
         raise PermissionError("model answered 403: no")
 
     with pytest.raises(PermissionError, match="403"):
-        await call_with_retries(
-            call,
-            policy=RetryPolicy(max_retries=5),
-            deadline=Deadline(None, fake.clock),
-            request_timeout=5.0,
-            sleep=fake.sleep,
-        )
+        await fake.retry(call, RetryPolicy(max_retries=5))
     assert calls == 1
     assert fake.sleeps == []
 
@@ -263,13 +246,7 @@ async def test_a_passed_deadline_sends_nothing() -> None:
         raise AssertionError("must not be called")
 
     with pytest.raises(GaveUp, match="the run's deadline passed"):
-        await call_with_retries(
-            call,
-            policy=RetryPolicy(),
-            deadline=deadline,
-            request_timeout=5.0,
-            sleep=fake.sleep,
-        )
+        await fake.retry(call, RetryPolicy(), deadline=deadline)
 
 
 def test_deadline_without_seconds_never_expires() -> None:
