@@ -31,7 +31,13 @@ from runner.inference import (
 )
 from runner.retry import Deadline, Transient
 from runner.storage.base import StorageContext, StorageError, check_parameters, chunks, output_body
-from runner.storage.endpoint import build_endpoint, parse_bool, parse_header_lines, split_userinfo
+from runner.storage.endpoint import (
+    Endpoint,
+    build_endpoint,
+    parse_bool,
+    parse_header_lines,
+    split_userinfo,
+)
 from runner.storage.transport import Answer, check_stored, rows_from
 
 pytestmark = pytest.mark.unit
@@ -418,51 +424,29 @@ def test_userinfo_is_taken_out_of_urls() -> None:
     assert split_userinfo("https://h/x") == ("https://h/x", "", None)
 
 
+def endpoint(url: str, **given: Any) -> Endpoint:
+    """``build_endpoint`` of ``url`` with no credentials, TLS or proxy but those ``given``."""
+    settings: dict[str, Any] = {
+        "token": None,
+        "username": None,
+        "password": None,
+        "ca_data": None,
+        "insecure": False,
+        "proxy_url": None,
+        "source": "s",
+    }
+    return build_endpoint(url=url, **{**settings, **given})
+
+
 def test_endpoint_authorization() -> None:
-    basic = build_endpoint(
-        url="http://h/",
-        token=None,
-        username="u",
-        password="p",
-        ca_data=None,
-        insecure=False,
-        proxy_url=None,
-        source="s",
-    )
+    basic = endpoint("http://h/", username="u", password="p")
     assert basic.authorization == "Basic " + base64.b64encode(b"u:p").decode()
     assert basic.url_for("/compute/x") == "http://h/compute/x"
-    bearer = build_endpoint(
-        url="https://h",
-        token="t0k",
-        username=None,
-        password=None,
-        ca_data=None,
-        insecure=True,
-        proxy_url=None,
-        source="s",
-    )
+    bearer = endpoint("https://h", token="t0k", insecure=True)
     assert bearer.authorization == "Bearer t0k"
     assert not isinstance(bearer.ssl, bool)
     assert bearer.ssl.check_hostname is False
-    from_url = build_endpoint(
-        url="http://u:p@h",
-        token=None,
-        username=None,
-        password=None,
-        ca_data=None,
-        insecure=False,
-        proxy_url=None,
-        source="s",
-    )
+    from_url = endpoint("http://u:p@h")
     assert (from_url.base_url, from_url.authorization) == ("http://h", basic.authorization)
     with pytest.raises(StorageError, match="both a token and a password"):
-        build_endpoint(
-            url="http://h",
-            token="t",
-            username="u",
-            password="p",
-            ca_data=None,
-            insecure=False,
-            proxy_url=None,
-            source="s",
-        )
+        endpoint("http://h", token="t", username="u", password="p")
