@@ -19,11 +19,11 @@ from pydantic import ValidationError
 from controller.api import InferenceConfig, ModelCache, RunnerPodDefaults, describe_invalid
 from controller.kube.errors import ApiError
 from controller.kube.events import EventRecorder
-from controller.kube.informer import Informer
 from controller.kube.resources import CONFIGMAPS, JOBS, Obj, Resource
 from controller.kube.workers import Result
 from controller.naming import CONFIG_UID_LABEL
 from controller.probe import ConfigView, plan_config
+from controller.reconcile import Caches
 
 log = structlog.stdlib.get_logger(__name__)
 
@@ -41,10 +41,9 @@ def config_uid_index(obj: Obj) -> list[str]:
 @dataclass
 class ConfigReconciler:
     client: Any  # controller.kube.client.KubeClient
-    configs: Informer
-    jobs: Informer
-    configmaps: Informer
-    pods: Informer
+    # The run reconciler's caches: of them, configs and (by BY_CONFIG_UID) probe Jobs, pods
+    # and ConfigMaps.
+    caches: Caches
     events: EventRecorder
     probe_interval: float = 0.0
     runner_service_account: str | None = None
@@ -56,7 +55,7 @@ class ConfigReconciler:
     )
 
     async def reconcile(self, key: str) -> Result:
-        raw = self.configs.get_by_key(key)
+        raw = self.caches.configs.get_by_key(key)
         if raw is None or raw["metadata"].get("deletionTimestamp"):
             self._models.forget(key)
             return Result()
@@ -73,8 +72,8 @@ class ConfigReconciler:
             config=config,
             invalid=invalid,
             probe_interval=self.probe_interval,
-            probe_jobs=[j for j in self.jobs.by_index(BY_CONFIG_UID, uid) if _owned(j, uid)],
-            probe_pods=self.pods.by_index(BY_CONFIG_UID, uid),
+            probe_jobs=[j for j in self.caches.jobs.by_index(BY_CONFIG_UID, uid) if _owned(j, uid)],
+            probe_pods=self.caches.pods.by_index(BY_CONFIG_UID, uid),
             runner_service_account=self.runner_service_account,
             pod_defaults=self.pod_defaults,
         )
@@ -88,7 +87,7 @@ class ConfigReconciler:
                     meta["name"],
                     {**raw, "status": plan.status.to_api()},
                 )
-                self.configs.assume(updated)
+                self.caches.configs.assume(updated)
             for event in plan.events:
                 self.events.record(raw, event.type, event.reason, event.message)
             for job in plan.delete:
@@ -96,8 +95,10 @@ class ConfigReconciler:
             if plan.create is not None:
                 configmap, job = plan.create
                 namespace = raw["metadata"]["namespace"]
-                self.configmaps.assume(await self.client.create(CONFIGMAPS, namespace, configmap))
-                self.jobs.assume(await self.client.create(JOBS, namespace, job))
+                self.caches.configmaps.assume(
+                    await self.client.create(CONFIGMAPS, namespace, configmap)
+                )
+                self.caches.jobs.assume(await self.client.create(JOBS, namespace, job))
                 log.info("probing config", job=job["metadata"]["name"])
         except ApiError as exc:
             if exc.is_conflict or exc.is_not_found:
@@ -108,7 +109,7 @@ class ConfigReconciler:
 
     async def _delete_probe(self, job: Obj) -> None:
         meta = job["metadata"]
-        for resource, informer in ((JOBS, self.jobs), (CONFIGMAPS, self.configmaps)):
+        for resource, informer in ((JOBS, self.caches.jobs), (CONFIGMAPS, self.caches.configmaps)):
             try:
                 await self.client.delete(resource, meta["namespace"], meta["name"])
             except ApiError as exc:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, get_args
 
 import structlog
@@ -84,47 +84,58 @@ def _with_new(handler: OnAdd) -> OnUpdate:
     return on_update
 
 
+def build_caches(
+    client: KubeClient,
+    namespaces: Sequence[str] = (),
+    *,
+    shard: Shard | None = None,
+    metrics: Metrics | None = None,
+) -> Caches:
+    """The controller's caches (not yet running) of ``namespaces`` (empty: all namespaces).
+
+    Runs and configs whole, children (ConfigMaps, Jobs, CronJobs, pods) by the
+    managed-by label, each kept as its projection with the indexes the
+    reconcilers and handlers read. Tests that drive the reconcilers by hand
+    build the same caches with this.
+    """
+    shard = shard or Shard()
+    selector = managed_selector()
+
+    def informer(resource: Any, *, all_shards: bool = False, **kwargs: Any) -> Informer:
+        # Each cache keeps only what the controller reads of its kind, and
+        # only this shard's objects: the shard's filter drops first.
+        return Informer(
+            client,
+            resource,
+            namespaces=namespaces if all_shards else shard.narrow(namespaces),
+            metrics=metrics,
+            transform=compose(None if all_shards else shard.keep, projection(resource.kind)),
+            **kwargs,
+        )
+
+    children = {BY_RUN_UID: run_uid_index, BY_CONFIG_UID: config_uid_index}
+    return Caches(
+        runs=informer(RUNS, indexers={BY_CONFIG: config_index, BY_UID: _uid_index}),
+        # Every shard's: a run may use a config of another namespace.
+        configs=informer(CONFIGS, all_shards=True, indexers={BY_UID: _uid_index}),
+        jobs=informer(JOBS, label_selector=selector, indexers=children),
+        cronjobs=informer(CRONJOBS, label_selector=selector, indexers=children),
+        configmaps=informer(CONFIGMAPS, label_selector=selector, indexers=children),
+        pods=informer(PODS, label_selector=selector, indexers=children),
+    )
+
+
 class Controller:
     def __init__(self, settings: Settings, client: KubeClient, metrics: Metrics) -> None:
         self.settings = settings
         self.client = client
         self.metrics = metrics
         namespaces = settings.watch_namespaces
-        selector = managed_selector()
 
         # SHARD_COUNT > 1: only this shard's namespaces (controller/sharding.py).
-        self.shard = shard = Shard.of(settings)
-
-        def informer(resource: Any, *, all_shards: bool = False, **kwargs: Any) -> Informer:
-            # Each cache keeps only what the controller reads of its kind, and
-            # only this shard's objects: the shard's filter drops first.
-            return Informer(
-                client,
-                resource,
-                namespaces=namespaces if all_shards else shard.narrow(namespaces),
-                metrics=metrics,
-                transform=compose(None if all_shards else shard.keep, projection(resource.kind)),
-                **kwargs,
-            )
-
-        children = {BY_RUN_UID: run_uid_index, BY_CONFIG_UID: config_uid_index}
-        self.caches = Caches(
-            runs=informer(RUNS, indexers={BY_CONFIG: config_index, BY_UID: _uid_index}),
-            # Every shard's: a run may use a config of another namespace.
-            configs=informer(CONFIGS, all_shards=True, indexers={BY_UID: _uid_index}),
-            jobs=informer(JOBS, label_selector=selector, indexers=children),
-            cronjobs=informer(CRONJOBS, label_selector=selector, indexers=children),
-            configmaps=informer(CONFIGMAPS, label_selector=selector, indexers=children),
-            pods=informer(PODS, label_selector=selector, indexers=children),
-        )
-        self.informers = [
-            self.caches.runs,
-            self.caches.configs,
-            self.caches.jobs,
-            self.caches.cronjobs,
-            self.caches.configmaps,
-            self.caches.pods,
-        ]
+        self.shard = Shard.of(settings)
+        self.caches = build_caches(client, namespaces, shard=self.shard, metrics=metrics)
+        self.informers = self.caches.all()
         self.queue: WorkQueue[str] = WorkQueue(
             "inferenceruns",
             metrics=metrics,
@@ -140,15 +151,16 @@ class Controller:
             instance=self.identity,
             metrics=metrics,
         )
-        self.reconciler = Reconciler(
-            client=client,
-            caches=self.caches,
-            events=self.events,
-            runner_service_account=settings.runner_service_account,
-            pod_defaults=settings.runner_pod_defaults,
-            watch_namespaces=tuple(namespaces),
-            metrics=metrics,
-        )
+        # What both reconcilers are given: the client, the caches, the one Event
+        # recorder, and the controller's defaults for the runner pods they render.
+        shared: dict[str, Any] = {
+            "client": client,
+            "caches": self.caches,
+            "events": self.events,
+            "runner_service_account": settings.runner_service_account,
+            "pod_defaults": settings.runner_pod_defaults,
+        }
+        self.reconciler = Reconciler(**shared, watch_namespaces=tuple(namespaces), metrics=metrics)
         self.workers = Workers(
             self.queue,
             self.reconciler.reconcile,
@@ -166,17 +178,7 @@ class Controller:
                 settings.effective_queue_qps, settings.effective_queue_burst
             ),
         )
-        self.config_reconciler = ConfigReconciler(
-            client=client,
-            configs=self.caches.configs,
-            jobs=self.caches.jobs,
-            configmaps=self.caches.configmaps,
-            pods=self.caches.pods,
-            events=self.events,
-            probe_interval=settings.probe_interval,
-            runner_service_account=settings.runner_service_account,
-            pod_defaults=settings.runner_pod_defaults,
-        )
+        self.config_reconciler = ConfigReconciler(**shared, probe_interval=settings.probe_interval)
         self.config_workers = Workers(
             self.config_queue,
             self.config_reconciler.reconcile,

@@ -102,6 +102,10 @@ class Caches:
     configmaps: Informer
     pods: Informer
 
+    def all(self) -> list[Informer]:
+        """Every cache, in the order they start (runs first)."""
+        return [self.runs, self.configs, self.jobs, self.cronjobs, self.configmaps, self.pods]
+
     def of(self, resource: Resource) -> Informer:
         return {CONFIGMAPS: self.configmaps, JOBS: self.jobs, CRONJOBS: self.cronjobs}[resource]
 

@@ -70,14 +70,7 @@ class Projected:
         )
         events = EventRecorder(kube)
         self.runs = Reconciler(client=kube, caches=self.caches, events=events)
-        self.configs = ConfigReconciler(
-            client=kube,
-            configs=self.caches.configs,
-            jobs=self.caches.jobs,
-            configmaps=self.caches.configmaps,
-            pods=self.caches.pods,
-            events=events,
-        )
+        self.configs = ConfigReconciler(client=kube, caches=self.caches, events=events)
         self.tasks: list[asyncio.Task[None]] = []
 
     async def __aenter__(self) -> Projected:
