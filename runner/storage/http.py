@@ -128,7 +128,7 @@ class HttpProvider(JsonHttpProvider):
         if settings.resume_path is not None:
             resume = Route(settings.resume_method, settings.resume_path)
         super().__init__(
-            role,
+            role=role,
             secret=settings.secret_ref,
             headers=parse_header_lines(settings.headers),
             data=Route(settings.method, settings.path),

@@ -22,7 +22,7 @@ hooks:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, TypeVar
 
 import orjson
@@ -84,35 +84,32 @@ class Route:
     path: str
 
 
+# eq=False: a provider is one object with its own endpoint, compared by identity.
+@dataclass(eq=False, kw_only=True)
 class JsonHttpProvider:
-    """A storage provider speaking JSON over HTTP; a dialect subclasses it (module docstring)."""
+    """A storage provider speaking JSON over HTTP; a dialect subclasses it (module docstring).
+
+    A dialect's ``__init__`` takes its parsed contract entry and passes these fields.
+    """
 
     key: ClassVar[str]
     secret_keys: ClassVar[SecretKeys]
     # Fields a resume question adds to the parameters, job_uid and the shard.
     resume_extra: ClassVar[Mapping[str, str]] = {}
 
-    def __init__(
-        self,
-        role: Role,
-        *,
-        secret: SecretReference,
-        headers: dict[str, str],
-        data: Route,
-        resume: Route | None,
-        rows_field: str,
-        chunk_size: int | None,
-        paging: Paging | None,
-    ) -> None:
-        self.role = role
-        self.secret = secret
-        self.headers = headers
-        self.data = data
-        self.resume = resume
-        self.rows_field = rows_field
-        self.chunk_size = chunk_size
-        self.paging = paging if role == "input" else None
-        self._endpoint: Endpoint | None = None
+    role: Role
+    secret: SecretReference
+    headers: dict[str, str]
+    data: Route  # where rows are read and predictions written
+    resume: Route | None  # where a restarted pod asks what is stored
+    rows_field: str
+    chunk_size: int | None
+    paging: Paging | None  # only an input pages
+    _endpoint: Endpoint | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.role != "input":
+            self.paging = None
 
     # -- the dialect's hooks ------------------------------------------------------------
 

@@ -165,7 +165,7 @@ class KrateoProvider(JsonHttpProvider):
             headers["Accept"] = "application/json"
         resume = None if settings.resume_path is None else Route(api.verb, settings.resume_path)
         super().__init__(
-            role,
+            role=role,
             secret=api.endpoint_ref,
             headers=headers,
             data=Route(api.verb, api.path),
