@@ -27,6 +27,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from hack import chart
 from hack.cluster import LocalCluster, ensure_binaries, leftover_processes
 from tests.controllerproc import ControllerProcess, controller_for, running
+from tests.runs import Runs
 from tests.servers import model_server
 
 __all__ = ["model_server"]  # a session fixture shared by runner and end-to-end tests
@@ -164,6 +165,12 @@ async def restricted_namespace(
     }
     async for name in _namespace(api_client, request, labels):
         yield name
+
+
+@pytest.fixture
+def runs(api_client: client.ApiClient, namespace: str) -> Runs:
+    """InferenceConfigs and InferenceRuns of this test's namespace."""
+    return Runs(api_client, namespace)
 
 
 @pytest.fixture

@@ -45,6 +45,16 @@ def inference_config(
     }
 
 
+def without_model_url(config: Obj) -> Obj:
+    """``config`` without ``kserve.modelUrl``: valid by the schema, unusable by the controller."""
+    del config["spec"]["kserve"]["modelUrl"]
+    return config
+
+
+# The merge patch that makes a config of without_model_url() usable again.
+MODEL_URL_PATCH = {"spec": {"kserve": {"modelUrl": "m:1/v2/models/m/infer"}}}
+
+
 def inference_run(name: str, config: str, **spec: Any) -> Obj:
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
@@ -110,6 +120,11 @@ class Runs:
             name, lambda r: status(r).get("phase") == phase, within=within, what=f"{name} {phase}"
         )
 
+    async def create_and_wait(self, run: Obj, phase: str, *, within: float = 60) -> Obj:
+        """Create ``run``, then wait until it is in ``phase``."""
+        await self.create(run)
+        return await self.wait_phase(run["metadata"]["name"], phase, within=within)
+
     async def wait_gone(self, name: str, *, within: float = 60) -> None:
         async def gone() -> bool:
             return await self.get(name) is None
@@ -123,3 +138,8 @@ def status(run: Obj) -> Obj:
 
 def condition(run: Obj, type_: str) -> Obj | None:
     return next((c for c in status(run).get("conditions") or [] if c["type"] == type_), None)
+
+
+def last_execution(run: Obj) -> Obj:
+    """A scheduled run's ``status.lastExecution``; empty before its first execution."""
+    return status(run).get("lastExecution") or {}

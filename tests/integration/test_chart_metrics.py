@@ -379,8 +379,7 @@ async def live_page(
     """A failed run, then the controller's /metrics once it reports itself leader."""
     runs = Runs(api_client, namespace)
     await runs.create(inference_config("cfg", FAIL))
-    await runs.create(inference_run("r", "cfg"))
-    await runs.wait_phase("r", "Failed")
+    await runs.create_and_wait(inference_run("r", "cfg"), "Failed")
     leading = f'leader_election_master_status{{name="{LEASE}"}} 1.0'
     if not election:
         page = proc.metrics()

@@ -8,18 +8,22 @@ from hack.cluster import LocalCluster
 from tests.controllerproc import ControllerProcess
 from tests.integration.test_controller import FAIL, OK, event_reasons
 from tests.kubehelpers import eventually
-from tests.runs import Runs, condition, inference_config, inference_run, status
+from tests.runs import (
+    MODEL_URL_PATCH,
+    Runs,
+    condition,
+    inference_config,
+    inference_run,
+    status,
+    without_model_url,
+)
 
 CONFIGS = "inferenceconfigs"
 
 
 async def test_kubectl_wait_for_ready_on_a_good_config(
-    api_client: client.ApiClient,
-    namespace: str,
-    controller: ControllerProcess,
-    cluster: LocalCluster,
+    runs: Runs, namespace: str, controller: ControllerProcess, cluster: LocalCluster
 ) -> None:
-    runs = Runs(api_client, namespace)
     created = await runs.create(inference_config("cfg", OK))
     waited = cluster.kubectl(
         "wait", "-n", namespace, "--for=condition=Ready", "infcfg/cfg", "--timeout=30s"
@@ -37,12 +41,9 @@ async def test_kubectl_wait_for_ready_on_a_good_config(
 
 
 async def test_an_unusable_config_is_not_ready_with_the_field(
-    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+    runs: Runs, controller: ControllerProcess
 ) -> None:
-    runs = Runs(api_client, namespace)
-    broken = inference_config("cfg", OK)
-    del broken["spec"]["kserve"]["modelUrl"]
-    await runs.create(broken)
+    await runs.create(without_model_url(inference_config("cfg", OK)))
 
     async def not_ready() -> dict[str, str] | None:
         config = await runs.get("cfg", CONFIGS)
@@ -52,7 +53,7 @@ async def test_an_unusable_config_is_not_ready_with_the_field(
     ready = await eventually(not_ready, within=30, what="Ready=False on the config")
     assert ready["reason"] == "MissingModelUrl"
     assert "modelUrl" in ready["message"]
-    await runs.patch("cfg", {"spec": {"kserve": {"modelUrl": "m:1/v2/models/m/infer"}}}, CONFIGS)
+    await runs.patch("cfg", MODEL_URL_PATCH, CONFIGS)
 
     async def ready_again() -> bool:
         config = await runs.get("cfg", CONFIGS)
@@ -69,11 +70,11 @@ async def _probed(runs: Runs) -> dict[str, str] | None:
 
 async def test_a_probe_that_passes_is_recorded_and_cleaned_up(
     api_client: client.ApiClient,
+    runs: Runs,
     namespace: str,
     probing_controller: ControllerProcess,
     cluster: LocalCluster,
 ) -> None:
-    runs = Runs(api_client, namespace)
     await runs.create(inference_config("cfg", OK))
     probed = await eventually(lambda: _probed(runs), within=60, what="a Probed condition")
     assert (probed["status"], probed["reason"]) == ("True", "ProbeSucceeded")
@@ -92,9 +93,8 @@ async def test_a_probe_that_passes_is_recorded_and_cleaned_up(
 
 
 async def test_a_probe_that_fails_says_why_on_the_config_and_its_runs(
-    api_client: client.ApiClient, namespace: str, probing_controller: ControllerProcess
+    api_client: client.ApiClient, runs: Runs, namespace: str, probing_controller: ControllerProcess
 ) -> None:
-    runs = Runs(api_client, namespace)
     await runs.create(inference_config("cfg", FAIL))
     probed = await eventually(lambda: _probed(runs), within=60, what="a Probed condition")
     assert (probed["status"], probed["reason"]) == ("False", "InferenceFailed")

@@ -19,7 +19,16 @@ from hack.cluster import LocalCluster
 from tests import chart
 from tests.controllerproc import ControllerProcess, controller_for, running
 from tests.kubehelpers import eventually
-from tests.runs import Runs, condition, inference_config, inference_run, status
+from tests.runs import (
+    MODEL_URL_PATCH,
+    Runs,
+    condition,
+    inference_config,
+    inference_run,
+    last_execution,
+    status,
+    without_model_url,
+)
 
 OK, FAIL, SLOW = "test.local/fake-ok:1", "test.local/fake-fail:1", "test.local/fake-slow:1"
 
@@ -76,11 +85,11 @@ async def caught_up(runs: Runs, controller: ControllerProcess, marker: str) -> N
 
 async def test_one_shot_success(
     api_client: client.ApiClient,
+    runs: Runs,
     namespace: str,
     controller: ControllerProcess,
     cluster: LocalCluster,
 ) -> None:
-    runs = Runs(api_client, namespace)
     await runs.create(inference_config("cfg", OK))
     created = await runs.create(inference_run("iris", "cfg", timeoutSeconds=60))
     done = await runs.wait_phase("iris", "Succeeded")
@@ -120,12 +129,10 @@ async def _reasons_with(
 
 
 async def test_one_shot_failure_reports_the_runner_message(
-    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+    api_client: client.ApiClient, runs: Runs, namespace: str, controller: ControllerProcess
 ) -> None:
-    runs = Runs(api_client, namespace)
     await runs.create(inference_config("cfg", FAIL))
-    await runs.create(inference_run("bad", "cfg", backoffLimit=0))
-    failed = await runs.wait_phase("bad", "Failed")
+    failed = await runs.create_and_wait(inference_run("bad", "cfg", backoffLimit=0), "Failed")
     st = status(failed)
     assert st["reason"] == "InferenceFailed"
     assert st["message"] == (
@@ -143,22 +150,17 @@ async def test_one_shot_failure_reports_the_runner_message(
 
 
 async def test_timeout_fails_with_deadline_exceeded(
-    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+    runs: Runs, controller: ControllerProcess
 ) -> None:
-    runs = Runs(api_client, namespace)
     await runs.create(inference_config("cfg", SLOW))
-    await runs.create(inference_run("slow", "cfg", timeoutSeconds=3))
-    running = await runs.wait_phase("slow", "Running")
+    running = await runs.create_and_wait(inference_run("slow", "cfg", timeoutSeconds=3), "Running")
     assert status(running)["jobStatus"]["kind"] == "Job"
     failed = await runs.wait_phase("slow", "Failed", within=60)
     assert status(failed)["reason"] == "DeadlineExceeded"
     assert condition(failed, "Failed")["reason"] == "DeadlineExceeded"  # type: ignore[index]
 
 
-async def test_live_progress_reaches_the_status(
-    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
-) -> None:
-    runs = Runs(api_client, namespace)
+async def test_live_progress_reaches_the_status(runs: Runs, controller: ControllerProcess) -> None:
     await runs.create(inference_config("cfg", SLOW))
     await runs.create(inference_run("progress", "cfg", timeoutSeconds=120))
     seen = await runs.wait(
@@ -173,11 +175,9 @@ async def test_live_progress_reaches_the_status(
 
 
 async def test_missing_config_is_a_condition_then_recovers(
-    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+    api_client: client.ApiClient, runs: Runs, namespace: str, controller: ControllerProcess
 ) -> None:
-    runs = Runs(api_client, namespace)
-    await runs.create(inference_run("early", "later"))
-    waiting = await runs.wait_phase("early", "Error")
+    waiting = await runs.create_and_wait(inference_run("early", "later"), "Error")
     assert status(waiting)["reason"] == "ConfigNotFound"
     ready = condition(waiting, "Ready")
     assert ready is not None
@@ -193,19 +193,13 @@ async def test_missing_config_is_a_condition_then_recovers(
 
 
 async def test_invalid_config_is_reported_with_the_field(
-    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+    runs: Runs, controller: ControllerProcess
 ) -> None:
-    runs = Runs(api_client, namespace)
-    broken = inference_config("cfg", OK)
-    del broken["spec"]["kserve"]["modelUrl"]
-    await runs.create(broken)
-    await runs.create(inference_run("r", "cfg"))
-    errored = await runs.wait_phase("r", "Error")
+    await runs.create(without_model_url(inference_config("cfg", OK)))
+    errored = await runs.create_and_wait(inference_run("r", "cfg"), "Error")
     assert status(errored)["reason"] == "MissingModelUrl"
     assert "modelUrl" in status(errored)["message"]
-    await runs.patch(
-        "cfg", {"spec": {"kserve": {"modelUrl": "m:1/v2/models/m/infer"}}}, "inferenceconfigs"
-    )
+    await runs.patch("cfg", MODEL_URL_PATCH, "inferenceconfigs")
     await runs.wait_phase("r", "Succeeded")
 
 
@@ -220,13 +214,13 @@ async def test_invalid_config_is_reported_with_the_field(
 )
 async def test_auto_delete_policies(
     api_client: client.ApiClient,
+    runs: Runs,
     namespace: str,
     controller: ControllerProcess,
     policy: str,
     image: str,
     deleted: bool,
 ) -> None:
-    runs = Runs(api_client, namespace)
     await runs.create(inference_config("cfg", image, policy=policy))
     created = await runs.create(inference_run("r", "cfg", backoffLimit=0))
     uid = created["metadata"]["uid"]
@@ -242,9 +236,8 @@ async def test_auto_delete_policies(
 
 
 async def test_deleting_a_run_removes_children_and_pods(
-    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+    api_client: client.ApiClient, runs: Runs, namespace: str, controller: ControllerProcess
 ) -> None:
-    runs = Runs(api_client, namespace)
     await runs.create(inference_config("cfg", SLOW))
     created = await runs.create(inference_run("r", "cfg", timeoutSeconds=300))
     uid = created["metadata"]["uid"]
@@ -258,9 +251,8 @@ async def test_deleting_a_run_removes_children_and_pods(
 
 
 async def test_job_deleted_out_of_band_is_recreated_only_while_unfinished(
-    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+    api_client: client.ApiClient, runs: Runs, namespace: str, controller: ControllerProcess
 ) -> None:
-    runs = Runs(api_client, namespace)
     batch = client.BatchV1Api(api_client)
     await runs.create(inference_config("slowcfg", SLOW))
     await runs.create(inference_config("okcfg", OK))
@@ -310,9 +302,8 @@ async def _no_jobs(api: client.ApiClient, namespace: str, uid: str) -> bool:
 
 @pytest.mark.timeout(200)
 async def test_scheduled_run_follows_edits_and_reports_executions(
-    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+    api_client: client.ApiClient, runs: Runs, namespace: str, controller: ControllerProcess
 ) -> None:
-    runs = Runs(api_client, namespace)
     core = client.CoreV1Api(api_client)
     await runs.create(inference_config("cfg", OK, policy="DeleteOnSuccess"))
     created = await runs.create(inference_run("tick", "cfg", schedule="* * * * *"))
@@ -338,7 +329,7 @@ async def test_scheduled_run_follows_edits_and_reports_executions(
 
     executed = await runs.wait(
         "tick",
-        lambda r: (status(r).get("lastExecution") or {}).get("phase") == "Succeeded",
+        lambda r: last_execution(r).get("phase") == "Succeeded",
         within=130,
         what="a successful execution",
     )
@@ -392,8 +383,7 @@ async def test_two_replicas_one_leader_and_takeover(
 
         runs = Runs(api_client, namespace)
         await runs.create(inference_config("cfg", OK))
-        await runs.create(inference_run("one", "cfg"))
-        await runs.wait_phase("one", "Succeeded")
+        await runs.create_and_wait(inference_run("one", "cfg"), "Succeeded")
         assert _reconciles(leader) > 0
         assert _reconciles(standby) == 0
 
@@ -401,8 +391,7 @@ async def test_two_replicas_one_leader_and_takeover(
         await eventually(
             lambda: _async(_is_leader(standby)), within=30, what="the standby to take over"
         )
-        await runs.create(inference_run("two", "cfg"))
-        await runs.wait_phase("two", "Succeeded")
+        await runs.create_and_wait(inference_run("two", "cfg"), "Succeeded")
         assert _reconciles(standby) > 0
     finally:
         for proc in (first, second):
@@ -439,8 +428,7 @@ async def test_missing_permission_is_reported_not_looped(
     with running(controller_for(cluster, namespace, tmp_path, omit=(("jobs", "create"),))):
         runs = Runs(api_client, namespace)
         await runs.create(inference_config("cfg", OK))
-        await runs.create(inference_run("r", "cfg"))
-        errored = await runs.wait_phase("r", "Error")
+        errored = await runs.create_and_wait(inference_run("r", "cfg"), "Error")
         assert status(errored)["reason"] == "PermissionDenied"
         assert 'cannot create resource "jobs"' in status(errored)["message"]
         await asyncio.sleep(5)
@@ -469,12 +457,10 @@ def test_bad_settings_exit_with_a_clear_message() -> None:
 
 
 async def test_chart_alerts_and_dashboard_use_metrics_the_running_controller_exports(
-    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+    runs: Runs, controller: ControllerProcess
 ) -> None:
-    runs = Runs(api_client, namespace)
     await runs.create(inference_config("cfg", OK))
-    await runs.create(inference_run("r", "cfg"))
-    await runs.wait_phase("r", "Succeeded")
+    await runs.create_and_wait(inference_run("r", "cfg"), "Succeeded")
     page = controller.metrics()
     served = chart.scraped_metric_names(page)
     assert 'inference_runs{phase="Succeeded"} 1.0' in page
@@ -486,13 +472,13 @@ async def test_chart_alerts_and_dashboard_use_metrics_the_running_controller_exp
 
 
 async def test_run_the_schema_accepts_but_the_controller_cannot_use_is_an_error(
-    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+    runs: Runs, controller: ControllerProcess
 ) -> None:
-    runs = Runs(api_client, namespace)
     await runs.create(inference_config("cfg", OK))
     # Valid cron syntax, but 31 February never comes: only the controller can tell.
-    await runs.create(inference_run("never", "cfg", schedule="0 0 31 2 *"))
-    errored = await runs.wait_phase("never", "Error")
+    errored = await runs.create_and_wait(
+        inference_run("never", "cfg", schedule="0 0 31 2 *"), "Error"
+    )
     assert status(errored)["reason"] == "InvalidSchedule"
     assert "never fires" in status(errored)["message"]
     ready = condition(errored, "Ready")

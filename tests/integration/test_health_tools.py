@@ -29,12 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes_asyncio import client
 
 from hack.cluster import LocalCluster
 from tests.controllerproc import ControllerProcess
 from tests.kubehelpers import eventually
-from tests.runs import Obj, Runs, condition, inference_config, inference_run, status
+from tests.runs import Obj, Runs, condition, inference_config, inference_run, last_execution, status
 
 REPO = Path(__file__).resolve().parents[2]
 KSTATUS_BUILD = REPO / "hack" / "kstatus" / "build.sh"
@@ -180,7 +179,7 @@ CASES = [
 
 
 def _last_execution(phase: str) -> Callable[[Obj], bool]:
-    return lambda r: (status(r).get("lastExecution") or {}).get("phase") == phase
+    return lambda r: last_execution(r).get("phase") == phase
 
 
 # A scheduled run's executions come and go; the run stays Current (Healthy)
@@ -220,13 +219,12 @@ EXECUTIONS = [
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.phase) for c in CASES] + EXECUTIONS)
 async def test_each_phase_is_judged_right_by_kstatus_argo_and_kubectl_wait(
     case: Case,
-    api_client: client.ApiClient,
+    runs: Runs,
     namespace: str,
     controller: ControllerProcess,
     cluster: LocalCluster,
     kstatus_check: Path,
 ) -> None:
-    runs = Runs(api_client, namespace)
     if case.image is not None:
         await runs.create(inference_config("cfg", case.image))
     await runs.create(inference_run("r", "cfg", **case.spec))
@@ -272,13 +270,9 @@ async def test_each_phase_is_judged_right_by_kstatus_argo_and_kubectl_wait(
 
 
 async def test_a_run_before_the_controller_writes_its_status(
-    api_client: client.ApiClient,
-    namespace: str,
-    cluster: LocalCluster,
-    kstatus_check: Path,
+    runs: Runs, namespace: str, cluster: LocalCluster, kstatus_check: Path
 ) -> None:
     """No controller here: the run as it is between its creation and the first status write."""
-    runs = Runs(api_client, namespace)
     await runs.create(inference_run("r", "cfg"))
     live = read_back(cluster, namespace, "inferencerun", "r")
     assert "status" not in live
@@ -302,13 +296,12 @@ async def _config_ready(runs: Runs, name: str, value: str) -> Obj:
 
 
 async def test_configs_are_healthy_when_ready_and_degraded_when_not(
-    api_client: client.ApiClient,
+    runs: Runs,
     namespace: str,
     controller: ControllerProcess,
     cluster: LocalCluster,
     kstatus_check: Path,
 ) -> None:
-    runs = Runs(api_client, namespace)
     await runs.create(inference_config("good", OK))
     broken = inference_config("bad", OK)
     del broken["spec"]["kserve"]["modelUrl"]
@@ -333,13 +326,12 @@ async def test_configs_are_healthy_when_ready_and_degraded_when_not(
 
 
 async def test_kstatus_sees_an_unusable_config_as_failed(
-    api_client: client.ApiClient,
+    runs: Runs,
     namespace: str,
     controller: ControllerProcess,
     cluster: LocalCluster,
     kstatus_check: Path,
 ) -> None:
-    runs = Runs(api_client, namespace)
     broken = inference_config("bad", OK)
     del broken["spec"]["kserve"]["modelUrl"]
     await runs.create(broken)

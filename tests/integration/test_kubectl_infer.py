@@ -13,12 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from kubernetes_asyncio import client
 
 from controller.runview import RERUN_OF_ANNOTATION, Exit
 from hack.cluster import LocalCluster
 from tests.controllerproc import ControllerProcess
-from tests.runs import Runs, inference_config, inference_run, status
+from tests.runs import Runs, inference_config, inference_run, last_execution, status
 
 OK, FAIL, SLOW = "test.local/fake-ok:1", "test.local/fake-fail:1", "test.local/fake-slow:1"
 # The console script sits beside the interpreter running the tests.
@@ -69,8 +68,8 @@ async def kubectl_infer(cluster: LocalCluster, namespace: str, *args: str) -> Do
 
 
 @pytest.fixture
-async def runs(api_client: client.ApiClient, namespace: str) -> Runs:
-    runs = Runs(api_client, namespace)
+async def runs(runs: Runs) -> Runs:
+    """conftest's ``runs``, with a config for each stand-in image."""
     for name, image in (("ok", OK), ("fail", FAIL), ("slow", SLOW)):
         await runs.create(inference_config(name, image))
     return runs
@@ -133,8 +132,7 @@ async def test_a_run_that_cannot_go_on_exits_3_and_bad_input_is_refused_clearly(
 async def test_rerun_makes_a_new_run_of_a_finished_one_and_refuses_an_unfinished_one(
     cluster: LocalCluster, namespace: str, controller: ControllerProcess, runs: Runs
 ) -> None:
-    await runs.create(inference_run("first", "ok"))
-    await runs.wait_phase("first", "Succeeded")
+    await runs.create_and_wait(inference_run("first", "ok"), "Succeeded")
     done = await kubectl_infer(cluster, namespace, "rerun", "first", "--name", "second", "-w")
     assert done.code == Exit.SUCCEEDED, done
     second = await runs.get("second")
@@ -145,8 +143,7 @@ async def test_rerun_makes_a_new_run_of_a_finished_one_and_refuses_an_unfinished
     assert second["metadata"]["annotations"][RERUN_OF_ANNOTATION] == "first"
     assert status(second)["phase"] == "Succeeded"
 
-    await runs.create(inference_run("busy", "slow"))
-    await runs.wait_phase("busy", "Running")
+    await runs.create_and_wait(inference_run("busy", "slow"), "Running")
     refused = await kubectl_infer(cluster, namespace, "rerun", "busy")
     assert refused.code == Exit.NOT_FOUND
     assert "has not finished" in refused.err
@@ -156,8 +153,7 @@ async def test_trigger_starts_a_scheduled_run_now_and_list_shows_last_results(
     cluster: LocalCluster, namespace: str, controller: ControllerProcess, runs: Runs
 ) -> None:
     # A schedule that will not fire during the test: only the trigger runs it.
-    await runs.create(inference_run("yearly", "ok", schedule="0 0 1 1 *"))
-    await runs.wait_phase("yearly", "Scheduled")
+    await runs.create_and_wait(inference_run("yearly", "ok", schedule="0 0 1 1 *"), "Scheduled")
     done = await kubectl_infer(cluster, namespace, "trigger", "yearly", "--watch", "--logs")
     assert done.code == Exit.SUCCEEDED, done
     job = done.out.splitlines()[0].removeprefix("job.batch/").split(" ")[0]
@@ -167,14 +163,13 @@ async def test_trigger_starts_a_scheduled_run_now_and_list_shows_last_results(
     # The controller reports the manual execution like any other.
     await runs.wait(
         "yearly",
-        lambda r: (status(r).get("lastExecution") or {}).get("name") == job,
+        lambda r: last_execution(r).get("name") == job,
         what="the triggered Job as the run's last execution",
     )
     missing = await kubectl_infer(cluster, namespace, "trigger", "no-such-run")
     assert missing.code == Exit.NOT_FOUND
 
-    await runs.create(inference_run("oneshot", "ok"))
-    await runs.wait_phase("oneshot", "Succeeded")
+    await runs.create_and_wait(inference_run("oneshot", "ok"), "Succeeded")
     not_scheduled = await kubectl_infer(cluster, namespace, "trigger", "oneshot")
     assert not_scheduled.code == Exit.NOT_FOUND
     assert "kubectl infer rerun oneshot" in not_scheduled.err
@@ -189,8 +184,7 @@ async def test_trigger_starts_a_scheduled_run_now_and_list_shows_last_results(
 async def test_watch_gives_up_after_its_timeout_and_notices_a_deleted_run(
     cluster: LocalCluster, namespace: str, controller: ControllerProcess, runs: Runs
 ) -> None:
-    await runs.create(inference_run("long", "slow"))
-    await runs.wait_phase("long", "Running")
+    await runs.create_and_wait(inference_run("long", "slow"), "Running")
     waited = await kubectl_infer(cluster, namespace, "watch", "long", "--wait-timeout", "2")
     assert waited.code == Exit.TIMEOUT, waited
     assert "gave up waiting after 2s" in waited.err

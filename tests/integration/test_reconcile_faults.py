@@ -86,14 +86,13 @@ async def _edit_parallelism_and_check(
 
 async def test_a_parallelism_edit_never_replaces_a_running_job(
     api_client: client.ApiClient,
+    runs: Runs,
     namespace: str,
     controller: ControllerProcess,
     cluster: LocalCluster,
 ) -> None:
-    runs = Runs(api_client, namespace)
     await runs.create(inference_config("cfg", SLOW))
-    await runs.create(inference_run(LONG, "cfg", timeoutSeconds=120))
-    running = await runs.wait_phase(LONG, "Running")
+    running = await runs.create_and_wait(inference_run(LONG, "cfg", timeoutSeconds=120), "Running")
     await _edit_parallelism_and_check(
         runs, cluster, namespace, client.BatchV1Api(api_client), running
     )
@@ -103,14 +102,13 @@ async def test_a_parallelism_edit_never_replaces_a_running_job(
 
 async def test_a_parallelism_edit_never_deletes_a_finished_job_or_its_pods(
     api_client: client.ApiClient,
+    runs: Runs,
     namespace: str,
     controller: ControllerProcess,
     cluster: LocalCluster,
 ) -> None:
-    runs = Runs(api_client, namespace)
     await runs.create(inference_config("cfg", OK))
-    await runs.create(inference_run(LONG, "cfg"))
-    done = await runs.wait_phase(LONG, "Succeeded")
+    done = await runs.create_and_wait(inference_run(LONG, "cfg"), "Succeeded")
     core = client.CoreV1Api(api_client)
     pods = (await core.list_namespaced_pod(namespace)).items
     await _edit_parallelism_and_check(runs, cluster, namespace, client.BatchV1Api(api_client), done)
@@ -176,8 +174,7 @@ async def test_a_job_the_api_server_refuses_is_reported_with_its_words_then_crea
         await eventually(refused, within=30, what="the admission policy to refuse Jobs")
         runs = Runs(api_client, namespace)
         await runs.create(inference_config("cfg", OK))
-        await runs.create(inference_run("r", "cfg"))
-        errored = await runs.wait_phase("r", "Error", within=30)
+        errored = await runs.create_and_wait(inference_run("r", "cfg"), "Error", within=30)
         st = status(errored)
         assert st["reason"] == "JobRefused"
         assert "Jobs are not allowed in this namespace by policy" in st["message"]
@@ -214,9 +211,8 @@ async def _has_reason(api: client.ApiClient, namespace: str, name: str, reason: 
 
 
 async def test_a_job_that_cannot_create_pods_says_why(
-    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+    runs: Runs, controller: ControllerProcess
 ) -> None:
-    runs = Runs(api_client, namespace)
     await runs.create(inference_config("cfg", OK, serviceAccountName="no-such-account"))
     await runs.create(inference_run("r", "cfg"))
     stuck = await runs.wait(
@@ -228,9 +224,8 @@ async def test_a_job_that_cannot_create_pods_says_why(
 
 
 async def test_an_image_that_does_not_exist_says_why(
-    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+    api_client: client.ApiClient, runs: Runs, namespace: str, controller: ControllerProcess
 ) -> None:
-    runs = Runs(api_client, namespace)
     await runs.create(inference_config("cfg", "test.local/no-such-image:1"))
     await runs.create(inference_run("r", "cfg"))
     stuck = await runs.wait(
@@ -246,11 +241,11 @@ async def test_an_image_that_does_not_exist_says_why(
 
 async def test_a_name_taken_by_another_object_is_a_name_conflict(
     api_client: client.ApiClient,
+    runs: Runs,
     namespace: str,
     controller: ControllerProcess,
     cluster: LocalCluster,
 ) -> None:
-    runs = Runs(api_client, namespace)
     _, name = await run_waiting_for_its_config(runs)
     # What the upstream controller would have left: a ConfigMap of the child's name, unlabelled.
     core = client.CoreV1Api(api_client)
@@ -276,9 +271,8 @@ async def test_a_name_taken_by_another_object_is_a_name_conflict(
 
 
 async def test_a_config_in_a_namespace_the_controller_does_not_watch_says_so(
-    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+    runs: Runs, namespace: str, controller: ControllerProcess
 ) -> None:
-    runs = Runs(api_client, namespace)
     run = inference_run("r", "cfg")
     run["spec"]["configRef"]["namespace"] = "kube-system"
     await runs.create(run)
@@ -289,12 +283,12 @@ async def test_a_config_in_a_namespace_the_controller_does_not_watch_says_so(
 
 
 async def test_a_failure_that_can_never_succeed_is_not_retried(
-    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+    api_client: client.ApiClient, runs: Runs, namespace: str, controller: ControllerProcess
 ) -> None:
-    runs = Runs(api_client, namespace)
     await runs.create(inference_config("cfg", REJECTED))
-    await runs.create(inference_run("r", "cfg", backoffLimit=3))
-    failed = await runs.wait_phase("r", "Failed", within=60)
+    failed = await runs.create_and_wait(
+        inference_run("r", "cfg", backoffLimit=3), "Failed", within=60
+    )
     assert status(failed)["reason"] == "InferenceRejected"
     assert "422" in status(failed)["message"]
     pods = await client.CoreV1Api(api_client).list_namespaced_pod(namespace)
@@ -303,11 +297,11 @@ async def test_a_failure_that_can_never_succeed_is_not_retried(
 
 async def test_children_left_by_the_upstream_controller_are_adopted_not_duplicated(
     api_client: client.ApiClient,
+    runs: Runs,
     namespace: str,
     controller: ControllerProcess,
     cluster: LocalCluster,
 ) -> None:
-    runs = Runs(api_client, namespace)
     uid, name = await run_waiting_for_its_config(runs)
     # What upstream made: the same name, a controller reference to the run, no labels.
     owner = {

@@ -97,11 +97,11 @@ def _check_pod_shape(meta: Any, spec: Any, priority_class: str) -> None:
 
 async def test_a_shaped_run_end_to_end(
     api_client: client.ApiClient,
+    runs: Runs,
     namespace: str,
     priority_class: str,
     shaping_controller: ControllerProcess,
 ) -> None:
-    runs = Runs(api_client, namespace)
     await runs.create(inference_config("cfg", OK, runnerPod=runner_pod(priority_class)))
     created = await runs.create(inference_run("shaped", "cfg", timeoutSeconds=60))
     done = await runs.wait_phase("shaped", "Succeeded")
@@ -137,8 +137,7 @@ async def test_an_affinity_the_api_server_refuses_shows_on_the_run(
     }
     runs = Runs(api_client, namespace)
     await runs.create(inference_config("cfg", OK, runnerPod={"affinity": bad}))
-    await runs.create(inference_run("r", "cfg"))
-    errored = await runs.wait_phase("r", "Error")
+    errored = await runs.create_and_wait(inference_run("r", "cfg"), "Error")
     st = status(errored)
     assert st["reason"] == "JobRefused"
     assert "affinity" in st["message"]
@@ -156,9 +155,8 @@ async def test_an_affinity_the_api_server_refuses_shows_on_the_run(
 
 
 async def test_a_missing_priority_class_is_the_jobs_failed_create(
-    api_client: client.ApiClient, namespace: str, controller: ControllerProcess
+    runs: Runs, namespace: str, controller: ControllerProcess
 ) -> None:
-    runs = Runs(api_client, namespace)
     missing = {"priorityClassName": f"ksc-test-missing-{namespace}"}
     await runs.create(inference_config("cfg", OK, runnerPod=missing))
     await runs.create(inference_run("r", "cfg"))

@@ -342,8 +342,9 @@ async def test_a_new_shard_count_adopts_the_runs_in_flight(
     await asyncio.gather(*(start(p) for p in old))
     runs = Runs(api_client, moved)
     await runs.create(inference_config("cfg", SLOW))
-    await runs.create(inference_run("long", "cfg", timeoutSeconds=30))
-    running = await runs.wait_phase("long", "Running", within=60)
+    running = await runs.create_and_wait(
+        inference_run("long", "cfg", timeoutSeconds=30), "Running", within=60
+    )
     (job,) = (await client.BatchV1Api(api_client).list_namespaced_job(moved)).items
     assert status(running)["jobStatus"]["name"] == job.metadata.name
 
