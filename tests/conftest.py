@@ -24,8 +24,10 @@ import pytest
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from controller.kube.client import KubeClient
 from hack import chart
 from hack.cluster import LocalCluster, ensure_binaries, leftover_processes
+from hack.crds import install_crds
 from tests.controllerproc import ControllerProcess, controller_for, running
 from tests.runs import Runs
 from tests.servers import model_server
@@ -106,6 +108,19 @@ async def api_client(cluster: LocalCluster) -> AsyncIterator[client.ApiClient]:
     api = await make_api_client(cluster.kubeconfig)
     async with api:
         yield api
+
+
+@pytest.fixture
+async def kube(cluster: LocalCluster) -> AsyncIterator[KubeClient]:
+    """The controller's own client (controller.kube.client), as the cluster's admin."""
+    async with await KubeClient.connect(kubeconfig=str(cluster.kubeconfig)) as kube:
+        yield kube
+
+
+@pytest.fixture
+def crds(cluster: LocalCluster) -> None:
+    """The CRDs, installed (once per cluster) for tests that need no controller."""
+    install_crds(cluster)
 
 
 async def _namespace(

@@ -10,82 +10,41 @@ projection keeps what drift detection and the status compare).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from controller.config_reconcile import BY_CONFIG_UID, ConfigReconciler, config_uid_index
+from controller.config_reconcile import ConfigReconciler
 from controller.kube.client import KubeClient
 from controller.kube.events import EventRecorder
-from controller.kube.informer import Informer
-from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS, PODS
+from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS
 from controller.naming import managed_selector
-from controller.projection import projection
-from controller.reconcile import (
-    BY_CONFIG,
-    BY_RUN_UID,
-    CONFIGS,
-    RUNS,
-    Caches,
-    Reconciler,
-    config_index,
-    run_uid_index,
-)
-from hack.cluster import LocalCluster
-from hack.crds import install_crds
+from controller.reconcile import CONFIGS, RUNS, Reconciler
+from tests.caches import NamespaceCaches
 from tests.kubehelpers import eventually
 from tests.runs import inference_config, inference_run
+
+# The CRDs, for the runs and configs the tests create through ``kube`` (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("crds")
 
 IMAGE = "test.local/fake-slow:1"
 
 
-@pytest.fixture
-async def kube(cluster: LocalCluster) -> AsyncIterator[KubeClient]:
-    install_crds(cluster)
-    async with await KubeClient.connect(kubeconfig=str(cluster.kubeconfig)) as client:
-        yield client
-
-
-class Projected:
+class Projected(NamespaceCaches):
     """The controller's caches, projected as the controller builds them, and its reconcilers."""
 
     def __init__(self, kube: KubeClient, namespace: str) -> None:
-        def informer(resource: Any, **kw: Any) -> Informer:
-            return Informer(
-                kube, resource, namespaces=[namespace], transform=projection(resource.kind), **kw
-            )
-
-        children = {BY_RUN_UID: run_uid_index, BY_CONFIG_UID: config_uid_index}
-        selector = managed_selector()
-        self.caches = Caches(
-            runs=informer(RUNS, indexers={BY_CONFIG: config_index}),
-            configs=informer(CONFIGS),
-            jobs=informer(JOBS, label_selector=selector, indexers=children),
-            cronjobs=informer(CRONJOBS, label_selector=selector, indexers=children),
-            configmaps=informer(CONFIGMAPS, label_selector=selector, indexers=children),
-            pods=informer(PODS, label_selector=selector, indexers=children),
-        )
+        super().__init__(kube, namespace)
         events = EventRecorder(kube)
         self.runs = Reconciler(client=kube, caches=self.caches, events=events)
         self.configs = ConfigReconciler(client=kube, caches=self.caches, events=events)
-        self.tasks: list[asyncio.Task[None]] = []
 
     async def __aenter__(self) -> Projected:
-        for name in ("runs", "configs", "jobs", "cronjobs", "configmaps", "pods"):
-            informer: Informer = getattr(self.caches, name)
-            self.tasks.append(asyncio.create_task(informer.run()))
-            await informer.wait_for_sync()
+        await self.start()
         return self
 
     async def __aexit__(self, *_: object) -> None:
-        for task in self.tasks:
-            task.cancel()
-        for task in self.tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self.stop()
 
 
 # A yearly schedule: nothing fires, and the next tick in the status stays the same.

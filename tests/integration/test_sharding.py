@@ -125,12 +125,6 @@ class Shards:
 
 
 @pytest.fixture
-async def kube(cluster: LocalCluster) -> AsyncIterator[KubeClient]:
-    async with await KubeClient.connect(kubeconfig=str(cluster.kubeconfig)) as api:
-        yield api
-
-
-@pytest.fixture
 def shards(cluster: LocalCluster, namespace: str, tmp_path: Path) -> Iterator[Shards]:
     found = Shards(cluster, namespace, tmp_path)
     found.pick_namespaces()

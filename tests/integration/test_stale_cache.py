@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -22,73 +21,30 @@ import pytest
 from controller.kube.client import KubeClient
 from controller.kube.errors import NotFound
 from controller.kube.events import EventRecorder
-from controller.kube.informer import Informer
-from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS, PODS
+from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS
 from controller.naming import managed_selector
-from controller.reconcile import (
-    BY_CONFIG,
-    BY_RUN_UID,
-    CONFIGS,
-    RUNS,
-    Caches,
-    Reconciler,
-    config_index,
-    run_uid_index,
-)
+from controller.reconcile import CONFIGS, RUNS, Reconciler
 from hack.cluster import LocalCluster
-from hack.crds import install_crds
+from tests.caches import NamespaceCaches
 from tests.kubehelpers import eventually
 from tests.runs import inference_config, inference_run
+
+# The CRDs, for the runs and configs the tests create through ``kube`` (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("crds")
 
 SLOW = "test.local/fake-slow:1"
 
 
-@pytest.fixture
-async def kube(cluster: LocalCluster) -> AsyncIterator[KubeClient]:
-    install_crds(cluster)
-    async with await KubeClient.connect(kubeconfig=str(cluster.kubeconfig)) as client:
-        yield client
-
-
-class Harness:
+class Harness(NamespaceCaches):
     def __init__(self, kube: KubeClient, namespace: str) -> None:
-        def informer(resource: Any, **kw: Any) -> Informer:
-            return Informer(kube, resource, namespaces=[namespace], **kw)
-
-        children = {BY_RUN_UID: run_uid_index}
-        selector = managed_selector()
-        self.caches = Caches(
-            runs=informer(RUNS, indexers={BY_CONFIG: config_index}),
-            configs=informer(CONFIGS),
-            jobs=informer(JOBS, label_selector=selector, indexers=children),
-            cronjobs=informer(CRONJOBS, label_selector=selector, indexers=children),
-            configmaps=informer(CONFIGMAPS, label_selector=selector, indexers=children),
-            pods=informer(PODS, label_selector=selector, indexers=children),
-        )
+        super().__init__(kube, namespace)
         self.reconciler = Reconciler(
             client=kube, caches=self.caches, events=EventRecorder(kube), progress_interval=1.0
         )
-        self.tasks: dict[str, asyncio.Task[None]] = {}
-
-    async def start(self) -> None:
-        for name in ("runs", "configs", "jobs", "cronjobs", "configmaps", "pods"):
-            informer: Informer = getattr(self.caches, name)
-            self.tasks[name] = asyncio.create_task(informer.run())
-            await informer.wait_for_sync()
 
     async def freeze_runs(self) -> None:
         """Stop the runs informer: its cache keeps what it had, as a lagging watch would."""
-        task = self.tasks.pop("runs")
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-    async def stop(self) -> None:
-        for task in self.tasks.values():
-            task.cancel()
-        for task in self.tasks.values():
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self.stop(self.caches.runs)
 
 
 def job_creates(cluster: LocalCluster, namespace: str) -> int:
