@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -127,15 +128,10 @@ class TcpProxy:
 
     @staticmethod
     async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
+        with _until_broken(writer):
             while data := await reader.read(65536):
                 writer.write(data)
                 await writer.drain()
-        except (ConnectionError, OSError, ssl.SSLError):
-            pass
-        finally:
-            with contextlib.suppress(Exception):
-                writer.close()
 
     # ------------------------------------------------------------ delay mode
 
@@ -143,7 +139,7 @@ class TcpProxy:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, exchange: _Exchange
     ) -> None:
         """Forward HTTP/1.1 requests one by one, noting whether each is a watch."""
-        try:
+        with _until_broken(writer, asyncio.IncompleteReadError, ValueError):
             while True:
                 try:
                     head = await reader.readuntil(b"\r\n\r\n")
@@ -172,11 +168,6 @@ class TcpProxy:
                     if length:
                         writer.write(await reader.readexactly(length))
                 await writer.drain()
-        except (ConnectionError, OSError, ssl.SSLError, asyncio.IncompleteReadError, ValueError):
-            pass
-        finally:
-            with contextlib.suppress(Exception):
-                writer.close()
 
     async def _delayed(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, exchange: _Exchange
@@ -186,18 +177,13 @@ class TcpProxy:
         line: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
 
         async def deliver() -> None:
-            try:
+            with _until_broken(writer):
                 while (item := await line.get()) is not None:
                     due, data = item
                     if (wait := due - loop.time()) > 0:
                         await asyncio.sleep(wait)
                     writer.write(data)
                     await writer.drain()
-            except (ConnectionError, OSError, ssl.SSLError):
-                pass
-            finally:
-                with contextlib.suppress(Exception):
-                    writer.close()
 
         delivering = asyncio.create_task(deliver())
         self._deliveries.add(delivering)
@@ -210,6 +196,22 @@ class TcpProxy:
         finally:
             line.put_nowait(None)
             await asyncio.wait({delivering})  # cancelled by stop(): no error here
+
+
+@contextlib.contextmanager
+def _until_broken(writer: asyncio.StreamWriter, *more: type[Exception]) -> Iterator[None]:
+    """The end of a copy loop: a broken connection (or ``more``) ends it quietly.
+
+    ``writer`` is closed either way, so that the other side sees the end too.
+    """
+    caught: tuple[type[Exception], ...] = (ConnectionError, OSError, ssl.SSLError, *more)
+    try:
+        yield
+    except caught:
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            writer.close()
 
 
 @dataclass
