@@ -233,100 +233,67 @@ def alert_tests(scrape: Scrape, run_namespace: str, *, election: bool) -> list[d
         ]
         return series
 
-    config = {"exported_namespace": run_namespace, "config": "cfg", "severity": "warning"}
+    def case(series: list[dict[str, str]], *tests: dict[str, object]) -> dict[str, object]:
+        """One promtool test group: ``series`` sampled each minute, then ``tests``."""
+        return {"interval": "1m", "input_series": series, "promql_expr_test": list(tests)}
+
+    def onset(
+        alert: str, before: str, at: str, labels: Mapping[str, str]
+    ) -> list[dict[str, object]]:
+        """``alert`` not firing yet at ``before``, firing with ``labels`` at ``at``."""
+        return [firing(alert, before), firing(alert, at, labels)]
+
+    warning, critical = {"severity": "warning"}, {"severity": "critical"}
+    config = {"exported_namespace": run_namespace, "config": "cfg", **warning}
+    no_leader = "InferenceControllerNoLeader"
     groups: list[dict[str, object]] = [
         # Nothing wrong: a steady count of old failures, a leader, an empty queue.
-        {
-            "interval": "1m",
-            "input_series": healthy(),
-            "promql_expr_test": [quiet("20m"), quiet("40m"), quiet("60m")],
-        },
+        case(healthy(), quiet("20m"), quiet("40m"), quiet("60m")),
         # A run fails at 30 min: seen at once, forgotten 15 minutes later.
-        {
-            "interval": "1m",
-            "input_series": healthy(failures="1x29 2x30"),
-            "promql_expr_test": [
-                firing("InferenceRunsFailing", "29m"),
-                firing("InferenceRunsFailing", "31m", config),
-                firing("InferenceRunsFailing", "43m", config),
-                firing("InferenceRunsFailing", "47m"),
-            ],
-        },
+        case(
+            healthy(failures="1x29 2x30"),
+            *onset("InferenceRunsFailing", "29m", "31m", config),
+            firing("InferenceRunsFailing", "43m", config),
+            firing("InferenceRunsFailing", "47m"),
+        ),
         # The first failure of a config (a counter appears at 1) or of a new leader.
-        {
-            "interval": "1m",
-            "input_series": healthy(failures="_x30 1x30"),
-            "promql_expr_test": [
-                firing("InferenceRunsFailing", "29m"),
-                firing("InferenceRunsFailing", "31m", config),
-                firing("InferenceRunsFailing", "47m"),
-            ],
-        },
-        {
-            "interval": "1m",
-            "input_series": healthy(error_phase="0x10 2x50"),
-            "promql_expr_test": [
-                firing("InferenceRunsInError", "20m"),
-                firing("InferenceRunsInError", "28m", {"severity": "warning"}),
-            ],
-        },
-        {
-            "interval": "1m",
-            "input_series": healthy(errors="0+10x60"),
-            "promql_expr_test": [
-                firing("InferenceControllerReconcileErrors", "10m"),
-                firing("InferenceControllerReconcileErrors", "25m", {"severity": "warning"}),
-            ],
-        },
-        {
-            "interval": "1m",
-            "input_series": healthy(depth="0x10 500x50"),
-            "promql_expr_test": [
-                firing("InferenceControllerQueueBacklog", "20m"),
-                firing(
-                    "InferenceControllerQueueBacklog", "28m", {"name": queue, "severity": "warning"}
-                ),
-            ],
-        },
-        {
-            "interval": "1m",
-            "input_series": healthy(longest="0x10 0+60x50"),
-            "promql_expr_test": [
-                firing("InferenceControllerStuckWorker", "17m"),
-                firing(
-                    "InferenceControllerStuckWorker", "24m", {"name": queue, "severity": "warning"}
-                ),
-            ],
-        },
+        case(
+            healthy(failures="_x30 1x30"),
+            *onset("InferenceRunsFailing", "29m", "31m", config),
+            firing("InferenceRunsFailing", "47m"),
+        ),
+        case(
+            healthy(error_phase="0x10 2x50"), *onset("InferenceRunsInError", "20m", "28m", warning)
+        ),
+        case(
+            healthy(errors="0+10x60"),
+            *onset("InferenceControllerReconcileErrors", "10m", "25m", warning),
+        ),
+        case(
+            healthy(depth="0x10 500x50"),
+            *onset("InferenceControllerQueueBacklog", "20m", "28m", {"name": queue, **warning}),
+        ),
+        case(
+            healthy(longest="0x10 0+60x50"),
+            *onset("InferenceControllerStuckWorker", "17m", "24m", {"name": queue, **warning}),
+        ),
         # The leader goes away at 10 min (its gauge drops to 0, or it is not scraped).
-        {
-            "interval": "1m",
-            "input_series": healthy(lease_values={leader: "1x10 0x50", standby: "0x60"}),
-            "promql_expr_test": [
-                firing("InferenceControllerNoLeader", "14m"),
-                firing("InferenceControllerNoLeader", "18m", {"severity": "critical"}),
-            ],
-        },
-        {
-            "interval": "1m",
-            "input_series": healthy(lease_values={leader: "1x10 stale", standby: "0x60"}),
-            "promql_expr_test": [
-                firing("InferenceControllerNoLeader", "14m"),
-                firing("InferenceControllerNoLeader", "18m", {"severity": "critical"}),
-            ],
-        },
+        case(
+            healthy(lease_values={leader: "1x10 0x50", standby: "0x60"}),
+            *onset(no_leader, "14m", "18m", critical),
+        ),
+        case(
+            healthy(lease_values={leader: "1x10 stale", standby: "0x60"}),
+            *onset(no_leader, "14m", "18m", critical),
+        ),
     ]
     if election:
         # The standby claims the Lease too.
         groups.append(
-            {
-                "interval": "1m",
-                "input_series": healthy(lease_values={leader: "1x60", standby: "0x10 1x50"}),
-                "promql_expr_test": [
-                    firing("InferenceControllerSplitBrain", "10m"),
-                    firing("InferenceControllerSplitBrain", "13m", {"severity": "critical"}),
-                ],
-            }
+            case(
+                healthy(lease_values={leader: "1x60", standby: "0x10 1x50"}),
+                *onset("InferenceControllerSplitBrain", "10m", "13m", critical),
+            )
         )
     return groups
 
