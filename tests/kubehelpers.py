@@ -1,4 +1,4 @@
-"""Small helpers for tests that talk to the real API server."""
+"""Small helpers for tests that talk to the real API server or run its tools."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
+
+import pytest
 
 T = TypeVar("T")
 
@@ -32,3 +34,40 @@ async def eventually(
 def job_condition(job: dict[str, Any], kind: str) -> bool:
     conditions = (job.get("status") or {}).get("conditions") or []
     return any(c["type"] == kind and c["status"] == "True" for c in conditions)
+
+
+def job_manifest(name: str, containers: list[dict[str, Any]], **pod: Any) -> dict[str, Any]:
+    """A batch/v1 Job that tries once (``backoffLimit: 0``, ``restartPolicy: Never``).
+
+    ``pod`` adds fields to its pod spec (volumes, nodeName, ...).
+    """
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {"spec": {"restartPolicy": "Never", "containers": containers, **pod}},
+        },
+    }
+
+
+def required(tool: T | None, message: str) -> T:
+    """``tool`` (a binary found or built); without it the test fails with ``message``.
+
+    `make test` builds the tools first (make binaries): missing is a failure, not a skip.
+    """
+    if tool is None:
+        pytest.fail(message)
+    return tool
+
+
+def controller_ref(owner: dict[str, Any]) -> dict[str, Any]:
+    """An ownerReference making ``owner`` (as the API server returned it) the controller."""
+    return {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"],
+        "controller": True,
+    }

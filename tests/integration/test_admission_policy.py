@@ -22,7 +22,7 @@ from controller.reconcile import RUNS
 from hack.cluster import LocalCluster
 from hack.crds import install_crds
 from tests import chart
-from tests.kubehelpers import eventually
+from tests.kubehelpers import controller_ref, eventually
 from tests.runs import inference_run
 
 OWN = {MANAGED_BY_LABEL: MANAGED_BY_VALUE}
@@ -176,13 +176,7 @@ async def test_a_child_an_inference_run_controls_may_be_adopted_and_nothing_else
     install_crds(cluster)
     await wait_enforced(as_controller, as_admin, namespace)
     run = await as_admin.create(RUNS, namespace, inference_run("upstream", "cfg"))
-    owner = {
-        "apiVersion": "ai.krateo.io/v1",
-        "kind": "InferenceRun",
-        "name": "upstream",
-        "uid": run["metadata"]["uid"],
-        "controller": True,
-    }
+    owner = controller_ref(run)
     child = configmap("inf-upstream-12345678")
     child["metadata"]["ownerReferences"] = [owner]
     await as_admin.create(CONFIGMAPS, namespace, child)

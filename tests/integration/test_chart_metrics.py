@@ -28,7 +28,7 @@ from hack.cluster import LocalCluster
 from tests import chart
 from tests.chart import chart_metric_names, render, scraped_metric_names
 from tests.controllerproc import ControllerProcess, controller_for, running
-from tests.kubehelpers import eventually
+from tests.kubehelpers import eventually, required
 from tests.runs import Runs, inference_config, inference_run
 
 # The first test of a run may build helm from source (minutes on a cold machine:
@@ -111,11 +111,9 @@ def promtool() -> tuple[str | None, str]:
 
 def require_promtool() -> str:
     found, why = promtool()
-    if found is None:
-        message = f"promtool not found ({why}; or set PROMTOOL, or apt-get install prometheus)"
-        # `make test` builds it first (make binaries): missing is a failure, not a skip.
-        pytest.fail(message)
-    return found
+    return required(
+        found, f"promtool not found ({why}; or set PROMTOOL, or apt-get install prometheus)"
+    )
 
 
 def scraped_samples(page: str) -> dict[str, list[dict[str, str]]]:

@@ -32,7 +32,7 @@ import pytest
 
 from hack.cluster import LocalCluster
 from tests.controllerproc import ControllerProcess
-from tests.kubehelpers import eventually
+from tests.kubehelpers import eventually, required
 from tests.runs import Obj, Runs, condition, inference_config, inference_run, last_execution, status
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,11 +71,7 @@ def _build_kstatus_check() -> tuple[Path | None, str]:
 @pytest.fixture(scope="session")
 def kstatus_check() -> Path:
     path, why = _build_kstatus_check()
-    if path is None:
-        message = f"kstatus-check could not be built by hack/kstatus/build.sh: {why}"
-        # `make test` builds it first (make binaries): missing is a failure, not a skip.
-        pytest.fail(message)
-    return path
+    return required(path, f"kstatus-check could not be built by hack/kstatus/build.sh: {why}")
 
 
 def kstatus(binary: Path, obj: Obj) -> Obj:
@@ -368,11 +364,7 @@ def _jq(jq: str, program: str, path: Path) -> subprocess.CompletedProcess[str]:
 async def test_the_guides_install_command_sets_both_keys(
     cluster: LocalCluster, namespace: str
 ) -> None:
-    jq = shutil.which("jq")
-    if jq is None:
-        message = "jq not found: apt-get install jq"
-        # `make test` builds it first (make binaries): missing is a failure, not a skip.
-        pytest.fail(message)
+    jq = required(shutil.which("jq"), "jq not found: apt-get install jq")
     program = re.search(r"jq -Rs '(.*?)' docs/argocd-health.lua", _section(), re.DOTALL)
     assert program is not None, "no jq command in the section"
     patch = _jq(jq, program.group(1), ARGO_HEALTH)

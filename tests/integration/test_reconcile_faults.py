@@ -14,7 +14,7 @@ from kubernetes_asyncio import client
 from hack.cluster import LocalCluster
 from tests.controllerproc import ControllerProcess
 from tests.integration.test_controller import OK, SLOW, event_reasons
-from tests.kubehelpers import eventually
+from tests.kubehelpers import eventually, job_manifest
 from tests.runs import Runs, condition, inference_config, inference_run, status
 
 REJECTED = "test.local/fake-rejected:1"
@@ -320,25 +320,13 @@ async def test_children_left_by_the_upstream_controller_are_adopted_not_duplicat
             "binaryData": {"contract.json": "e30="},
         },
     )
-    job = {
-        "metadata": {"name": name, "ownerReferences": [owner]},
-        "spec": {
-            "backoffLimit": 0,
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": "inference",
-                            "image": OK,
-                            "volumeMounts": [{"name": "contract", "mountPath": "/tmp"}],
-                        }
-                    ],
-                    "volumes": [{"name": "contract", "configMap": {"name": name}}],
-                }
-            },
-        },
-    }
+    mount = {"name": "contract", "mountPath": "/tmp"}
+    job = job_manifest(
+        name,
+        [{"name": "inference", "image": OK, "volumeMounts": [mount]}],
+        volumes=[{"name": "contract", "configMap": {"name": name}}],
+    )
+    job["metadata"]["ownerReferences"] = [owner]
     upstream_job = await batch.create_namespaced_job(namespace, job)
     await runs.create(inference_config("cfg", OK))
     done = await runs.wait(
