@@ -31,27 +31,6 @@ class Done:
     err: str
 
 
-async def start_kubectl_infer(
-    cluster: LocalCluster, namespace: str, *args: str
-) -> asyncio.subprocess.Process:
-    """``kubectl -n NS infer ARGS`` with the plugin on PATH, as a user runs it."""
-    env = {
-        **os.environ,
-        "PATH": f"{PLUGIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}",
-        "KUBECONFIG": str(cluster.kubeconfig),
-    }
-    return await asyncio.create_subprocess_exec(
-        str(cluster.bin_dir / "kubectl"),
-        "infer",
-        "-n",
-        namespace,
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-
-
 async def finish(proc: asyncio.subprocess.Process, within: float = 120) -> Done:
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout=within)
@@ -63,8 +42,37 @@ async def finish(proc: asyncio.subprocess.Process, within: float = 120) -> Done:
     return Done(proc.returncode, out.decode(), err.decode())
 
 
-async def kubectl_infer(cluster: LocalCluster, namespace: str, *args: str) -> Done:
-    return await finish(await start_kubectl_infer(cluster, namespace, *args))
+@dataclass
+class KubectlInfer:
+    """``kubectl -n NS infer ARGS`` with the plugin on PATH, as a user runs it."""
+
+    cluster: LocalCluster
+    namespace: str
+
+    async def start(self, *args: str) -> asyncio.subprocess.Process:
+        env = {
+            **os.environ,
+            "PATH": f"{PLUGIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}",
+            "KUBECONFIG": str(self.cluster.kubeconfig),
+        }
+        return await asyncio.create_subprocess_exec(
+            str(self.cluster.bin_dir / "kubectl"),
+            "infer",
+            "-n",
+            self.namespace,
+            *args,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+
+    async def __call__(self, *args: str) -> Done:
+        return await finish(await self.start(*args))
+
+
+@pytest.fixture
+def kubectl_infer(cluster: LocalCluster, namespace: str) -> KubectlInfer:
+    return KubectlInfer(cluster, namespace)
 
 
 @pytest.fixture
@@ -76,11 +84,9 @@ async def runs(runs: Runs) -> Runs:
 
 
 async def test_submit_watch_follows_a_run_to_success_with_its_log_and_events(
-    cluster: LocalCluster, namespace: str, controller: ControllerProcess, runs: Runs
+    kubectl_infer: KubectlInfer, controller: ControllerProcess, runs: Runs
 ) -> None:
-    done = await kubectl_infer(
-        cluster, namespace, "submit", "ok", "-p", "table=iris", "--watch", "--logs"
-    )
+    done = await kubectl_infer("submit", "ok", "-p", "table=iris", "--watch", "--logs")
     assert done.code == Exit.SUCCEEDED, done
     lines = done.out.splitlines()
     name = lines[0].removeprefix("inferencerun.ai.krateo.io/").removesuffix(" created")
@@ -95,11 +101,9 @@ async def test_submit_watch_follows_a_run_to_success_with_its_log_and_events(
 
 
 async def test_a_failed_run_exits_1_with_the_runners_message(
-    cluster: LocalCluster, namespace: str, controller: ControllerProcess, runs: Runs
+    kubectl_infer: KubectlInfer, controller: ControllerProcess, runs: Runs
 ) -> None:
-    done = await kubectl_infer(
-        cluster, namespace, "submit", "fail", "--name", "f1", "--backoff-limit", "0", "-w"
-    )
+    done = await kubectl_infer("submit", "fail", "--name", "f1", "--backoff-limit", "0", "-w")
     assert done.code == Exit.FAILED, done
     last = done.out.splitlines()[-1]
     assert last.startswith("f1: failed: "), done.out
@@ -107,33 +111,33 @@ async def test_a_failed_run_exits_1_with_the_runners_message(
 
 
 async def test_a_run_that_cannot_go_on_exits_3_and_bad_input_is_refused_clearly(
-    cluster: LocalCluster, namespace: str, controller: ControllerProcess, runs: Runs
+    kubectl_infer: KubectlInfer, controller: ControllerProcess, runs: Runs
 ) -> None:
-    missing = await kubectl_infer(cluster, namespace, "submit", "no-such-config", "-w")
+    missing = await kubectl_infer("submit", "no-such-config", "-w")
     assert missing.code == Exit.ERROR, missing
     assert "no-such-config" in missing.out.splitlines()[-1], missing.out
 
-    bad_pair = await kubectl_infer(cluster, namespace, "submit", "ok", "-p", "novalue")
+    bad_pair = await kubectl_infer("submit", "ok", "-p", "novalue")
     assert bad_pair.code == Exit.USAGE
     assert "'novalue' is not KEY=VALUE" in bad_pair.err
 
     # The API server's own words reach the user; nothing is created.
-    refused = await kubectl_infer(cluster, namespace, "submit", "ok", "--schedule", "not cron")
+    refused = await kubectl_infer("submit", "ok", "--schedule", "not cron")
     assert refused.code == Exit.ERROR, refused
     assert "schedule" in refused.err, refused.err
-    listed = await kubectl_infer(cluster, namespace, "list")
+    listed = await kubectl_infer("list")
     assert "ok-" not in listed.out
 
-    unknown = await kubectl_infer(cluster, namespace, "watch", "nobody")
+    unknown = await kubectl_infer("watch", "nobody")
     assert unknown.code == Exit.NOT_FOUND
     assert "no InferenceRun 'nobody'" in unknown.err
 
 
 async def test_rerun_makes_a_new_run_of_a_finished_one_and_refuses_an_unfinished_one(
-    cluster: LocalCluster, namespace: str, controller: ControllerProcess, runs: Runs
+    kubectl_infer: KubectlInfer, controller: ControllerProcess, runs: Runs
 ) -> None:
     await runs.create_and_wait(inference_run("first", "ok"), "Succeeded")
-    done = await kubectl_infer(cluster, namespace, "rerun", "first", "--name", "second", "-w")
+    done = await kubectl_infer("rerun", "first", "--name", "second", "-w")
     assert done.code == Exit.SUCCEEDED, done
     second = await runs.get("second")
     first = await runs.get("first")
@@ -144,17 +148,17 @@ async def test_rerun_makes_a_new_run_of_a_finished_one_and_refuses_an_unfinished
     assert status(second)["phase"] == "Succeeded"
 
     await runs.create_and_wait(inference_run("busy", "slow"), "Running")
-    refused = await kubectl_infer(cluster, namespace, "rerun", "busy")
+    refused = await kubectl_infer("rerun", "busy")
     assert refused.code == Exit.NOT_FOUND
     assert "has not finished" in refused.err
 
 
 async def test_trigger_starts_a_scheduled_run_now_and_list_shows_last_results(
-    cluster: LocalCluster, namespace: str, controller: ControllerProcess, runs: Runs
+    kubectl_infer: KubectlInfer, controller: ControllerProcess, runs: Runs
 ) -> None:
     # A schedule that will not fire during the test: only the trigger runs it.
     await runs.create_and_wait(inference_run("yearly", "ok", schedule="0 0 1 1 *"), "Scheduled")
-    done = await kubectl_infer(cluster, namespace, "trigger", "yearly", "--watch", "--logs")
+    done = await kubectl_infer("trigger", "yearly", "--watch", "--logs")
     assert done.code == Exit.SUCCEEDED, done
     job = done.out.splitlines()[0].removeprefix("job.batch/").split(" ")[0]
     assert job.startswith("inf-yearly-")
@@ -166,15 +170,15 @@ async def test_trigger_starts_a_scheduled_run_now_and_list_shows_last_results(
         lambda r: last_execution(r).get("name") == job,
         what="the triggered Job as the run's last execution",
     )
-    missing = await kubectl_infer(cluster, namespace, "trigger", "no-such-run")
+    missing = await kubectl_infer("trigger", "no-such-run")
     assert missing.code == Exit.NOT_FOUND
 
     await runs.create_and_wait(inference_run("oneshot", "ok"), "Succeeded")
-    not_scheduled = await kubectl_infer(cluster, namespace, "trigger", "oneshot")
+    not_scheduled = await kubectl_infer("trigger", "oneshot")
     assert not_scheduled.code == Exit.NOT_FOUND
     assert "kubectl infer rerun oneshot" in not_scheduled.err
 
-    listed = await kubectl_infer(cluster, namespace, "list")
+    listed = await kubectl_infer("list")
     assert listed.code == 0
     rows = {line.split()[0]: line for line in listed.out.splitlines()[1:]}
     assert f"{job} Succeeded" in rows["yearly"]
@@ -182,14 +186,14 @@ async def test_trigger_starts_a_scheduled_run_now_and_list_shows_last_results(
 
 
 async def test_watch_gives_up_after_its_timeout_and_notices_a_deleted_run(
-    cluster: LocalCluster, namespace: str, controller: ControllerProcess, runs: Runs
+    kubectl_infer: KubectlInfer, controller: ControllerProcess, runs: Runs
 ) -> None:
     await runs.create_and_wait(inference_run("long", "slow"), "Running")
-    waited = await kubectl_infer(cluster, namespace, "watch", "long", "--wait-timeout", "2")
+    waited = await kubectl_infer("watch", "long", "--wait-timeout", "2")
     assert waited.code == Exit.TIMEOUT, waited
     assert "gave up waiting after 2s" in waited.err
 
-    follow = await start_kubectl_infer(cluster, namespace, "watch", "long")
+    follow = await kubectl_infer.start("watch", "long")
     assert follow.stdout is not None
     # Its first line comes once it has read the run: from then on it watches.
     first = await asyncio.wait_for(follow.stdout.readline(), timeout=60)
