@@ -104,6 +104,11 @@ class ControllerProcess:
             self.proc.wait(5)
 
 
+def controller_user(namespace: str) -> str:
+    """The username (in the audit log too) of a controller that :func:`controller_for` made."""
+    return f"system:serviceaccount:{namespace}:{chart.CONTROLLER_SERVICE_ACCOUNT}"
+
+
 @contextlib.contextmanager
 def running(proc: ControllerProcess) -> Iterator[ControllerProcess]:
     """``proc`` started for the ``with`` block, then stopped with SIGTERM.

@@ -30,7 +30,7 @@ import yaml
 
 from hack.cluster import LocalCluster, free_port
 from tests import chart
-from tests.controllerproc import REPO, ControllerProcess, controller_for, running
+from tests.controllerproc import REPO, ControllerProcess, controller_for, controller_user, running
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -93,7 +93,7 @@ def wait_for_holder(cluster: LocalCluster, namespace: str, within: float = 30.0)
 
 
 def assert_api_and_crds_pass(lines: list[str], namespace: str) -> None:
-    user = f"system:serviceaccount:{namespace}:{chart.CONTROLLER_SERVICE_ACCOUNT}"
+    user = controller_user(namespace)
     assert lines[0].startswith("ok: API server https://"), lines
     assert lines[0].endswith(f"answers and authenticates {user}"), lines
     assert lines[1:3] == [
@@ -172,7 +172,7 @@ def test_a_watched_namespace_outside_the_rbac_fails_as_forbidden(
     done = run_check(proc.kubeconfig, settings)
     lines = done.stdout.splitlines()
     assert done.returncode == 1, lines
-    user = f"system:serviceaccount:{namespace}:{chart.CONTROLLER_SERVICE_ACCOUNT}"
+    user = controller_user(namespace)
     assert lines[0].startswith("ok: API server"), lines
     assert [line.split(" (")[0] for line in lines[1:3]] == [
         f"FAIL: {user} may not list {plural}.ai.krateo.io in namespace default"

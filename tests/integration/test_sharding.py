@@ -37,7 +37,7 @@ from controller.sharding import shard_of
 from hack.cluster import LocalCluster
 from hack.crds import install_crds
 from tests import chart
-from tests.controllerproc import ControllerProcess
+from tests.controllerproc import ControllerProcess, controller_user
 from tests.faults.invariants import AuditLog, Request
 from tests.integration.test_selfcheck import run_check
 from tests.kubehelpers import eventually
@@ -211,7 +211,7 @@ async def test_each_shard_leads_on_its_own_lease_and_handles_only_its_namespaces
     shards: Shards,
     run_namespaces: list[str],
 ) -> None:
-    user = f"system:serviceaccount:{namespace}:{chart.CONTROLLER_SERVICE_ACCOUNT}"
+    user = controller_user(namespace)
     logs = {ns: AuditLog(cluster, ns) for ns in [namespace, *run_namespaces]}
     zero, one = shards.controller(0), shards.controller(1)
     await asyncio.gather(start(zero), start(one))
@@ -327,7 +327,7 @@ async def test_a_new_shard_count_adopts_the_runs_in_flight(
     shards: Shards,
     run_namespaces: list[str],
 ) -> None:
-    user = f"system:serviceaccount:{namespace}:{chart.CONTROLLER_SERVICE_ACCOUNT}"
+    user = controller_user(namespace)
     # A namespace of shard 1 of 2 that moves to another shard index with 3 shards.
     moved = next((ns for ns in shards.of_shard(1) if shard_of(ns, 3) != 1), shards.of_shard(1)[0])
     new_index = shard_of(moved, 3)
@@ -386,7 +386,7 @@ def release_objects(cluster: LocalCluster, kind: str, namespace: str) -> list[st
 
 
 def may_get_lease(cluster: LocalCluster, namespace: str, lease: str) -> bool:
-    who = f"system:serviceaccount:{namespace}:{chart.CONTROLLER_SERVICE_ACCOUNT}"
+    who = controller_user(namespace)
     done = cluster.kubectl(
         "auth", "can-i", "update", f"leases/{lease}", "-n", namespace, f"--as={who}", check=False
     )
