@@ -69,6 +69,12 @@ class KubectlInfer:
     async def __call__(self, *args: str) -> Done:
         return await finish(await self.start(*args))
 
+    async def fails(self, *args: str, code: Exit, says: str) -> None:
+        """``kubectl infer ARGS`` exits ``code`` and says ``says`` on stderr."""
+        done = await self(*args)
+        assert done.code == code, done
+        assert says in done.err, done.err
+
 
 @pytest.fixture
 def kubectl_infer(cluster: LocalCluster, namespace: str) -> KubectlInfer:
@@ -117,20 +123,20 @@ async def test_a_run_that_cannot_go_on_exits_3_and_bad_input_is_refused_clearly(
     assert missing.code == Exit.ERROR, missing
     assert "no-such-config" in missing.out.splitlines()[-1], missing.out
 
-    bad_pair = await kubectl_infer("submit", "ok", "-p", "novalue")
-    assert bad_pair.code == Exit.USAGE
-    assert "'novalue' is not KEY=VALUE" in bad_pair.err
+    await kubectl_infer.fails(
+        "submit", "ok", "-p", "novalue", code=Exit.USAGE, says="'novalue' is not KEY=VALUE"
+    )
 
     # The API server's own words reach the user; nothing is created.
-    refused = await kubectl_infer("submit", "ok", "--schedule", "not cron")
-    assert refused.code == Exit.ERROR, refused
-    assert "schedule" in refused.err, refused.err
+    await kubectl_infer.fails(
+        "submit", "ok", "--schedule", "not cron", code=Exit.ERROR, says="schedule"
+    )
     listed = await kubectl_infer("list")
     assert "ok-" not in listed.out
 
-    unknown = await kubectl_infer("watch", "nobody")
-    assert unknown.code == Exit.NOT_FOUND
-    assert "no InferenceRun 'nobody'" in unknown.err
+    await kubectl_infer.fails(
+        "watch", "nobody", code=Exit.NOT_FOUND, says="no InferenceRun 'nobody'"
+    )
 
 
 async def test_rerun_makes_a_new_run_of_a_finished_one_and_refuses_an_unfinished_one(
@@ -148,9 +154,7 @@ async def test_rerun_makes_a_new_run_of_a_finished_one_and_refuses_an_unfinished
     assert status(second)["phase"] == "Succeeded"
 
     await runs.create_and_wait(inference_run("busy", "slow"), "Running")
-    refused = await kubectl_infer("rerun", "busy")
-    assert refused.code == Exit.NOT_FOUND
-    assert "has not finished" in refused.err
+    await kubectl_infer.fails("rerun", "busy", code=Exit.NOT_FOUND, says="has not finished")
 
 
 async def test_trigger_starts_a_scheduled_run_now_and_list_shows_last_results(
@@ -174,9 +178,9 @@ async def test_trigger_starts_a_scheduled_run_now_and_list_shows_last_results(
     assert missing.code == Exit.NOT_FOUND
 
     await runs.create_and_wait(inference_run("oneshot", "ok"), "Succeeded")
-    not_scheduled = await kubectl_infer("trigger", "oneshot")
-    assert not_scheduled.code == Exit.NOT_FOUND
-    assert "kubectl infer rerun oneshot" in not_scheduled.err
+    await kubectl_infer.fails(
+        "trigger", "oneshot", code=Exit.NOT_FOUND, says="kubectl infer rerun oneshot"
+    )
 
     listed = await kubectl_infer("list")
     assert listed.code == 0
@@ -189,9 +193,9 @@ async def test_watch_gives_up_after_its_timeout_and_notices_a_deleted_run(
     kubectl_infer: KubectlInfer, controller: ControllerProcess, runs: Runs
 ) -> None:
     await runs.create_and_wait(inference_run("long", "slow"), "Running")
-    waited = await kubectl_infer("watch", "long", "--wait-timeout", "2")
-    assert waited.code == Exit.TIMEOUT, waited
-    assert "gave up waiting after 2s" in waited.err
+    await kubectl_infer.fails(
+        "watch", "long", "--wait-timeout", "2", code=Exit.TIMEOUT, says="gave up waiting after 2s"
+    )
 
     follow = await kubectl_infer.start("watch", "long")
     assert follow.stdout is not None
