@@ -78,15 +78,14 @@ def failed(
     ``except`` clause that caught ``error``, so the traceback is the current one.
     """
     if isinstance(error, RunnerError):
-        code, stage, reason = error.exit_code, error.stage, error.message
-    elif isinstance(error, asyncio.CancelledError):
-        code, stage, reason = ExitCode.TERMINATED, "terminated", stopped
-    else:
-        log.exception("unexpected error", stage=stage)
-        failure = STAGE_ERRORS[stage]
-        code, stage, reason = (
-            failure.exit_code,
-            failure.stage,
-            (f"unexpected {type(error).__name__}: {error}"),
+        return termination.report_failure(
+            log, path, command, error.stage, error.message, error.exit_code
         )
-    return termination.report_failure(log, path, command, stage, reason, code)
+    if isinstance(error, asyncio.CancelledError):
+        return termination.report_failure(
+            log, path, command, "terminated", stopped, ExitCode.TERMINATED
+        )
+    log.exception("unexpected error", stage=stage)
+    failure = STAGE_ERRORS[stage]
+    reason = f"unexpected {type(error).__name__}: {error}"
+    return termination.report_failure(log, path, command, failure.stage, reason, failure.exit_code)
