@@ -14,27 +14,13 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from hack.cluster import LocalCluster, spawn, stop_process
-from tests.kubehelpers import eventually, job_condition
+from tests.kubehelpers import eventually, job_condition, job_manifest
 
 
 def shell_job(name: str, script: str, **pod: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name},
-        "spec": {
-            "backoffLimit": 0,
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {"name": "main", "image": "busybox", "command": ["sh", "-c", script]}
-                    ],
-                    **pod,
-                }
-            },
-        },
-    }
+    return job_manifest(
+        name, [{"name": "main", "image": "busybox", "command": ["sh", "-c", script]}], **pod
+    )
 
 
 async def job_pods(api: client.ApiClient, namespace: str, job: str) -> list[Any]:

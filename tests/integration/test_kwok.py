@@ -22,6 +22,7 @@ from controller.kube.resources import JOBS, PODS
 from hack.cluster import LocalCluster
 from hack.kwok import FAILURE_EXIT_CODE, FAILURE_MESSAGE, SUCCESS_MESSAGE, Kwok
 from tests.controllerproc import ControllerProcess
+from tests.kubehelpers import job_manifest
 from tests.runs import Runs, inference_config, inference_run, status
 
 Obj = dict[str, Any]
@@ -77,20 +78,7 @@ async def pod_phases(kube: KubeClient, namespace: str, selector: str) -> tuple[l
 
 
 def job(name: str) -> Obj:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name},
-        "spec": {
-            "backoffLimit": 0,
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [{"name": "inference", "image": "kwok.invalid/none:1"}],
-                }
-            },
-        },
-    }
+    return job_manifest(name, [{"name": "inference", "image": "kwok.invalid/none:1"}])
 
 
 def terminated(pod: Obj) -> Obj:
