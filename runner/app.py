@@ -290,10 +290,7 @@ async def execute(
         log.info("input loaded", rows=total, shardRows=len(rows), provider=work.input.key)
         input_done = clock()
 
-        state.stage = "output"
-        # Any failure to prepare the output exits 5, a refusal too (never 8).
-        with storage_failures("output", rejections=False):
-            await work.output.prepare(ctx)
+        await _prepare_output(work, ctx, state)
 
         state.stage = "inference"
         state.rows_total = len(rows)
@@ -317,6 +314,13 @@ async def execute(
     )
 
 
+async def _prepare_output(work: Plan, ctx: StorageContext, state: RunState) -> None:
+    """Step 3: the output's Secret, before any prediction; any failure exits 5 (a refusal too)."""
+    state.stage = "output"
+    with storage_failures("output", rejections=False):
+        await work.output.prepare(ctx)
+
+
 async def _stream(
     work: Plan,
     ctx: StorageContext,
@@ -332,9 +336,7 @@ async def _stream(
     state.stage = "input"
     with storage_failures("input"):
         await work.input.prepare(ctx)
-    state.stage = "output"
-    with storage_failures("output", rejections=False):
-        await work.output.prepare(ctx)
+    await _prepare_output(work, ctx, state)
     state.stage = "inference"
     part = Partition(work.shard_index, work.shard_count)
     stats = streaming.StreamStats()
