@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
+from kubernetes_asyncio import client
 
 T = TypeVar("T")
 
@@ -29,6 +30,26 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {within}s waiting for {what}; last: {last!r}")
         await asyncio.sleep(interval)
+
+
+async def event_reasons(api: client.ApiClient, namespace: str, name: str) -> list[str]:
+    """The reasons of the Events about the object called ``name`` in ``namespace``."""
+    events = await client.CoreV1Api(api).list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name}"
+    )
+    return [e.reason for e in events.items]
+
+
+async def wait_for_events(
+    api: client.ApiClient, namespace: str, name: str, *reasons: str, what: str
+) -> list[str]:
+    """Wait until the Events about ``name`` include each of ``reasons``; all their reasons then."""
+
+    async def probe() -> list[str] | None:
+        found = await event_reasons(api, namespace, name)
+        return found if set(reasons) <= set(found) else None
+
+    return await eventually(probe, what=what)
 
 
 def job_condition(job: dict[str, Any], kind: str) -> bool:

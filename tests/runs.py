@@ -120,6 +120,12 @@ class Runs:
             name, lambda r: status(r).get("phase") == phase, within=within, what=f"{name} {phase}"
         )
 
+    async def wait_reason(self, name: str, reason: str, *, within: float = 60) -> Obj:
+        """Wait until run ``name``'s status gives ``reason``."""
+        return await self.wait(
+            name, lambda r: status(r).get("reason") == reason, within=within, what=reason
+        )
+
     async def create_and_wait(self, run: Obj, phase: str, *, within: float = 60) -> Obj:
         """Create ``run``, then wait until it is in ``phase``."""
         await self.create(run)

@@ -6,8 +6,8 @@ from kubernetes_asyncio import client
 
 from hack.cluster import LocalCluster
 from tests.controllerproc import ControllerProcess
-from tests.integration.test_controller import FAIL, OK, event_reasons
-from tests.kubehelpers import eventually
+from tests.integration.test_controller import FAIL, OK
+from tests.kubehelpers import eventually, wait_for_events
 from tests.runs import (
     MODEL_URL_PATCH,
     Runs,
@@ -99,9 +99,8 @@ async def test_a_probe_that_fails_says_why_on_the_config_and_its_runs(
     probed = await eventually(lambda: _probed(runs), within=60, what="a Probed condition")
     assert (probed["status"], probed["reason"]) == ("False", "InferenceFailed")
     assert "model answered 503" in probed["message"]
-    reasons = await eventually(
-        lambda: _with(api_client, namespace, "cfg", "InferenceFailed"),
-        what="a Warning event on the config",
+    reasons = await wait_for_events(
+        api_client, namespace, "cfg", "InferenceFailed", what="a Warning event on the config"
     )
     assert "InferenceFailed" in reasons
     # A run of that config says what its config's probe found.
@@ -113,8 +112,3 @@ async def test_a_probe_that_fails_says_why_on_the_config_and_its_runs(
         what="a ConfigProbeFailed warning on the run",
     )
     assert "model answered 503" in (condition(warned, "Warning") or {})["message"]
-
-
-async def _with(api: client.ApiClient, namespace: str, name: str, reason: str) -> list[str] | None:
-    reasons = await event_reasons(api, namespace, name)
-    return reasons if reason in reasons else None

@@ -18,7 +18,7 @@ from kubernetes_asyncio import client
 from hack.cluster import LocalCluster
 from tests import chart
 from tests.controllerproc import ControllerProcess, controller_for, running
-from tests.kubehelpers import eventually
+from tests.kubehelpers import eventually, wait_for_events
 from tests.runs import (
     MODEL_URL_PATCH,
     Runs,
@@ -54,13 +54,6 @@ async def no_children(api: client.ApiClient, namespace: str, uid: str) -> None:
         return not any(found.values())
 
     await eventually(empty, within=60, what="the run's Job, ConfigMap and pods to be deleted")
-
-
-async def event_reasons(api: client.ApiClient, namespace: str, name: str) -> list[str]:
-    events = await client.CoreV1Api(api).list_namespaced_event(
-        namespace, field_selector=f"involvedObject.name={name}"
-    )
-    return [e.reason for e in events.items]
 
 
 async def caught_up(runs: Runs, controller: ControllerProcess, marker: str) -> None:
@@ -111,21 +104,13 @@ async def test_one_shot_success(
         "wait", "-n", namespace, "--for=condition=Complete", "infrun/iris", "--timeout=10s"
     )
     assert "condition met" in waited.stdout
-    reasons = await eventually(
-        lambda: _reasons_with(api_client, namespace, "iris", {"Created", "Succeeded"}),
-        what="Created and Succeeded events",
+    reasons = await wait_for_events(
+        api_client, namespace, "iris", "Created", "Succeeded", what="Created and Succeeded events"
     )
     assert {"Created", "Succeeded"} <= set(reasons)
     shown = cluster.kubectl("get", "infrun", "-n", namespace).stdout
     assert "Succeeded" in shown
     assert "3/3 (100%)" in shown
-
-
-async def _reasons_with(
-    api: client.ApiClient, namespace: str, name: str, wanted: set[str]
-) -> list[str] | None:
-    reasons = await event_reasons(api, namespace, name)
-    return reasons if wanted <= set(reasons) else None
 
 
 async def test_one_shot_failure_reports_the_runner_message(
@@ -142,8 +127,11 @@ async def test_one_shot_failure_reports_the_runner_message(
     assert failed_condition is not None
     assert (failed_condition["status"], failed_condition["reason"]) == ("True", "InferenceFailed")
     assert condition(failed, "Complete")["status"] == "False"  # type: ignore[index]
-    reasons = await eventually(
-        lambda: _reasons_with(api_client, namespace, "bad", {"InferenceFailed"}),
+    reasons = await wait_for_events(
+        api_client,
+        namespace,
+        "bad",
+        "InferenceFailed",
         what="a Warning event with the runner's reason",
     )
     assert "InferenceFailed" in reasons
@@ -183,9 +171,8 @@ async def test_missing_config_is_a_condition_then_recovers(
     assert ready is not None
     assert (ready["status"], ready["reason"]) == ("False", "ConfigNotFound")
     assert f"InferenceConfig {namespace}/later not found" in ready["message"]
-    reasons = await eventually(
-        lambda: _reasons_with(api_client, namespace, "early", {"ConfigNotFound"}),
-        what="a ConfigNotFound event",
+    reasons = await wait_for_events(
+        api_client, namespace, "early", "ConfigNotFound", what="a ConfigNotFound event"
     )
     assert reasons.count("ConfigNotFound") == 1  # one Event (aggregated), not one per retry
     await runs.create(inference_config("later", OK))

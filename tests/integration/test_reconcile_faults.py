@@ -13,8 +13,8 @@ from kubernetes_asyncio import client
 
 from hack.cluster import LocalCluster
 from tests.controllerproc import ControllerProcess
-from tests.integration.test_controller import OK, SLOW, event_reasons
-from tests.kubehelpers import eventually, job_manifest
+from tests.integration.test_controller import OK, SLOW
+from tests.kubehelpers import eventually, job_manifest, wait_for_events
 from tests.runs import Runs, condition, inference_config, inference_run, status
 
 REJECTED = "test.local/fake-rejected:1"
@@ -181,9 +181,8 @@ async def test_a_job_the_api_server_refuses_is_reported_with_its_words_then_crea
         ready = condition(errored, "Ready")
         assert ready is not None
         assert (ready["status"], ready["reason"]) == ("False", "JobRefused")
-        await eventually(
-            lambda: _has_reason(api_client, namespace, "r", "JobRefused"),
-            what="a JobRefused Warning event",
+        await wait_for_events(
+            api_client, namespace, "r", "JobRefused", what="a JobRefused Warning event"
         )
         # Retried with a backoff of its own (5 s, 10 s, ...), not in a hot loop.
         attempts = [
@@ -206,18 +205,12 @@ async def test_a_job_the_api_server_refuses_is_reported_with_its_words_then_crea
     no_tracebacks(controller)
 
 
-async def _has_reason(api: client.ApiClient, namespace: str, name: str, reason: str) -> bool:
-    return reason in await event_reasons(api, namespace, name)
-
-
 async def test_a_job_that_cannot_create_pods_says_why(
     runs: Runs, controller: ControllerProcess
 ) -> None:
     await runs.create(inference_config("cfg", OK, serviceAccountName="no-such-account"))
     await runs.create(inference_run("r", "cfg"))
-    stuck = await runs.wait(
-        "r", lambda r: status(r).get("reason") == "FailedCreate", within=40, what="FailedCreate"
-    )
+    stuck = await runs.wait_reason("r", "FailedCreate", within=40)
     assert status(stuck)["phase"] == "Pending"
     assert "no-such-account" in status(stuck)["message"]
     no_tracebacks(controller)
@@ -228,14 +221,11 @@ async def test_an_image_that_does_not_exist_says_why(
 ) -> None:
     await runs.create(inference_config("cfg", "test.local/no-such-image:1"))
     await runs.create(inference_run("r", "cfg"))
-    stuck = await runs.wait(
-        "r", lambda r: status(r).get("reason") == "ErrImagePull", within=30, what="ErrImagePull"
-    )
+    stuck = await runs.wait_reason("r", "ErrImagePull", within=30)
     assert status(stuck)["phase"] == "Pending"
     assert status(stuck)["message"]
-    await eventually(
-        lambda: _has_reason(api_client, namespace, "r", "ErrImagePull"),
-        what="an ErrImagePull Warning event",
+    await wait_for_events(
+        api_client, namespace, "r", "ErrImagePull", what="an ErrImagePull Warning event"
     )
 
 
@@ -253,13 +243,10 @@ async def test_a_name_taken_by_another_object_is_a_name_conflict(
         namespace, {"metadata": {"name": name}, "data": {"contract.json": "{}"}}
     )
     await runs.create(inference_config("cfg", OK))
-    conflict = await runs.wait(
-        "r", lambda r: status(r).get("reason") == "NameConflict", within=30, what="NameConflict"
-    )
+    conflict = await runs.wait_reason("r", "NameConflict", within=30)
     assert f"ConfigMap {namespace}/{name}" in status(conflict)["message"]
-    await eventually(
-        lambda: _has_reason(api_client, namespace, "r", "NameConflict"),
-        what="a NameConflict Warning event",
+    await wait_for_events(
+        api_client, namespace, "r", "NameConflict", what="a NameConflict Warning event"
     )
     existing = await core.read_namespaced_config_map(name, namespace)
     assert existing.data == {"contract.json": "{}"}  # someone else's object is left alone
