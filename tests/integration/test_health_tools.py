@@ -33,7 +33,16 @@ import pytest
 from hack.cluster import LocalCluster
 from tests.controllerproc import ControllerProcess
 from tests.kubehelpers import eventually, required
-from tests.runs import Obj, Runs, condition, inference_config, inference_run, last_execution, status
+from tests.runs import (
+    Obj,
+    Runs,
+    condition,
+    inference_config,
+    inference_run,
+    last_execution,
+    status,
+    without_model_url,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 KSTATUS_BUILD = REPO / "hack" / "kstatus" / "build.sh"
@@ -104,6 +113,13 @@ def argo_health(obj: Obj) -> tuple[str, str]:
     hs = runtime.execute(ARGO_HEALTH.read_text())
     assert hs is not None, "the health check returned nothing"
     return str(hs["status"]), str(hs["message"])
+
+
+def spec_ahead(obj: Obj) -> Obj:
+    """``obj`` with a spec newer than its status (generation one ahead): no verdict yet."""
+    ahead = copy.deepcopy(obj)
+    ahead["metadata"]["generation"] += 1
+    return ahead
 
 
 def read_back(cluster: LocalCluster, namespace: str, kind: str, name: str) -> Obj:
@@ -253,8 +269,7 @@ async def test_each_phase_is_judged_right_by_kstatus_argo_and_kubectl_wait(
     # A status for an older spec is no verdict on this one, whatever it says;
     # this also proves observedGeneration is there to compare (kstatus skips
     # the check when it is absent).
-    lagging = copy.deepcopy(live)
-    lagging["metadata"]["generation"] += 1
+    lagging = spec_ahead(live)
     assert kstatus(kstatus_check, lagging)["status"] == "InProgress"
     assert argo_health(lagging)[0] == "Progressing"
 
@@ -299,9 +314,7 @@ async def test_configs_are_healthy_when_ready_and_degraded_when_not(
     kstatus_check: Path,
 ) -> None:
     await runs.create(inference_config("good", OK))
-    broken = inference_config("bad", OK)
-    del broken["spec"]["kserve"]["modelUrl"]
-    await runs.create(broken)
+    await runs.create(without_model_url(inference_config("bad", OK)))
     await _config_ready(runs, "good", "True")
     await _config_ready(runs, "bad", "False")
 
@@ -315,8 +328,7 @@ async def test_configs_are_healthy_when_ready_and_degraded_when_not(
     assert argo_health(bad) == ("Degraded", ready["message"])
     assert "modelUrl" in ready["message"]
 
-    lagging = copy.deepcopy(good)
-    lagging["metadata"]["generation"] += 1
+    lagging = spec_ahead(good)
     assert argo_health(lagging)[0] == "Progressing"
     assert kstatus(kstatus_check, lagging)["status"] == "InProgress"
 
@@ -328,9 +340,7 @@ async def test_kstatus_sees_an_unusable_config_as_failed(
     cluster: LocalCluster,
     kstatus_check: Path,
 ) -> None:
-    broken = inference_config("bad", OK)
-    del broken["spec"]["kserve"]["modelUrl"]
-    await runs.create(broken)
+    await runs.create(without_model_url(inference_config("bad", OK)))
     await _config_ready(runs, "bad", "False")
     bad = read_back(cluster, namespace, "inferenceconfig", "bad")
     assert kstatus(kstatus_check, bad)["status"] == "Failed"
