@@ -115,6 +115,25 @@ class Runs:
 
         return await eventually(probe, within=within, interval=0.3, what=what or f"run {name}")
 
+    async def wait_condition(
+        self,
+        name: str,
+        type_: str,
+        wanted: Callable[[Obj], bool] = lambda c: True,
+        *,
+        plural: str = "inferenceruns",
+        within: float = 60,
+        what: str,
+    ) -> Obj:
+        """Wait until ``name`` has a ``type_`` condition that is ``wanted``; that condition."""
+
+        async def probe() -> Obj | None:
+            obj = await self.get(name, plural)
+            found = condition(obj, type_) if obj is not None else None
+            return found if found is not None and wanted(found) else None
+
+        return await eventually(probe, within=within, what=what)
+
     async def wait_phase(self, name: str, phase: str, *, within: float = 60) -> Obj:
         return await self.wait(
             name, lambda r: status(r).get("phase") == phase, within=within, what=f"{name} {phase}"

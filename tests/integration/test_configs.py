@@ -44,28 +44,25 @@ async def test_an_unusable_config_is_not_ready_with_the_field(
     runs: Runs, controller: ControllerProcess
 ) -> None:
     await runs.create(without_model_url(inference_config("cfg", OK)))
-
-    async def not_ready() -> dict[str, str] | None:
-        config = await runs.get("cfg", CONFIGS)
-        found = condition(config, "Ready") if config else None
-        return found if found and found["status"] == "False" else None
-
-    ready = await eventually(not_ready, within=30, what="Ready=False on the config")
+    ready = await runs.wait_condition(
+        "cfg",
+        "Ready",
+        lambda c: c["status"] == "False",
+        plural=CONFIGS,
+        within=30,
+        what="Ready=False on the config",
+    )
     assert ready["reason"] == "MissingModelUrl"
     assert "modelUrl" in ready["message"]
     await runs.patch("cfg", MODEL_URL_PATCH, CONFIGS)
-
-    async def ready_again() -> bool:
-        config = await runs.get("cfg", CONFIGS)
-        found = condition(config, "Ready") if config else None
-        return bool(found and found["status"] == "True" and found["observedGeneration"] == 2)
-
-    await eventually(ready_again, within=30, what="Ready=True for generation 2")
-
-
-async def _probed(runs: Runs) -> dict[str, str] | None:
-    config = await runs.get("cfg", CONFIGS)
-    return condition(config, "Probed") if config else None
+    await runs.wait_condition(
+        "cfg",
+        "Ready",
+        lambda c: c["status"] == "True" and c["observedGeneration"] == 2,
+        plural=CONFIGS,
+        within=30,
+        what="Ready=True for generation 2",
+    )
 
 
 async def test_a_probe_that_passes_is_recorded_and_cleaned_up(
@@ -76,7 +73,7 @@ async def test_a_probe_that_passes_is_recorded_and_cleaned_up(
     cluster: LocalCluster,
 ) -> None:
     await runs.create(inference_config("cfg", OK))
-    probed = await eventually(lambda: _probed(runs), within=60, what="a Probed condition")
+    probed = await runs.wait_condition("cfg", "Probed", plural=CONFIGS, what="a Probed condition")
     assert (probed["status"], probed["reason"]) == ("True", "ProbeSucceeded")
     config = await runs.get("cfg", CONFIGS)
     assert config is not None
@@ -96,7 +93,7 @@ async def test_a_probe_that_fails_says_why_on_the_config_and_its_runs(
     api_client: client.ApiClient, runs: Runs, namespace: str, probing_controller: ControllerProcess
 ) -> None:
     await runs.create(inference_config("cfg", FAIL))
-    probed = await eventually(lambda: _probed(runs), within=60, what="a Probed condition")
+    probed = await runs.wait_condition("cfg", "Probed", plural=CONFIGS, what="a Probed condition")
     assert (probed["status"], probed["reason"]) == ("False", "InferenceFailed")
     assert "model answered 503" in probed["message"]
     reasons = await wait_for_events(

@@ -32,7 +32,7 @@ import pytest
 
 from hack.cluster import LocalCluster
 from tests.controllerproc import ControllerProcess
-from tests.kubehelpers import eventually, required
+from tests.kubehelpers import required
 from tests.runs import (
     Obj,
     Runs,
@@ -297,13 +297,14 @@ async def test_a_run_before_the_controller_writes_its_status(
 # ----------------------------------------------------------------------------- configs
 
 
-async def _config_ready(runs: Runs, name: str, value: str) -> Obj:
-    async def probe() -> Obj | None:
-        config = await runs.get(name, "inferenceconfigs")
-        ready = condition(config, "Ready") if config is not None else None
-        return config if ready is not None and ready["status"] == value else None
-
-    return await eventually(probe, within=60, what=f"config {name} Ready={value}")
+async def _config_ready(runs: Runs, name: str, value: str) -> None:
+    await runs.wait_condition(
+        name,
+        "Ready",
+        lambda c: c["status"] == value,
+        plural="inferenceconfigs",
+        what=f"config {name} Ready={value}",
+    )
 
 
 async def test_configs_are_healthy_when_ready_and_degraded_when_not(
