@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from controller.api import InferenceConfig, InferenceRun
 
 # upstream-behaviour §2.3's worked example: its child names end in -5be07ada.
 UID = "5be07ada-5fe0-4c9e-a8bc-aaae67d8d344"
+CONFIG_UID = "0f1e2d3c-aaaa-bbbb-cccc-000000000000"
+# "Now" for the pure planning tests: status derivation and planning take it as an argument.
+NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 
 
 def make_config(**spec: Any) -> InferenceConfig:

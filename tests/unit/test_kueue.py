@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -13,9 +12,7 @@ from controller.naming import KUEUE_QUEUE_LABEL, RUN_SPEC_HASH_ANNOTATION
 from controller.plan import Patch, View, plan, run_spec_hash
 from controller.render import desired_configmap, desired_cronjob, desired_job, desired_workload
 from controller.status import Observed, derive_status
-from tests.unit.helpers import make_config, make_run
-
-NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+from tests.unit.helpers import NOW, make_config, make_run
 
 
 def existing(obj: dict[str, Any], *, suspend: bool | None = None, **status: Any) -> dict[str, Any]:

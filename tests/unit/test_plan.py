@@ -28,9 +28,7 @@ from controller.plan import (
     wants_job_events,
 )
 from controller.render import child_name, desired_configmap, desired_workload
-
-NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
-UID = "5be07ada-5fe0-4c9e-a8bc-aaae67d8d344"
+from tests.unit.helpers import NOW, UID
 
 
 def make_run(name: str = "r", status: Any = None, **spec: Any) -> InferenceRun:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from controller.api import InferenceConfig
 from controller.naming import PROBE_GENERATION_ANNOTATION
 from controller.probe import ConfigView, plan_config, probe_outcome
 from controller.render import PROBE_ARGS
-
-NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+from tests.unit.helpers import CONFIG_UID, NOW
 
 
 def raw_config(generation: int = 1, status: Any = None, **spec: Any) -> dict[str, Any]:
@@ -20,7 +19,7 @@ def raw_config(generation: int = 1, status: Any = None, **spec: Any) -> dict[str
         "metadata": {
             "name": "cfg",
             "namespace": "ns",
-            "uid": "0f1e2d3c-aaaa-bbbb-cccc-000000000000",
+            "uid": CONFIG_UID,
             "generation": generation,
             "resourceVersion": "5",
         },

@@ -54,10 +54,9 @@ from controller.reconcile import (
     run_uid_index,
 )
 from controller.render import desired_configmap, desired_probe, desired_workload
+from tests.unit.helpers import CONFIG_UID, NOW
+from tests.unit.helpers import UID as RUN_UID
 
-NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
-RUN_UID = "5be07ada-5fe0-4c9e-a8bc-aaae67d8d344"
-CONFIG_UID = "0f1e2d3c-aaaa-bbbb-cccc-000000000000"
 CREATED = "2026-11-23T11:58:00Z"
 
 Obj = dict[str, Any]

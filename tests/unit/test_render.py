@@ -23,8 +23,7 @@ from controller.render import (
     render_contract,
 )
 from runner.contract import Contract
-
-UID = "5be07ada-5fe0-4c9e-a8bc-aaae67d8d344"
+from tests.unit.helpers import UID
 
 # The example contract of upstream's README, in its own key order.
 README_CONTRACT = """

@@ -10,8 +10,7 @@ import pytest
 from controller import runview
 from controller.api import InferenceRun
 from controller.runview import Exit, UsageError
-
-NOW = dt.datetime(2026, 11, 23, 12, 0, 0, tzinfo=dt.UTC)
+from tests.unit.helpers import NOW
 
 
 def run(name: str, phase: str | None = None, **status: Any) -> dict[str, Any]:
