@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
-
-import pytest
 
 from controller.kube.client import KubeClient
 from controller.kube.events import EventRecorder
 from controller.kube.resources import CONFIGMAPS, EVENTS
 from hack.cluster import LocalCluster
 from tests.kubehelpers import eventually
-
-
-@pytest.fixture
-async def kube(cluster: LocalCluster) -> AsyncIterator[KubeClient]:
-    async with await KubeClient.connect(kubeconfig=str(cluster.kubeconfig)) as client:
-        yield client
 
 
 async def events_about(kube: KubeClient, namespace: str, name: str) -> list[dict[str, Any]]:

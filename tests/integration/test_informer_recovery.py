@@ -15,10 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
 from typing import Any
-
-import pytest
 
 from controller.kube.client import KubeClient
 from controller.kube.errors import ApiError
@@ -28,12 +25,6 @@ from hack.cluster import LocalCluster
 
 OUTAGE = 20.0  # seconds without an API server
 LIVENESS = 6.0  # seconds from the first write the server takes; an informer needs about 1
-
-
-@pytest.fixture
-async def kube(cluster: LocalCluster) -> AsyncIterator[KubeClient]:
-    async with await KubeClient.connect(kubeconfig=str(cluster.kubeconfig)) as client:
-        yield client
 
 
 async def test_every_informer_follows_the_api_server_again_soon_after_a_restart(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +40,6 @@ def kwok_failing(cluster: LocalCluster, tmp_path: Path) -> Iterator[Kwok]:
         cluster, tmp_path / "kwok-failing", nodes=1, run_seconds=0.3, failure_share=1.0
     ) as kwok:
         yield kwok
-
-
-@pytest.fixture
-async def kube(cluster: LocalCluster) -> AsyncIterator[KubeClient]:
-    async with await KubeClient.connect(kubeconfig=str(cluster.kubeconfig)) as kube:
-        yield kube
 
 
 async def label(api: client.ApiClient, namespace: str, kwok: Kwok) -> None:

@@ -14,7 +14,6 @@ import signal
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +32,6 @@ from tests.integration.partition import behind_a_proxy
 from tests.kubehelpers import eventually
 
 FAST = {"lease_duration": 4.0, "renew_deadline": 3.0, "retry_period": 1.0}
-
-
-@pytest.fixture
-async def kube(cluster: LocalCluster) -> AsyncIterator[KubeClient]:
-    async with await KubeClient.connect(kubeconfig=str(cluster.kubeconfig)) as client:
-        yield client
 
 
 class Candidate:
