@@ -49,12 +49,6 @@ class Seen:
 
 
 @pytest.fixture
-async def kube(cluster: LocalCluster) -> AsyncIterator[KubeClient]:
-    async with await KubeClient.connect(kubeconfig=str(cluster.kubeconfig)) as client:
-        yield client
-
-
-@pytest.fixture
 async def other_namespace(kube: KubeClient) -> AsyncIterator[str]:
     name = f"informer-other-{uuid.uuid4().hex[:6]}"
     await kube.create(
