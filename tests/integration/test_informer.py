@@ -20,7 +20,7 @@ from controller.kube.resources import CONFIGMAPS, NAMESPACES
 from controller.metrics import Metrics
 from hack.cluster import LocalCluster
 from tests.integration.partition import behind_a_proxy
-from tests.kubehelpers import eventually
+from tests.kubehelpers import controller_ref, eventually
 
 
 def configmap(name: str, labels: dict[str, str] | None = None, **data: str) -> dict[str, Any]:
@@ -157,15 +157,8 @@ async def test_children_by_owner_and_garbage_collection(
     kube: KubeClient, namespace: str, tasks: list[asyncio.Task[None]]
 ) -> None:
     parent = await kube.create(CONFIGMAPS, namespace, configmap("parent", {"family": "x"}))
-    owner = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "name": "parent",
-        "uid": parent["metadata"]["uid"],
-        "controller": True,
-    }
     child = configmap("child", {"family": "x"})
-    child["metadata"]["ownerReferences"] = [owner]
+    child["metadata"]["ownerReferences"] = [controller_ref(parent)]
     await kube.create(CONFIGMAPS, namespace, child)
     informer = Informer(
         kube,
