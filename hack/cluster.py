@@ -49,6 +49,7 @@ import yaml
 
 from hack.commands import run_tool
 from hack.pki import Pki, make_pki
+from runner.termination import RunResult, success_message
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO / "hack" / "controlplane" / "build.sh"
@@ -71,7 +72,9 @@ KCM_CONTROLLERS = (
 
 # Stand-in runner images for controller tests and benchmarks: known outcomes, no
 # model or storage needed. Real runner images (``*runner*``) run the real runner.
-_RESULT = '{"rows":3,"predictions":3,"durationSeconds":0.1}'
+# What a real runner leaves as its termination message on success, written by
+# the runner's own function so the stand-ins (here and in hack.kwok) cannot drift.
+SUCCESS_MESSAGE = success_message(RunResult(rows=3, predictions=3, duration_seconds=0.1))
 _TERMINATION = '"$NODE_AGENT_ROOT/dev/termination-log"'
 STAND_IN_RUNNERS = {
     "test.local/fake-ok*": [
@@ -79,7 +82,7 @@ STAND_IN_RUNNERS = {
         "-c",
         f'test -s "$NODE_AGENT_ROOT/tmp/contract.json" || exit 2; '
         f'echo \'{{"event":"progress","rowsDone":3,"rowsTotal":3}}\'; '
-        f"printf '%s' '{_RESULT}' > {_TERMINATION}",
+        f"printf '%s' '{SUCCESS_MESSAGE}' > {_TERMINATION}",
     ],
     "test.local/fake-fail*": [
         "sh",

@@ -46,7 +46,15 @@ from typing import Any
 
 import yaml
 
-from hack.cluster import LocalCluster, free_port, mutating_policy, spawn, stop_process, wait_http
+from hack.cluster import (
+    SUCCESS_MESSAGE,
+    LocalCluster,
+    free_port,
+    mutating_policy,
+    spawn,
+    stop_process,
+    wait_http,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO / "hack" / "kwok" / "build.sh"
@@ -54,8 +62,6 @@ BUILD_SCRIPT = REPO / "hack" / "kwok" / "build.sh"
 INSTANCE_LABEL = "ksc.kwok/instance"
 PODS_LABEL = "ksc.kwok/pods"
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
-# What a real runner leaves as its termination message (runner/termination.py).
-SUCCESS_MESSAGE = '{"rows":3,"predictions":3,"durationSeconds":0.1}'
 FAILURE_EXIT_CODE = 4
 FAILURE_MESSAGE = "inference: model answered 503 Service Unavailable"
 # Weights are integers: shares are resolved to 1/WEIGHT_SCALE.

@@ -19,8 +19,8 @@ from kubernetes_asyncio import client
 
 from controller.kube.client import KubeClient
 from controller.kube.resources import JOBS, PODS
-from hack.cluster import LocalCluster
-from hack.kwok import FAILURE_EXIT_CODE, FAILURE_MESSAGE, SUCCESS_MESSAGE, Kwok
+from hack.cluster import SUCCESS_MESSAGE, LocalCluster
+from hack.kwok import FAILURE_EXIT_CODE, FAILURE_MESSAGE, Kwok
 from tests.controllerproc import ControllerProcess
 from tests.kubehelpers import job_manifest
 from tests.runs import Runs, inference_config, inference_run, status
