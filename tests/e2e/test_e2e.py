@@ -23,7 +23,7 @@ from hack.storage_service import StorageService
 from tests import chart
 from tests.e2e.conftest import E2E, PASSWORD, iris_config, iris_run, krateo
 from tests.kubehelpers import eventually
-from tests.runs import condition, status
+from tests.runs import condition, last_execution, status
 from tests.servers import free_port
 
 
@@ -111,7 +111,7 @@ async def test_iris_scheduled_executions_and_suspend(e2e: E2E) -> None:
     created = await runs.create(iris_run("hourly", "iris-config", schedule="* * * * *"))
     executed = await runs.wait(
         "hourly",
-        lambda r: (status(r).get("lastExecution") or {}).get("phase") == "Succeeded",
+        lambda r: last_execution(r).get("phase") == "Succeeded",
         within=150,
         what="a successful scheduled execution",
     )
