@@ -40,8 +40,8 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from hack.cluster import LocalCluster
-from tests.controllerproc import ControllerProcess, controller_for
-from tests.faults.invariants import AuditLog, Ledger, controller_user, now
+from tests.controllerproc import ControllerProcess, controller_for, controller_user
+from tests.faults.invariants import AuditLog, Ledger, now
 from tests.runs import GROUP, VERSION, Runs, inference_config
 
 T = TypeVar("T")

@@ -37,16 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from controller.naming import job_name, uid_part
-from hack.chart import CONTROLLER_SERVICE_ACCOUNT
 from hack.cluster import LocalCluster
 
 CHILDREN = ("jobs", "configmaps", "cronjobs")
 CREDENTIAL_ID = "authentication.kubernetes.io/credential-id"
-
-
-def controller_user(namespace: str) -> str:
-    """The audit log's username of a controller started by ``tests.controllerproc``."""
-    return f"system:serviceaccount:{namespace}:{CONTROLLER_SERVICE_ACCOUNT}"
 
 
 def now() -> datetime:

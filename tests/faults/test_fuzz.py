@@ -35,9 +35,8 @@ import os
 import random
 from pathlib import Path
 
-from hack import chart
 from hack.cluster import LocalCluster
-from tests.controllerproc import ControllerProcess
+from tests.controllerproc import ControllerProcess, controller_user
 from tests.faults.fuzz_strategies import Api, FuzzEngine, run_fuzz
 
 EXAMPLES = int(os.environ.get("KSC_FUZZ_EXAMPLES", "500"))
@@ -69,7 +68,7 @@ async def test_fuzzed_specs_are_refused_or_given_a_reason(
         alive=lambda: proc.poll() is None,
         log=controller.output,
         audit_log=cluster.audit_log,
-        controller_user=f"system:serviceaccount:{namespace}:{chart.CONTROLLER_SERVICE_ACCOUNT}",
+        controller_user=controller_user(namespace),
     )
     report = await asyncio.to_thread(
         run_fuzz,

@@ -25,8 +25,7 @@ import yaml
 from kubernetes_asyncio import client
 
 from hack.cluster import LocalCluster, mutating_policy
-from tests import chart
-from tests.controllerproc import ControllerProcess
+from tests.controllerproc import ControllerProcess, controller_user
 from tests.kubehelpers import eventually
 from tests.runs import Runs, condition, inference_config, inference_run, status
 
@@ -162,7 +161,7 @@ async def test_runs_wait_for_kueue_and_the_controller_never_unsuspends_them(
         assert status(await runs.get(name) or {})["phase"] == "Succeeded"
 
     # The controller never wrote a Job after creating it: suspend was only Kueue's (the test's).
-    controller_user = f"system:serviceaccount:{namespace}:{chart.CONTROLLER_SERVICE_ACCOUNT}"
+    controller_username = controller_user(namespace)
 
     def job_writes(user: str) -> list[str]:
         return [
@@ -181,11 +180,11 @@ async def test_runs_wait_for_kueue_and_the_controller_never_unsuspends_them(
     await eventually(
         admin_patches_logged, within=30, what="the test's Job patches in the audit log"
     )
-    assert job_writes(controller_user) == []
+    assert job_writes(controller_username) == []
     creates = [
         e
         for e in cluster.audit_events()
-        if e.get("user", {}).get("username") == controller_user
+        if e.get("user", {}).get("username") == controller_username
         and e.get("verb") == "create"
         and (e.get("objectRef") or {}).get("resource") == "jobs"
         and (e.get("objectRef") or {}).get("namespace") == namespace
