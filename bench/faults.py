@@ -54,12 +54,11 @@ from controller.naming import job_name
 from hack.cluster import LocalCluster, running_cluster
 from hack.crds import install_crds
 from hack.polling import wait_for
-from tests.controllerproc import ControllerProcess, controller_for
+from tests.controllerproc import ControllerProcess, controller_for, controller_user
 from tests.faults.invariants import (
     INFORMED,
     AuditLog,
     Request,
-    controller_user,
     informers_back,
     now,
 )

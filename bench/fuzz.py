@@ -25,9 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from hack import chart
 from hack.cluster import running_cluster
-from tests.controllerproc import controller_for
+from tests.controllerproc import controller_for, controller_user
 from tests.faults.fuzz_strategies import Api, FuzzEngine, FuzzReport, run_fuzz
 
 NAMESPACE = "fuzz"
@@ -96,9 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                 alive=lambda: proc.poll() is None,
                 log=controller.output,
                 audit_log=cluster.audit_log,
-                controller_user=(
-                    f"system:serviceaccount:{NAMESPACE}:{chart.CONTROLLER_SERVICE_ACCOUNT}"
-                ),
+                controller_user=controller_user(NAMESPACE),
             )
             # 6 cases a second at best (the controller's client QPS): the run's length
             # in minutes is about examples / 360; two resync retries a minute each.
