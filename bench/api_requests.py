@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster.kubectl("create", "namespace", NAMESPACE)
         chart.apply(cluster, chart.controller_rbac_objects(NAMESPACE, [NAMESPACE]))
         kubeconfig = chart.service_account_kubeconfig(cluster, NAMESPACE, path=workdir / "kc")
-        user = f"system:serviceaccount:{NAMESPACE}:{chart.CONTROLLER_SERVICE_ACCOUNT}"
+        user = chart.service_account_user(NAMESPACE, chart.CONTROLLER_SERVICE_ACCOUNT)
         env = {
             "PATH": "/usr/bin:/bin",
             "KUBECONFIG": str(kubeconfig),

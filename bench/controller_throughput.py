@@ -206,7 +206,7 @@ def prepare(cluster: LocalCluster, workdir: Path, namespaces: Sequence[str] = ()
         cluster.kubectl("create", "namespace", namespace)
     chart.apply(cluster, chart.controller_rbac_objects(NAMESPACE, [NAMESPACE]))
     kubeconfig = chart.service_account_kubeconfig(cluster, NAMESPACE, path=workdir / "kc")
-    user = f"system:serviceaccount:{NAMESPACE}:{chart.CONTROLLER_SERVICE_ACCOUNT}"
+    user = chart.service_account_user(NAMESPACE, chart.CONTROLLER_SERVICE_ACCOUNT)
     return Setup(cluster, workdir, kubeconfig, user)
 
 

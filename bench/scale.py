@@ -253,7 +253,7 @@ def make_shards(cluster: LocalCluster, workdir: Path, args: argparse.Namespace) 
         }
         if args.shards > 1:
             env |= {"SHARD_COUNT": str(args.shards), "SHARD_INDEX": str(index)}
-        user = f"system:serviceaccount:{namespace}:{chart.CONTROLLER_SERVICE_ACCOUNT}"
+        user = chart.service_account_user(namespace, chart.CONTROLLER_SERVICE_ACCOUNT)
         proc = ControllerProcess(kubeconfig, workdir / f"controller-{index}.log", env)
         shards.append(Shard(index, args.shards, namespace, user, proc))
     return shards

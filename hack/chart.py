@@ -288,6 +288,11 @@ def delete_cluster_scoped(cluster: LocalCluster, objects: Iterable[Obj]) -> None
             )
 
 
+def service_account_user(namespace: str, name: str) -> str:
+    """The username the API server (authorizer, audit log) gives ServiceAccount namespace/name."""
+    return f"system:serviceaccount:{namespace}:{name}"
+
+
 def service_account_kubeconfig(
     cluster: LocalCluster,
     namespace: str,
@@ -304,5 +309,5 @@ def service_account_kubeconfig(
     token = cluster.kubectl(
         "create", "token", name, "-n", namespace, f"--duration={duration}"
     ).stdout.strip()
-    user = f"system:serviceaccount:{namespace}:{name}"
+    user = service_account_user(namespace, name)
     return cluster.write_token_kubeconfig(path, user, token, context="sa", namespace=namespace)

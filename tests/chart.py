@@ -36,6 +36,7 @@ from hack.chart import (
     render,
     render_text,
     service_account_kubeconfig,
+    service_account_user,
     to_yaml,
 )
 
@@ -63,6 +64,7 @@ __all__ = [
     "render",
     "render_text",
     "service_account_kubeconfig",
+    "service_account_user",
     "to_yaml",
 ]
 

@@ -106,7 +106,7 @@ class ControllerProcess:
 
 def controller_user(namespace: str) -> str:
     """The username (in the audit log too) of a controller that :func:`controller_for` made."""
-    return f"system:serviceaccount:{namespace}:{chart.CONTROLLER_SERVICE_ACCOUNT}"
+    return chart.service_account_user(namespace, chart.CONTROLLER_SERVICE_ACCOUNT)
 
 
 @contextlib.contextmanager

@@ -210,7 +210,7 @@ async def test_timeout_is_deadline_exceeded(e2e: E2E) -> None:
 async def test_runner_service_account_reads_secrets_but_cannot_list_them(
     cluster: LocalCluster, namespace: str
 ) -> None:
-    sa = f"system:serviceaccount:{namespace}:{chart.RUNNER_SERVICE_ACCOUNT}"
+    sa = chart.service_account_user(namespace, chart.RUNNER_SERVICE_ACCOUNT)
 
     def can_i(verb: str, in_namespace: str) -> str:
         answer = cluster.kubectl(

@@ -49,6 +49,7 @@ from tests.chart import (
     render,
     render_text,
     service_account_kubeconfig,
+    service_account_user,
     to_yaml,
 )
 from tests.kubehelpers import eventually
@@ -166,10 +167,6 @@ def can_i(cluster: LocalCluster, who: str, *args: str) -> bool:
     return answer == "yes"
 
 
-def sa(namespace: str, name: str) -> str:
-    return f"system:serviceaccount:{namespace}:{name}"
-
-
 async def test_default_values_create_in_a_restricted_namespace(
     cluster: LocalCluster, restricted_namespace: str
 ) -> None:
@@ -197,7 +194,7 @@ async def test_default_values_create_in_a_restricted_namespace(
         cluster.kubectl("delete", "pod", "controller-pod", "-n", release_ns, "--wait=false")
 
         # All namespaces: the controller may read runs everywhere, but no Secret.
-        controller = sa(release_ns, CONTROLLER_SERVICE_ACCOUNT)
+        controller = service_account_user(release_ns, CONTROLLER_SERVICE_ACCOUNT)
         assert can_i(cluster, controller, "watch", "inferenceruns.ai.krateo.io", "--all-namespaces")
         assert can_i(cluster, controller, "create", "jobs.batch", "-n", "default")
         assert can_i(cluster, controller, "get", "pods", "--subresource=log", "-n", "default")
@@ -206,7 +203,7 @@ async def test_default_values_create_in_a_restricted_namespace(
         assert not can_i(
             cluster, controller, "create", "inferenceruns.ai.krateo.io", "-n", "default"
         )
-        runner = sa(release_ns, RUNNER_SERVICE_ACCOUNT)
+        runner = service_account_user(release_ns, RUNNER_SERVICE_ACCOUNT)
         assert can_i(cluster, runner, "get", "secrets", "-n", release_ns)
         assert not can_i(cluster, runner, "list", "secrets", "-n", release_ns)
         assert not can_i(cluster, runner, "watch", "secrets", "-n", release_ns)
@@ -266,7 +263,7 @@ async def test_watch_namespaces_create_and_grant_only_those_namespaces(
         )
         assert created.returncode == 0
         assert as_controller("get", "lease", RELEASE, "-n", release_ns).returncode == 0
-        other = sa(release_ns, CONTROLLER_SERVICE_ACCOUNT)
+        other = service_account_user(release_ns, CONTROLLER_SERVICE_ACCOUNT)
         assert not can_i(cluster, other, "get", "leases/someone-else", "-n", release_ns)
         assert not can_i(cluster, other, "create", "leases", "-n", watched[0])
         # The Lease's owner: its own ServiceAccount, read by name only.
@@ -277,7 +274,7 @@ async def test_watch_namespaces_create_and_grant_only_those_namespaces(
 
         # Runners: one identity per watched namespace, each reading its own Secrets only.
         for namespace in watched:
-            runner = sa(namespace, RUNNER_SERVICE_ACCOUNT)
+            runner = service_account_user(namespace, RUNNER_SERVICE_ACCOUNT)
             assert can_i(cluster, runner, "get", "secrets", "-n", namespace)
             assert not can_i(cluster, runner, "list", "secrets", "-n", namespace)
             others = [n for n in (*watched, release_ns) if n != namespace]

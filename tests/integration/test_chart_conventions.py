@@ -46,7 +46,7 @@ def can(
         *extra,
         "-n",
         namespace,
-        f"--as=system:serviceaccount:{namespace}:{who}",
+        f"--as={chart.service_account_user(namespace, who)}",
         check=False,
     )
     return done.stdout.strip() == "yes"

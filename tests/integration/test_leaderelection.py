@@ -26,7 +26,7 @@ from controller.kube.leaderelection import SERVICEACCOUNTS, LeaderElector, Leade
 from controller.kube.resources import CONFIGMAPS, LEASES, Obj
 from controller.metrics import Metrics
 from hack.cluster import LocalCluster
-from tests.chart import CONTROLLER_SERVICE_ACCOUNT, FULLNAME
+from tests.chart import CONTROLLER_SERVICE_ACCOUNT, FULLNAME, service_account_user
 from tests.controllerproc import ControllerProcess, controller_for
 from tests.integration.partition import behind_a_proxy
 from tests.kubehelpers import eventually
@@ -311,10 +311,6 @@ def service_account_reads(cluster: LocalCluster, namespace: str, user: str) -> l
     ]
 
 
-def sa(namespace: str, name: str) -> str:
-    return f"system:serviceaccount:{namespace}:{name}"
-
-
 def election_warnings(proc: ControllerProcess) -> list[dict[str, Any]]:
     """The warnings the controller's leader election logged."""
     lines = [json.loads(line) for line in proc.output().splitlines() if line.startswith("{")]
@@ -346,7 +342,7 @@ async def test_the_controllers_service_account_owns_the_lease_and_takes_it_along
         assert renewed["metadata"]["uid"] == lease["metadata"]["uid"]
         assert renewed["spec"]["renewTime"] > lease["spec"]["renewTime"]
         assert renewed["metadata"]["ownerReferences"] == [sa_reference(account)]
-        identity = sa(namespace, CONTROLLER_SERVICE_ACCOUNT)
+        identity = service_account_user(namespace, CONTROLLER_SERVICE_ACCOUNT)
         assert service_account_reads(cluster, namespace, identity) == [200]
         assert not election_warnings(proc), proc.output()
     finally:
@@ -464,7 +460,7 @@ async def test_an_owner_the_controller_may_not_read_does_not_hold_up_the_electio
             ("someone-else", "Forbidden")
         ], proc.output()
         # Retried with a backoff (1 s, 2 s, ...), not at every renewal.
-        identity = sa(namespace, CONTROLLER_SERVICE_ACCOUNT)
+        identity = service_account_user(namespace, CONTROLLER_SERVICE_ACCOUNT)
         reads = service_account_reads(cluster, namespace, identity)
         assert set(reads) == {403}
         assert len(reads) <= 4, reads
