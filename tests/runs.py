@@ -139,6 +139,12 @@ class Runs:
             name, lambda r: status(r).get("phase") == phase, within=within, what=f"{name} {phase}"
         )
 
+    async def wait_execution(self, name: str, phase: str, *, within: float, what: str) -> Obj:
+        """Wait until scheduled run ``name``'s last execution is in ``phase``."""
+        return await self.wait(
+            name, lambda r: last_execution(r).get("phase") == phase, within=within, what=what
+        )
+
     async def wait_reason(self, name: str, reason: str, *, within: float = 60) -> Obj:
         """Wait until run ``name``'s status gives ``reason``."""
         return await self.wait(

@@ -23,7 +23,7 @@ from hack.storage_service import StorageService
 from tests import chart
 from tests.e2e.conftest import E2E, PASSWORD, iris_config, iris_run, krateo
 from tests.kubehelpers import eventually
-from tests.runs import condition, last_execution, status
+from tests.runs import condition, status
 from tests.servers import free_port
 
 
@@ -109,11 +109,8 @@ async def test_iris_scheduled_executions_and_suspend(e2e: E2E) -> None:
     runs = e2e.runs
     await runs.create(iris_config("iris-config", e2e.model_url()))
     created = await runs.create(iris_run("hourly", "iris-config", schedule="* * * * *"))
-    executed = await runs.wait(
-        "hourly",
-        lambda r: last_execution(r).get("phase") == "Succeeded",
-        within=150,
-        what="a successful scheduled execution",
+    executed = await runs.wait_execution(
+        "hourly", "Succeeded", within=150, what="a successful scheduled execution"
     )
     st = status(executed)
     assert st["lastScheduleTime"]

@@ -25,7 +25,6 @@ from tests.runs import (
     condition,
     inference_config,
     inference_run,
-    last_execution,
     status,
     without_model_url,
 )
@@ -314,11 +313,8 @@ async def test_scheduled_run_follows_edits_and_reports_executions(
 
     await eventually(contract_updated, within=20, what="the scheduled run's contract updated")
 
-    executed = await runs.wait(
-        "tick",
-        lambda r: last_execution(r).get("phase") == "Succeeded",
-        within=130,
-        what="a successful execution",
+    executed = await runs.wait_execution(
+        "tick", "Succeeded", within=130, what="a successful execution"
     )
     st = status(executed)
     assert st["lastScheduleTime"]
