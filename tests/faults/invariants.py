@@ -9,6 +9,12 @@ the functions below. Each check returns its violations as readable lines
 (the audit lines that prove them included), so a failing test says what
 happened, not only that something did.
 
+A check over an empty record proves nothing: every check goes through
+:func:`invariant`, which raises :class:`EmptyAuditRecord` when it is given no
+request at all, or none of the user it checks. The reader follows the API
+server's log rotation (see :class:`AuditLog`), so a rotation during a test
+cannot empty the record either.
+
 The invariants (DESIGN.md §3 and §6):
 
 - :func:`duplicate_creates`: a child (Job, ConfigMap, CronJob) is created
@@ -28,13 +34,14 @@ The invariants (DESIGN.md §3 and §6):
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from controller.naming import job_name, uid_part
 from hack.cluster import LocalCluster
@@ -77,13 +84,86 @@ class Request:
         )
 
 
-class AuditLog:
-    """The audit log of one test: requests in one namespace after a mark."""
+class AuditGap(RuntimeError):
+    """Part of the audit record after the mark cannot be read: the test cannot be judged."""
 
-    def __init__(self, cluster: LocalCluster, namespace: str) -> None:
-        self.path: Path = cluster.audit_log
+
+class EmptyAuditRecord(AssertionError):
+    """An invariant was checked over no audit event at all: it would hold vacuously."""
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Where a reader starts: the log file (by inode) and the offset in it."""
+
+    inode: int | None  # None: there was no log yet, everything written later counts
+    offset: int = 0
+
+
+def mark(path: Path) -> Mark:
+    """The end of the audit log at ``path`` now."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return Mark(None)
+    return Mark(st.st_ino, st.st_size)
+
+
+def log_files(path: Path) -> list[Path]:
+    """The audit log's files, oldest first: the rotated ones, then ``path`` itself.
+
+    kube-apiserver rotates its audit log (lumberjack) by renaming the file to
+    ``<name>-<UTC timestamp><ext>`` beside it and starting a new one; the
+    timestamp sorts by name.
+    """
+    rotated = sorted(path.parent.glob(f"{path.stem}-*{path.suffix}"))
+    return [*rotated, path] if path.exists() else rotated
+
+
+def read_since(path: Path, since: Mark) -> Iterator[bytes]:
+    """The lines written to the audit log at ``path`` after ``since``, across rotations.
+
+    The file marked is found again by its inode (a rotation renames it, so the
+    inode stays): the rest of it is read from the offset, then every newer file
+    whole. Raises :class:`AuditGap` when the marked file is gone (a rotated file
+    removed) or shorter than the mark (truncated): the record is not whole.
+    """
+    files = [(f, f.stat()) for f in log_files(path)]
+    if since.inode is None:
+        start, offset = 0, 0
+    else:
+        found = [i for i, (_, st) in enumerate(files) if st.st_ino == since.inode]
+        if not found:
+            names = ", ".join(f.name for f, _ in files) or "none"
+            raise AuditGap(
+                f"the audit log file marked at the start of the test (inode {since.inode}) "
+                f"is gone from {path.parent} (files: {names}): rotated and removed?"
+            )
+        start, offset = found[0], since.offset
+        if files[start][1].st_size < offset:
+            raise AuditGap(
+                f"{files[start][0]} is shorter ({files[start][1].st_size} bytes) than the mark "
+                f"({offset}): truncated since the test started"
+            )
+    for i, (file, _) in enumerate(files[start:]):
+        with file.open("rb") as f:
+            if i == 0 and offset:
+                f.seek(offset)
+            yield from f
+
+
+class AuditLog:
+    """The audit log of one test: requests in one namespace after a mark.
+
+    The mark is the log file's inode and size when the test started, so the
+    reader follows a rotation (see :func:`read_since`) instead of reading a new,
+    shorter file from an offset past its end and seeing nothing.
+    """
+
+    def __init__(self, cluster: LocalCluster | Path, namespace: str) -> None:
+        self.path: Path = cluster if isinstance(cluster, Path) else cluster.audit_log
         self.namespace = namespace
-        self.offset = self.path.stat().st_size if self.path.exists() else 0
+        self.mark = mark(self.path)
 
     def requests(self, stages: Sequence[str] = ("ResponseComplete",)) -> list[Request]:
         """Requests in the namespace since the mark, by arrival; finished ones unless ``stages``.
@@ -92,18 +172,17 @@ class AuditLog:
         ``ResponseComplete`` comes when it ends).
         """
         found: list[Request] = []
-        with self.path.open("rb") as f:
-            f.seek(self.offset)
-            for line in f:
-                if self.namespace.encode() not in line:
-                    continue  # cheap filter before parsing
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue  # a line a killed kube-apiserver left half-written
-                request = _parse(event, stages)
-                if request is not None and request.namespace == self.namespace:
-                    found.append(request)
+        needle = self.namespace.encode()
+        for line in read_since(self.path, self.mark):
+            if needle not in line:
+                continue  # cheap filter before parsing
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # a line a killed kube-apiserver left half-written
+            request = _parse(event, stages)
+            if request is not None and request.namespace == self.namespace:
+                found.append(request)
         found.sort(key=lambda r: r.received)
         return found
 
@@ -188,6 +267,40 @@ class Ledger:
 
 # ---------------------------------------------------------------- the checks
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# Every check, by name (filled by :func:`invariant`): a test holds each to the empty rule.
+CHECKS: dict[str, Callable[..., Any]] = {}
+
+
+def invariant(
+    check: Callable[Concatenate[Sequence[Request], str, P], R],
+) -> Callable[Concatenate[Sequence[Request], str, P], R]:
+    """Make ``check(requests, user, ...)`` refuse to judge an empty record.
+
+    The one place every check goes through: with no request at all, or none
+    by ``user`` (the client whose behaviour is checked), it raises
+    :class:`EmptyAuditRecord` instead of finding no violation in nothing (an
+    audit policy, log path or reader that lost the record would otherwise
+    pass every fault test).
+    """
+
+    @functools.wraps(check)
+    def checked(requests: Sequence[Request], user: str, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        if not requests:
+            raise EmptyAuditRecord(f"{check.__name__}: no audit events seen")
+        if not any(r.user == user for r in requests):
+            users = sorted({r.user for r in requests})
+            raise EmptyAuditRecord(
+                f"{check.__name__}: no audit events seen of {user} "
+                f"({len(requests)} of others: {', '.join(users[:5])})"
+            )
+        return check(requests, user, *args, **kwargs)
+
+    CHECKS[check.__name__] = checked
+    return checked
+
 
 def _creates(requests: Iterable[Request], user: str, resources: Sequence[str]) -> list[Request]:
     return [
@@ -214,6 +327,7 @@ def _summary(what: str, found: list[Request], samples: int = 3) -> list[str]:
     return lines
 
 
+@invariant
 def duplicate_creates(
     requests: Sequence[Request],
     user: str,
@@ -250,6 +364,7 @@ def duplicate_creates(
     return [*violations, *_evidence(requests, {name for _, name in found})]
 
 
+@invariant
 def children_per_run(requests: Sequence[Request], user: str, runs: Ledger) -> list[str]:
     """One workload name per run uid; exactly one create for each one-shot run that ran."""
     violations: list[str] = []
@@ -303,6 +418,7 @@ def delete_times(requests: Sequence[Request], user: str, runs: Ledger) -> dict[s
 RACE = 1.0
 
 
+@invariant
 def created_after_delete(
     requests: Sequence[Request],
     user: str,
@@ -348,6 +464,7 @@ def created_after_delete(
     return violations, races
 
 
+@invariant
 def writes_after(
     requests: Sequence[Request], user: str, name: str, since: datetime, what: str
 ) -> list[str]:
@@ -364,6 +481,7 @@ def writes_after(
     return _summary(what, found) if found else []
 
 
+@invariant
 def controller_deleted(requests: Sequence[Request], user: str, runs: Ledger) -> list[str]:
     """Deletes of a one-shot run's Job by the controller (never replaced, never deleted)."""
     violations = []
@@ -375,6 +493,7 @@ def controller_deleted(requests: Sequence[Request], user: str, runs: Ledger) -> 
     return violations
 
 
+@invariant
 def children_once(
     requests: Sequence[Request], user: str, runs: Ledger, *, recreatable: Sequence[Run] = ()
 ) -> list[str]:
