@@ -53,6 +53,12 @@ the key ``<job_uid>/<s>/<position>`` in a unique column ``rowkey`` (added to an
 older table); a key already there is skipped, so a chunk written twice (a
 retried request, a retried pod) is stored once. Unkeyed writes are unchanged.
 
+**Rows as objects.** With the argument ``rows_as=objects`` (for the runner's join
+keys: ``columns``, ``keyColumn``, ``passthroughColumns``) ``sklearninput`` and
+``GET /tables/{t}/rows`` answer each row as an object keyed by column name, its
+values as stored (not made floats). A prediction that is an object or a list
+(the runner's joined output rows) is stored as its JSON text.
+
 **Plain JSON routes** (for the runner's ``http`` provider; same Basic auth):
 ``GET /tables/{t}/rows?offset&limit&shard_index&shard_count`` ->
 ``{"rows": [...], "total": n}``; ``POST /tables/{t}/predictions`` with a JSON body
@@ -167,9 +173,22 @@ def partition(arguments: dict[str, str]) -> tuple[int, int]:
     return index, count
 
 
+def shaped(cursor: sqlite3.Cursor, arguments: dict[str, str]) -> list[Any]:
+    """The cursor's rows as float lists, or as objects with ``rows_as=objects`` (above)."""
+    if arguments.get("rows_as") == "objects":
+        names = [column[0] for column in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor]
+    return [list(map(float, row)) for row in cursor]
+
+
+def stored_value(value: Any) -> Any:
+    """A prediction as stored: an object or a list (a joined output row) as JSON text."""
+    return orjson.dumps(value).decode() if isinstance(value, dict | list) else value
+
+
 def page_rows(
     db: sqlite3.Connection, table: str, arguments: dict[str, str]
-) -> tuple[list[list[float]], int]:
+) -> tuple[list[Any], int]:
     """One page of one shard (see "Paging"), and the number of rows in the shard."""
     quoted = identifier(table, "table name")
     index, count = partition(arguments)
@@ -189,7 +208,7 @@ def page_rows(
             "ORDER BY rowid",
             (low, high, count, index),
         )
-    return [list(map(float, row)) for row in cursor], total
+    return shaped(cursor, arguments), total
 
 
 def sklearn_input(db: sqlite3.Connection, arguments: dict[str, str]) -> str:
@@ -198,8 +217,7 @@ def sklearn_input(db: sqlite3.Connection, arguments: dict[str, str]) -> str:
         rows, total = page_rows(db, table, arguments)
         return orjson.dumps({"result": rows, "total": total}).decode() + "\n"
     cursor = db.execute(f"SELECT * FROM {identifier(table, 'table name')}")
-    rows = [[float(value) for value in row] for row in cursor]
-    return orjson.dumps({"result": rows}).decode() + "\n"
+    return orjson.dumps({"result": shaped(cursor, arguments)}).decode() + "\n"
 
 
 _OUTPUT_TABLE = (
@@ -243,7 +261,7 @@ def store_keyed(
             f"INSERT OR IGNORE INTO {quoted} (jobuid, poduid, prediction, counter, shard, rowkey) "
             "VALUES (?, ?, ?, ?, ?, ?)",
             [
-                (job_uid, pod_uid, value, position, index, prefix + str(position))
+                (job_uid, pod_uid, stored_value(value), position, index, prefix + str(position))
                 for value, position in zip(values, positions, strict=True)
             ],
         )
@@ -311,7 +329,7 @@ def store_output(db: sqlite3.Connection, arguments: dict[str, str]) -> str:
         )
         db.executemany(
             f"INSERT INTO {quoted} (jobuid, poduid, prediction, counter) VALUES (?, ?, ?, ?)",
-            ((job_uid, pod_uid, value, offset + i) for i, value in enumerate(values)),
+            ((job_uid, pod_uid, stored_value(v), offset + i) for i, v in enumerate(values)),
         )
     return ""
 
@@ -598,6 +616,15 @@ class StorageService:
                     f"{identifier(table, 'table name')} ORDER BY jobuid, poduid, counter"
                 )
             ]
+
+    def stored_values(self, table: str) -> list[tuple[int, Any]]:
+        """``(counter, prediction)`` of every row, in counter order; JSON text decoded."""
+        with contextlib.closing(self.connect()) as db:
+            rows = db.execute(
+                f"SELECT counter, prediction FROM {identifier(table, 'table name')} "
+                "ORDER BY counter"
+            ).fetchall()
+        return [(int(c), orjson.loads(v) if isinstance(v, str) else v) for c, v in rows]
 
     def keyed_predictions(self, table: str) -> list[tuple[str, int, int, str, float]]:
         """``(jobuid, shard, counter, rowkey, prediction)`` of keyed rows, in counter order."""

@@ -52,6 +52,7 @@ from runner.contract import Contract
 from runner.exitcodes import (
     ContractError,
     ExitCode,
+    InferenceRejected,
     InputRejected,
     RunnerError,
 )
@@ -65,6 +66,7 @@ from runner.inference import (
     predict,
     start_inference,
 )
+from runner.join import RowSplitter, Selection, SelectionError, join
 from runner.logs import get_logger
 from runner.progress import EVENT as PROGRESS_EVENT
 from runner.progress import Progress, ProgressTracker
@@ -189,6 +191,8 @@ class Plan:
     shard_count: int
     shard_index: int
     parameters: dict[str, str] = field(default_factory=dict)
+    # The input entry's join keys (runner.join); None without any.
+    selection: Selection | None = None
 
 
 def load_contract(path: Path) -> Contract:
@@ -215,6 +219,10 @@ def plan(contract: Contract, env: RunnerEnv) -> Plan:
     try:
         input_provider = storage.resolve(contract.input, "input", parameters)
         output_provider = storage.resolve(contract.output, "output", parameters)
+        selection = storage.selection(contract.input)
+        if selection is None and getattr(input_provider, "named_rows", False):
+            # Rows with named columns and no join keys: every column is a feature.
+            selection = Selection()
     except ValueError as error:
         raise ContractError(str(error)) from None
     if getattr(input_provider, "paging", None) is not None:
@@ -248,6 +256,7 @@ def plan(contract: Contract, env: RunnerEnv) -> Plan:
         shard_count=count,
         shard_index=index,
         parameters=parameters,
+        selection=selection,
     )
 
 
@@ -272,37 +281,61 @@ async def execute(
             parameters=work.parameters,
             deadline=deadline,
             log=log,
+            part=Partition(work.shard_index, work.shard_count),
         )
-        source = streaming.pages_of(work)
-        if source is not None:
-            return await _stream(work, ctx, source, session, deadline, state, log, clock, started)
-        state.stage = "input"
-        with storage_failures("input"):
-            await work.input.prepare(ctx)
-            rows = await work.input.load_rows(ctx)
         try:
-            check_rows(rows)
-        except ValueError as error:
-            # A ragged table is the same table on every attempt.
-            raise InputRejected(str(error)) from None
-        total = len(rows)
-        rows = shard(rows, work.shard_count, work.shard_index)
-        log.info("input loaded", rows=total, shardRows=len(rows), provider=work.input.key)
-        input_done = clock()
+            return await _execute(work, ctx, session, deadline, state, log, clock, started)
+        finally:
+            await storage.close(work.input, work.output)
 
-        await _prepare_output(work, ctx, state)
 
-        state.stage = "inference"
-        state.rows_total = len(rows)
-        predictions = await _infer(
-            work, ModelClient(session, work.model), rows, deadline, state, log
-        )
-        inference_done = clock()
+async def _execute(
+    work: Plan,
+    ctx: StorageContext,
+    session: aiohttp.ClientSession,
+    deadline: Deadline,
+    state: RunState,
+    log: Any,
+    clock: Callable[[], float],
+    started: float,
+) -> RunResult:
+    source = streaming.pages_of(work)
+    if source is not None:
+        return await _stream(work, ctx, source, session, deadline, state, log, clock, started)
+    state.stage = "input"
+    with storage_failures("input"):
+        await work.input.prepare(ctx)
+        rows = await work.input.load_rows(ctx)
+    carried: list[tuple[Any, ...]] = []
+    try:
+        if work.selection is not None:
+            rows, carried = RowSplitter(work.selection).split(rows)
+        check_rows(rows)
+    except ValueError as error:
+        # A ragged table, a missing column: the same table on every attempt.
+        raise InputRejected(str(error)) from None
+    total = len(rows)
+    rows = shard(rows, work.shard_count, work.shard_index)
+    carried = shard(carried, work.shard_count, work.shard_index)
+    log.info("input loaded", rows=total, shardRows=len(rows), provider=work.input.key)
+    input_done = clock()
 
-        state.stage = "output"
-        with storage_failures("output"):
-            await work.output.store(ctx, predictions)
-        finished = clock()
+    await _prepare_output(work, ctx, state)
+
+    state.stage = "inference"
+    state.rows_total = len(rows)
+    predictions = await _infer(work, ModelClient(session, work.model), rows, deadline, state, log)
+    inference_done = clock()
+    if work.selection is not None:
+        try:
+            predictions = join(work.selection, carried, predictions)
+        except SelectionError as error:
+            raise InferenceRejected(f"the model's answers: {error}") from None
+
+    state.stage = "output"
+    with storage_failures("output"):
+        await work.output.store(ctx, predictions)
+    finished = clock()
     log.info(
         "stage timings",
         inputSeconds=round(input_done - started, 3),
@@ -358,6 +391,7 @@ async def _stream(
             stats,
             log,
             on_progress,
+            work.selection,
         )
     except RunnerError as error:
         error.message = f"{error.message} {streaming.missing_part(stats, part)}"

@@ -53,6 +53,7 @@ from typing import Any, cast
 
 from runner.batching import batch_ranges
 from runner.exitcodes import (
+    InferenceRejected,
     InputRejected,
     RunnerError,
 )
@@ -65,6 +66,7 @@ from runner.inference import (
     infer_batch,
     start_inference,
 )
+from runner.join import RowSplitter, Selection, SelectionError, join
 from runner.progress import EVENT as PROGRESS_EVENT
 from runner.progress import Progress, ProgressTracker
 from runner.retry import Deadline, log_retries
@@ -112,7 +114,43 @@ def missing_part(stats: StreamStats, part: Partition) -> str:
     )
 
 
-async def _read(source: PagedInput, ctx: StorageContext, offset: int, part: Partition) -> Page:
+@dataclass
+class Joiner:
+    """A streaming run's join (:mod:`runner.join`): each page's carried values until stored."""
+
+    splitter: RowSplitter
+    part: Partition
+    carried: dict[int, list[tuple[Any, ...]]]
+
+    @classmethod
+    def of(cls, selection: Selection | None, part: Partition) -> Joiner | None:
+        return None if selection is None else cls(RowSplitter(selection), part, {})
+
+    def split(self, page: Page) -> Page:
+        """The page with the model's features as rows; its carried values kept aside."""
+        name = f"shard {self.part.index}/{self.part.count} row" if self.part.count > 1 else "row"
+        try:
+            features, carried = self.splitter.split(page.rows, page.offset, name)
+        except SelectionError as error:
+            raise InputRejected(str(error)) from None
+        self.carried[page.offset] = carried
+        return Page(page.offset, features, page.total)
+
+    def output(self, page: Page, predictions: list[Any]) -> list[Any]:
+        """The page's output rows: ``predictions`` joined to the page's carried values."""
+        try:
+            return join(self.splitter.selection, self.carried.pop(page.offset), predictions)
+        except SelectionError as error:
+            raise InferenceRejected(f"page at row {page.offset}: {error}") from None
+
+
+async def _read(
+    source: PagedInput,
+    ctx: StorageContext,
+    offset: int,
+    part: Partition,
+    joiner: Joiner | None = None,
+) -> Page:
     assert source.paging is not None
     limit = source.paging.page_size
     with storage_failures("input"):
@@ -123,7 +161,7 @@ async def _read(source: PagedInput, ctx: StorageContext, offset: int, part: Part
             f"the input answered {len(page.rows)} rows to a page of {limit} (offset {offset}): "
             "it does not honour the paging arguments (offset, limit); read it without paging"
         )
-    return page
+    return page if joiner is None else joiner.split(page)
 
 
 def _check_page(page: Page, first_row: Any) -> None:
@@ -155,8 +193,13 @@ async def stream(
     stats: StreamStats,
     log: Any,
     on_progress: Callable[[int, int], None],
+    selection: Selection | None = None,
 ) -> StreamStats:
-    """Predict and store the shard's rows as the module docstring says; fills ``stats``."""
+    """Predict and store the shard's rows as the module docstring says; fills ``stats``.
+
+    With a ``selection`` (:mod:`runner.join`) each page is split into the model's
+    features and the carried columns, and its output rows are joined to them.
+    """
     assert source.paging is not None
     page_size = source.paging.page_size
     shard_fields = {"shardIndex": part.index, "shardCount": part.count} if part.count > 1 else {}
@@ -168,7 +211,8 @@ async def stream(
     if start:
         log.info("resuming", resumedRows=start, **shard_fields)
 
-    first = await _read(source, ctx, start, part)
+    joiner = Joiner.of(selection, part)
+    first = await _read(source, ctx, start, part, joiner)
     stats.pages += 1
     stats.rows_total = first.total
 
@@ -225,7 +269,7 @@ async def stream(
             pending_rows.remove(page)
             if len(page.rows) < page_size:
                 break
-            page = await _read(source, ctx, page.offset + len(page.rows), part)
+            page = await _read(source, ctx, page.offset + len(page.rows), part, joiner)
             stats.pages += 1
             if page.total is not None:
                 stats.rows_total = page.total
@@ -286,6 +330,8 @@ async def stream(
         while (item := await done.get()) is not None:
             page, future = item
             predictions = await future
+            if joiner is not None:
+                predictions = joiner.output(page, predictions)
             with storage_failures("output"):
                 answer = await sink.store_keyed(ctx, page.offset, predictions, part)
             stats.chunks += 1

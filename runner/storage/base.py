@@ -24,7 +24,7 @@ means) and :mod:`runner.storage.jsonhttp` (the provider both are dialects of).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import aiohttp
@@ -62,6 +62,8 @@ class StorageContext:
     parameters: Mapping[str, str]
     deadline: Deadline
     log: Any
+    # The pod's shard: where a provider that keys its rows puts an unpaged run's output.
+    part: Partition = field(default_factory=lambda: Partition())
 
 
 class StorageProvider(Protocol):
