@@ -42,7 +42,14 @@ from controller.api import Phase
 from controller.config_reconcile import BY_CONFIG_UID, ConfigReconciler, config_uid_index
 from controller.kube.client import KubeClient
 from controller.kube.events import EventRecorder
-from controller.kube.informer import Informer, OnAdd, OnDelete, OnUpdate, object_key
+from controller.kube.informer import (
+    WATCH_IDLE_TIMEOUT,
+    Informer,
+    OnAdd,
+    OnDelete,
+    OnUpdate,
+    object_key,
+)
 from controller.kube.leaderelection import LeaderElector, make_identity
 from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS, PODS, Obj
 from controller.kube.workers import Workers
@@ -90,6 +97,7 @@ def build_caches(
     *,
     shard: Shard | None = None,
     metrics: Metrics | None = None,
+    idle_timeout: float = WATCH_IDLE_TIMEOUT,
 ) -> Caches:
     """The controller's caches (not yet running) of ``namespaces`` (empty: all namespaces).
 
@@ -109,6 +117,7 @@ def build_caches(
             resource,
             namespaces=namespaces if all_shards else shard.narrow(namespaces),
             metrics=metrics,
+            idle_timeout=idle_timeout,
             transform=compose(None if all_shards else shard.keep, projection(resource.kind)),
             **kwargs,
         )
@@ -134,7 +143,13 @@ class Controller:
 
         # SHARD_COUNT > 1: only this shard's namespaces (controller/sharding.py).
         self.shard = Shard.of(settings)
-        self.caches = build_caches(client, namespaces, shard=self.shard, metrics=metrics)
+        self.caches = build_caches(
+            client,
+            namespaces,
+            shard=self.shard,
+            metrics=metrics,
+            idle_timeout=settings.watch_idle_timeout,
+        )
         self.informers = self.caches.all()
         self.queue: WorkQueue[str] = WorkQueue(
             "inferenceruns",

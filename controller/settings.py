@@ -179,6 +179,21 @@ OptionalStr = Annotated[str | None, BeforeValidator(_empty_is_none)]
 PodDefaults = Annotated[
     RunnerPodDefaults | None, NoDecode, BeforeValidator(parse_runner_pod_defaults)
 ]
+# Under 10 s every quiet watch would be reopened between two bookmarks; over
+# 90 s a stalled watch leaves the controller blind too long.
+MIN_WATCH_IDLE_TIMEOUT, MAX_WATCH_IDLE_TIMEOUT = 10.0, 90.0
+
+
+def _watch_idle(value: Any) -> float:
+    seconds = parse_duration(value)
+    if not MIN_WATCH_IDLE_TIMEOUT <= seconds <= MAX_WATCH_IDLE_TIMEOUT:
+        raise ValueError(
+            f"{value!r} is outside {MIN_WATCH_IDLE_TIMEOUT:g}s..{MAX_WATCH_IDLE_TIMEOUT:g}s"
+        )
+    return seconds
+
+
+WatchIdle = Annotated[float, BeforeValidator(_watch_idle)]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
@@ -264,6 +279,12 @@ class Settings(BaseSettings):
         "server is the real protection; this stops a runaway loop).",
     )
     kube_api_burst: int = Field(400, ge=1, description="Client-side API request burst.")
+    watch_idle_timeout: WatchIdle = Field(
+        75.0,
+        description="A watch that delivers neither an event nor a bookmark for this long "
+        "(the API server sends a bookmark about every minute) is taken for a stalled "
+        "connection, closed and reopened from where it was. 10s to 90s.",
+    )
     events_qps: float = Field(
         10.0,
         gt=0,

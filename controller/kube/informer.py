@@ -8,6 +8,14 @@ client-go's reflector and indexer, in asyncio, on raw watch streams:
   minutes, so that many watches do not all end together. Every event and
   bookmark advances the ``resourceVersion``; a watch the server ends normally
   is reopened at once from there, with no list.
+- **A watch that goes quiet is closed.** The API server sends a bookmark on
+  every watch about once a minute, so a watch that delivers neither an event
+  nor a bookmark for ``idle_timeout`` seconds (75 by default, from opening
+  the request) is taken for a stalled connection (one that stays open but
+  carries nothing, which no read timeout notices in time): it is closed,
+  counted (``informer_watch_errors_total{reason="idle"}``), logged as a
+  warning, and reopened after 0.5-1 s from its last ``resourceVersion``,
+  with no list (unless that version is gone by then: 410, below).
 - **410 Gone** (as the watch's HTTP status or as an ``ERROR`` event with code
   410): the ``resourceVersion`` is too old, so list again, at once. The relist
   turns into add/update/delete callbacks for whatever changed meanwhile (an
@@ -90,6 +98,10 @@ MIN_HEALTHY_WATCH = 1.0
 # it last gave none, failures are retried after RETRY_SOON/2 to RETRY_SOON.
 RETRY_SOON = 1.0
 RECOVERY_WINDOW = 60.0
+# A watch that delivers neither an event nor a bookmark for this long is
+# taken for stalled and reopened. The API server sends a bookmark about every
+# 60 s: 75 s leaves room for a late one. The controller's WATCH_IDLE_TIMEOUT.
+WATCH_IDLE_TIMEOUT = 75.0
 # Retry-After is honoured within these bounds.
 MIN_RETRY_AFTER = 0.1
 MAX_RETRY_AFTER = 30.0
@@ -380,6 +392,10 @@ class WatchFailed(Exception):
     """An ``ERROR`` event other than 410."""
 
 
+class WatchStalled(TransportError):
+    """The watch delivered neither an event nor a bookmark for the informer's idle bound."""
+
+
 # ---------------------------------------------------------------------------- informer
 
 
@@ -401,9 +417,12 @@ class Informer:
         page_size: int = PAGE_SIZE,
         watch_timeout: tuple[int, int] = (MIN_WATCH_TIMEOUT, MAX_WATCH_TIMEOUT),
         transform: Transform | None = None,
+        idle_timeout: float | None = WATCH_IDLE_TIMEOUT,
     ) -> None:
         if not resource.namespaced and namespaces:
             raise ValueError(f"{resource.kind} is cluster-scoped: no namespaces to choose")
+        if idle_timeout is not None and idle_timeout <= 0:
+            raise ValueError(f"idle_timeout must be positive (None: no bound), not {idle_timeout}")
         self.source = source
         self.resource = resource
         self.name = name or str(resource)
@@ -413,6 +432,7 @@ class Informer:
         self.transform = transform
         self.page_size = page_size
         self.watch_timeout = watch_timeout
+        self.idle_timeout = idle_timeout
         # None = one cluster-wide scope.
         self._scopes: tuple[str | None, ...] = tuple(dict.fromkeys(namespaces)) or (None,)
         self._handlers: list[EventHandler] = []
@@ -518,6 +538,19 @@ class Informer:
             try:
                 rv = await self._watch(namespace, rv, retries)
                 retries.watch_ended()
+            except WatchStalled as exc:
+                rv = self._resource_versions.get(namespace) or rv
+                self._count_error("idle")
+                delay = retries.failed(exc)
+                # Every time, not 1st/2nd/4th...: a stall is rare, and worth knowing of.
+                scope_log.warning(
+                    "watch stalled: no event or bookmark within the idle bound; reopening it",
+                    resource=str(self.resource),
+                    idle_timeout=self.idle_timeout,
+                    resource_version=rv,
+                    retry_in=delay,
+                )
+                await asyncio.sleep(delay)
             except WatchExpired:
                 self._count_error("gone")
                 delay = retries.expired()
@@ -596,13 +629,30 @@ class Informer:
             field_selector=self.field_selector,
             allow_bookmarks=True,
         )
+        idle = self.idle_timeout
+        quiet = asyncio.timeout(idle)
         try:
-            async for event in stream:
-                rv = self.handle_event(event) or rv
-                self._resource_versions[namespace] = rv
-                if not got_event:
-                    got_event = True
-                    retries.progressed()
+            # The bound runs from the request on (a stalled connection may not
+            # even answer it) and starts again with every event or bookmark.
+            async with quiet:
+                async for event in stream:
+                    if idle is not None:
+                        quiet.reschedule(loop.time() + idle)
+                    rv = self.handle_event(event) or rv
+                    self._resource_versions[namespace] = rv
+                    if not got_event:
+                        got_event = True
+                        retries.progressed()
+        except TimeoutError:
+            if not quiet.expired():
+                raise
+            raise WatchStalled(
+                0,
+                "WatchStalled",
+                f"no event or bookmark for {idle:g}s",
+                verb="watch",
+                path=self.resource.path(namespace),
+            ) from None
         except ApiError as exc:
             if exc.is_gone:
                 raise WatchExpired from exc

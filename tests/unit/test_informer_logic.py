@@ -11,13 +11,16 @@ import itertools
 import random
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from controller.kube.errors import ApiError, TransportError
 from controller.kube.informer import (
     LAST_APPLIED,
+    WATCH_IDLE_TIMEOUT,
     Backoff,
     Informer,
     Store,
@@ -64,6 +67,13 @@ def error_event(code: int) -> dict[str, Any]:
 Steps = list[Any]
 HANG = "hang"  # a watch step: stay open until cancelled
 END = "end"  # the server closes the watch (after MIN_HEALTHY_WATCH of loop time)
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A watch step: nothing for ``seconds``, then the next step."""
+
+    seconds: float
 
 
 class FakeSource:
@@ -114,7 +124,9 @@ class FakeSource:
             for step in steps:
                 if isinstance(step, Exception):
                     raise step
-                if step == HANG:
+                if isinstance(step, Pause):
+                    await asyncio.sleep(step.seconds)
+                elif step == HANG:
                     await asyncio.Future()
                 elif step == END:
                     await asyncio.sleep(5)
@@ -485,7 +497,7 @@ async def test_watch_timeouts_are_randomised_between_5_and_10_minutes(
     source.script_watch(None, *([END] for _ in range(20)))
     informer = Informer(source, RUNS, rng=random.Random(11))
     start(informer, running)
-    await asyncio.sleep(200)
+    await asyncio.sleep(150)
     timeouts = [c["timeout_seconds"] for c in source.watch_calls]
     assert len(timeouts) == 21
     assert all(300 <= t <= 600 for t in timeouts)
@@ -589,7 +601,8 @@ async def test_errors_back_off_jittered_and_resume_from_the_same_version(
         [ev("ADDED", obj("a", "12")), error_event(500)],
         [ApiError(503, "ServiceUnavailable")],
     )
-    informer = Informer(source, RUNS, rng=random.Random(3))
+    # No idle bound: the last watch stays open and stays the last (see the idle tests).
+    informer = Informer(source, RUNS, rng=random.Random(3), idle_timeout=None)
     start(informer, running)
     await asyncio.sleep(200)
     calls = source.watch_calls
@@ -647,7 +660,8 @@ async def test_an_api_server_restart_is_followed_by_a_relist_within_a_second_of_
         *warming,
         [ApiError(410)],
     )
-    informer = Informer(source, RUNS, rng=random.Random(8))
+    # No idle bound: the last watch stays open and stays the last (see the idle tests).
+    informer = Informer(source, RUNS, rng=random.Random(8), idle_timeout=None)
     seen = Recorder(informer)
     start(informer, running)
     await asyncio.sleep(300)
@@ -846,3 +860,101 @@ async def test_cancelling_the_informer_closes_its_watch(source: FakeSource) -> N
     with pytest.raises(asyncio.CancelledError):
         await task
     assert source.closed_streams == 1
+
+
+# ------------------------------------------------------------------ watch liveness
+
+
+def idle_errors(metrics: Metrics) -> float | None:
+    return metrics.registry.get_sample_value(
+        "informer_watch_errors_total",
+        {"resource": "inferenceruns.ai.krateo.io", "reason": "idle"},
+    )
+
+
+@pytest.mark.looptime
+async def test_a_watch_that_goes_quiet_is_reopened_from_its_version_without_a_list(
+    source: FakeSource, running: list[asyncio.Task[None]]
+) -> None:
+    # Bookmarks a minute apart keep the watch; then the connection stalls.
+    metrics = Metrics()
+    source.script_list(None, page([], "10"))
+    source.script_watch(
+        None,
+        [ev("ADDED", obj("a", "11")), Pause(60), bookmark("15"), Pause(60), bookmark("16"), HANG],
+        [ev("MODIFIED", obj("a", "17")), HANG],
+    )
+    with capture_logs() as logs:
+        informer = Informer(source, RUNS, metrics=metrics, rng=random.Random(12))
+        start(informer, running)
+        await asyncio.sleep(190)
+        assert len(source.watch_calls) == 1  # 70 s since the last bookmark: still open
+        assert idle_errors(metrics) is None
+        await asyncio.sleep(10)
+    calls = source.watch_calls
+    assert [c["resource_version"] for c in calls] == ["10", "16"]
+    assert len(source.list_calls) == 1  # no relist
+    assert source.closed_streams == 1  # the stalled stream was closed
+    # Closed at the bound after the last bookmark, reopened after 0.5-1 s.
+    assert 120 + WATCH_IDLE_TIMEOUT + 0.5 <= calls[1]["at"] <= 120 + WATCH_IDLE_TIMEOUT + 1.0
+    assert informer.get("ns", "a")["metadata"]["resourceVersion"] == "17"  # type: ignore[index]
+    assert idle_errors(metrics) == 1
+    (warning,) = [entry for entry in logs if entry["log_level"] == "warning"]
+    assert warning["resource"] == "inferenceruns.ai.krateo.io"
+    assert (warning["resource_version"], warning["idle_timeout"]) == ("16", WATCH_IDLE_TIMEOUT)
+    assert "stalled" in warning["event"]
+
+
+@pytest.mark.looptime
+async def test_a_watch_request_that_is_never_answered_counts_as_stalled(
+    source: FakeSource, running: list[asyncio.Task[None]]
+) -> None:
+    # A stalled connection may not even answer the request: the bound runs from it.
+    metrics = Metrics()
+    source.script_list(None, page([], "10"))
+    source.script_watch(None, [HANG], [HANG], [ev("ADDED", obj("a", "11")), HANG])
+    informer = Informer(source, RUNS, metrics=metrics, idle_timeout=30)
+    start(informer, running)
+    await asyncio.sleep(70)
+    calls = source.watch_calls
+    assert [c["resource_version"] for c in calls] == ["10", "10", "10"]
+    assert all(30.5 <= gap <= 31 for gap in gaps([c["at"] for c in calls]))
+    assert idle_errors(metrics) == 2
+    assert informer.get("ns", "a") is not None
+    assert len(source.list_calls) == 1
+
+
+@pytest.mark.looptime
+async def test_a_stalled_watch_whose_version_is_gone_meanwhile_relists(
+    source: FakeSource, running: list[asyncio.Task[None]]
+) -> None:
+    source.script_list(None, page([obj("a", "1")], "10"), page([obj("b", "40")], "40"))
+    source.script_watch(None, [ev("ADDED", obj("z", "11")), HANG], [ApiError(410)])
+    informer = Informer(source, RUNS)
+    seen = Recorder(informer)
+    start(informer, running)
+    await asyncio.sleep(WATCH_IDLE_TIMEOUT + 5)
+    assert [c["resource_version"] for c in source.watch_calls] == ["10", "11", "40"]
+    assert len(source.list_calls) == 2
+    assert seen.calls[-3:] == [
+        ("add", "ns/b", "40"),
+        ("delete", "ns/a", "1"),
+        ("delete", "ns/z", "11"),
+    ]
+
+
+@pytest.mark.looptime
+async def test_without_an_idle_bound_a_quiet_watch_stays_open(
+    source: FakeSource, running: list[asyncio.Task[None]]
+) -> None:
+    source.script_list(None, page([], "10"))
+    informer = Informer(source, RUNS, idle_timeout=None)
+    start(informer, running)
+    await asyncio.sleep(10 * WATCH_IDLE_TIMEOUT)
+    assert len(source.watch_calls) == 1
+
+
+@pytest.mark.parametrize("bound", [0, -1.0])
+def test_the_idle_bound_must_be_positive(source: FakeSource, bound: float) -> None:
+    with pytest.raises(ValueError, match="idle_timeout must be positive"):
+        Informer(source, RUNS, idle_timeout=bound)
