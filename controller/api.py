@@ -586,13 +586,29 @@ class RunnerPod(_Model):
         return value
 
 
+def _positive_quantity(value: str | int | None) -> str | int | None:
+    if value is None:
+        return None
+    parsed = parse_quantity(value)
+    if parsed is None or parsed <= 0:
+        raise PydanticCustomError(
+            "InvalidRunnerPod",
+            "tmpSizeLimit must be a positive quantity (e.g. 1Gi, 500Mi), got {value!r}",
+            {"value": value},
+        )
+    return value
+
+
 class RunnerPodDefaults(RunnerPod):
-    """The controller's ``RUNNER_POD_DEFAULTS``: a ``runnerPod`` plus default ``resources``.
+    """The controller's ``RUNNER_POD_DEFAULTS``: a ``runnerPod`` plus default ``resources``
+    and the size limit of the runner's ``/tmp`` (``tmpSizeLimit``; unset: the renderer's
+    default).
 
     Also the shape of a config's effective runner pod (:func:`merge_runner_pod`).
     """
 
     resources: ResourceRequirements | None = None
+    tmp_size_limit: Annotated[str | int | None, AfterValidator(_positive_quantity)] = None
 
 
 def merge_runner_pod(
@@ -606,7 +622,7 @@ def merge_runner_pod(
     name (the defaults' order, then the config's new names); tolerations are
     the defaults' then the config's, each once; affinity, priorityClassName and
     ``resources`` (the config's ``spec.resources``) are the config's when set,
-    else the defaults'.
+    else the defaults'; ``tmpSizeLimit`` is the defaults' (a config has none).
     """
     own = config or RunnerPod()
     base = defaults or RunnerPodDefaults()
@@ -630,6 +646,7 @@ def merge_runner_pod(
         priority_class_name=own.priority_class_name or base.priority_class_name,
         env=list(env.values()) or None,
         resources=resources if resources is not None else base.resources,
+        tmp_size_limit=base.tmp_size_limit,
     )
 
 

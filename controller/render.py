@@ -71,6 +71,15 @@ CONTAINER_NAME = "inference"
 PERMANENT_EXIT_CODES = sorted(int(code) for code in PERMANENT)
 # The distroless "nonroot" user the runner image runs as.
 RUNNER_UID = 65532
+# The runner's scratch /tmp (an emptyDir) is bounded: a runner that fills it is
+# evicted by its kubelet instead of filling the node's disk. The runner itself
+# writes only small files there (upstream's runners could not write /tmp at
+# all); RUNNER_POD_DEFAULTS' tmpSizeLimit changes it.
+TMP_VOLUME = "tmp"
+DEFAULT_TMP_SIZE_LIMIT = "1Gi"
+# Tells the cluster autoscaler that the pod's emptyDir volumes hold nothing worth
+# keeping a node for (without it, a pod with local storage blocks a scale-down).
+SAFE_TO_EVICT_LOCAL_VOLUMES = "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes"
 
 # --------------------------------------------------------------------------------------------
 # Go-compatible JSON.
@@ -296,7 +305,7 @@ def _container(config: InferenceConfig, shape: RunnerPodDefaults) -> dict[str, A
         "volumeMounts": [
             # /tmp stays writable (read-only root filesystem); the contract is
             # one read-only file inside it, as upstream's runners expect.
-            {"name": "tmp", "mountPath": CONTRACT_DIR},
+            {"name": TMP_VOLUME, "mountPath": CONTRACT_DIR},
             {
                 "name": "contract",
                 "mountPath": CONTRACT_PATH,
@@ -342,7 +351,10 @@ def _pod_spec(
         },
         "containers": [_container(config, shape)],
         "volumes": [
-            {"name": "tmp", "emptyDir": {}},
+            {
+                "name": TMP_VOLUME,
+                "emptyDir": {"sizeLimit": shape.tmp_size_limit or DEFAULT_TMP_SIZE_LIMIT},
+            },
             {
                 "name": "contract",
                 "configMap": {
@@ -370,11 +382,12 @@ def _pod_spec(
 
 
 def _template_metadata(labels: dict[str, str], shape: RunnerPodDefaults) -> dict[str, Any]:
-    """Pod template metadata: the runner pod's labels under the controller's, its annotations."""
-    metadata: dict[str, Any] = {"labels": {**(shape.labels or {}), **labels}}
-    if shape.annotations:
-        metadata["annotations"] = dict(shape.annotations)
-    return metadata
+    """Pod template metadata: the runner pod's labels under the controller's; its
+    annotations over the autoscaler's safe-to-evict one for the ``/tmp`` emptyDir."""
+    return {
+        "labels": {**(shape.labels or {}), **labels},
+        "annotations": {SAFE_TO_EVICT_LOCAL_VOLUMES: TMP_VOLUME, **(shape.annotations or {})},
+    }
 
 
 def _job_spec(

@@ -161,7 +161,7 @@ def parse_runner_pod_defaults(value: Any) -> RunnerPodDefaults | None:
     if not isinstance(value, dict):
         raise ValueError(
             "expected a JSON object with labels, annotations, nodeSelector, tolerations, "
-            "affinity, priorityClassName, env and/or resources"
+            "affinity, priorityClassName, env, resources and/or tmpSizeLimit"
         )
     try:
         return RunnerPodDefaults.model_validate(value)
@@ -228,7 +228,8 @@ class Settings(BaseSettings):
     runner_pod_defaults: PodDefaults = Field(
         None,
         description="JSON defaults for every runner pod (and config probe): labels, annotations, "
-        "nodeSelector, tolerations, affinity, priorityClassName, env and resources; a config's "
+        "nodeSelector, tolerations, affinity, priorityClassName, env, resources and "
+        "tmpSizeLimit (the runner's /tmp emptyDir, default 1Gi); a config's "
         "spec.runnerPod (and spec.resources) wins. Empty: none.",
     )
     probe_interval: DurationOrOff = Field(

@@ -219,6 +219,24 @@ def test_a_settings_change_rolls_the_pods() -> None:
     assert checksum(render()) != checksum(render({"settings": {"logLevel": "DEBUG"}}))
 
 
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes"
+
+
+def test_the_controller_pod_names_its_emptydirs_safe_to_evict(default_objects: list[Obj]) -> None:
+    """The cluster autoscaler keeps a node for a pod with local storage unless told."""
+    for objects in (default_objects, render({"sharding": {"shards": 2}})):
+        for deployment in find(objects, "Deployment"):
+            template = deployment["spec"]["template"]
+            empty_dirs = [v["name"] for v in template["spec"]["volumes"] if "emptyDir" in v]
+            assert empty_dirs == ["tmp"]
+            assert template["metadata"]["annotations"][SAFE_TO_EVICT] == ",".join(empty_dirs)
+    # podAnnotations may say otherwise (keep the node), once, without a duplicate key.
+    mine = render({"podAnnotations": {SAFE_TO_EVICT: "", "team": "a"}})
+    annotations = one(mine, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations[SAFE_TO_EVICT] == ""
+    assert annotations["team"] == "a"
+
+
 def test_image_digest_wins_over_tag() -> None:
     digest = "sha256:" + "a" * 64
     objects = render({"image": {"repository": "r.example/ksc", "tag": "9", "digest": digest}})

@@ -364,7 +364,7 @@ def test_job_shape() -> None:
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert "resources" not in container
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["tmp"] == {"name": "tmp", "emptyDir": {}}
+    assert volumes["tmp"] == {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}
     assert volumes["contract"]["configMap"]["name"] == name
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     assert mounts["/tmp"]["name"] == "tmp"

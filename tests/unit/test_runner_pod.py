@@ -133,7 +133,10 @@ def _check_pod(template: dict[str, Any]) -> None:
     meta, pod = template["metadata"], template["spec"]
     assert meta["labels"]["cost-center"] == "ml-42"
     assert meta["labels"][RUN_UID_LABEL] == UID  # the controller's labels are all there
-    assert meta["annotations"] == {"sidecar.istio.io/inject": "false"}
+    assert meta["annotations"] == {
+        "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes": "tmp",
+        "sidecar.istio.io/inject": "false",
+    }
     assert pod["nodeSelector"] == {"pool": "gpu"}
     assert pod["tolerations"] == [GPU]
     assert pod["affinity"] == {"podAntiAffinity": {}}
@@ -176,7 +179,10 @@ def test_an_unshaped_job_is_unchanged() -> None:
     job = desired_job(make_run(), make_config())
     pod = job["spec"]["template"]["spec"]
     assert not {"nodeSelector", "tolerations", "affinity", "priorityClassName"} & set(pod)
-    assert "annotations" not in job["spec"]["template"]["metadata"]
+    # The one annotation of every runner pod: its emptyDir may go (see "drains").
+    assert job["spec"]["template"]["metadata"]["annotations"] == {
+        "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes": "tmp"
+    }
     assert [e["name"] for e in pod["containers"][0]["env"]] == ["pod_uid"]
     assert "resources" not in pod["containers"][0]
 
@@ -244,6 +250,50 @@ def test_the_crd_holds_the_same_rules() -> None:
         assert f"'{name}'" in env_name["x-kubernetes-validations"][0]["rule"]
 
 
+# ------------------------------------------------------------ drains and autoscalers
+
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes"
+
+
+def _templates(defaults: RunnerPodDefaults | None = None, **config: Any) -> list[Any]:
+    """The pod templates of a one-shot run's Job, a scheduled run's CronJob and a probe."""
+    cfg = make_config(**config)
+    job = desired_job(make_run(), cfg, pod_defaults=defaults)
+    cron = desired_cronjob(make_run(schedule="*/5 * * * *"), cfg, pod_defaults=defaults)
+    _, probe = desired_probe(cfg, "probe", pod_defaults=defaults)
+    return [
+        job["spec"]["template"],
+        cron["spec"]["jobTemplate"]["spec"]["template"],
+        probe["spec"]["template"],
+    ]
+
+
+def test_runner_pods_name_their_emptydirs_safe_to_evict_and_bound_tmp() -> None:
+    """kubectl drain and the cluster autoscaler refuse pods with local storage unless told."""
+    for template in _templates():
+        volumes = template["spec"]["volumes"]
+        empty_dirs = [v["name"] for v in volumes if "emptyDir" in v]
+        assert empty_dirs == ["tmp"]
+        assert template["metadata"]["annotations"][SAFE_TO_EVICT] == ",".join(empty_dirs)
+        tmp = next(v for v in volumes if v["name"] == "tmp")
+        assert tmp["emptyDir"] == {"sizeLimit": "1Gi"}
+
+
+def test_tmp_size_limit_comes_from_the_controllers_defaults() -> None:
+    defaults = RunnerPodDefaults.model_validate({"tmpSizeLimit": "8Gi"})
+    # A config's own runnerPod (which has no tmpSizeLimit) keeps the defaults' limit.
+    for template in _templates(defaults, runnerPod={"labels": {"team": "a"}}):
+        tmp = next(v for v in template["spec"]["volumes"] if v["name"] == "tmp")
+        assert tmp["emptyDir"] == {"sizeLimit": "8Gi"}
+    assert merge_runner_pod(None, defaults).tmp_size_limit == "8Gi"
+
+
+def test_a_runner_pod_annotation_wins_over_the_safe_to_evict_one() -> None:
+    """An operator who wants the node kept for a runner says so in runnerPod.annotations."""
+    (job, *_) = _templates(runnerPod={"annotations": {SAFE_TO_EVICT: ""}})
+    assert job["metadata"]["annotations"] == {SAFE_TO_EVICT: ""}
+
+
 # --------------------------------------------------------------------- settings
 
 
@@ -273,6 +323,9 @@ def test_runner_pod_defaults_setting() -> None:
         ('{"tolerations": [{"operator": "Nope"}]}', "tolerations[0].operator"),
         ('{"resources": {"requests": {"cpu": "-1"}}}', "cpu must not be negative"),
         ('{"env": [{"name": "CONTRACT_PATH", "value": "/x"}]}', "env CONTRACT_PATH is set"),
+        ('{"tmpSizeLimit": "lots"}', "tmpSizeLimit must be a positive quantity"),
+        ('{"tmpSizeLimit": "0"}', "tmpSizeLimit must be a positive quantity"),
+        ('{"tmpSizeLimit": "-1Gi"}', "tmpSizeLimit must be a positive quantity"),
     ],
 )
 def test_bad_runner_pod_defaults_are_a_clear_error(value: str, fragment: str) -> None:
@@ -300,6 +353,7 @@ def test_the_chart_passes_runner_pod_defaults_to_the_controller() -> None:
         "annotations": {"sidecar.istio.io/inject": "false"},
         "tolerations": [GPU],
         "env": [{"name": "HTTP_PROXY", "value": "http://proxy:3128"}],
+        "tmpSizeLimit": "4Gi",
     }
     defaults = settings_of({"runner": {"podDefaults": pod_defaults}}).runner_pod_defaults
     assert defaults is not None
