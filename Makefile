@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help setup binaries node-prereqs demo demo-node test unit integration node lint format cluster bench clean
+.PHONY: help setup lock binaries node-prereqs demo demo-node test unit integration node lint format cluster bench clean
 
 help:
 	@echo "make demo    - the whole system end to end on a local control plane"
@@ -17,17 +17,29 @@ help:
 	@echo "make unit    - only the unit tests (no binaries, no servers)"
 	@echo "make node    - only the real-node tier (images, chart, real kubelets; root)"
 	@echo "make cluster - a local control plane in the foreground (Ctrl-C stops it)"
-	@echo "make lint    - ruff check, ruff format --check, mypy, lint-imports (layering)"
+	@echo "make lock    - update uv.lock (LOCK_ARGS=--upgrade for newest) and the image pins"
+	@echo "make lint    - uv.lock current, ruff check, ruff format --check, mypy, lint-imports (layering)"
 
-# uv installs the test extra (KServe, scikit-learn) in seconds where pip takes minutes.
-$(STAMP): pyproject.toml
+# The install is locked: uv.lock pins every distribution (the `dev` extra with
+# the test tools, and uv itself), so a fresh clone gets exactly what CI got.
+# uv is bootstrapped at its locked version, then `uv sync --frozen` makes .venv
+# match the lock (the project editable, nothing else) and never re-resolves.
+$(STAMP): pyproject.toml uv.lock
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python >= 3.11 is required")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check uv
-	$(VENV)/bin/uv pip install --quiet --python $(PY) -e '.[dev]'
+	test -x $(VENV)/bin/uv || $(PY) -m pip install --quiet --disable-pip-version-check \
+		"uv==$$($(PYTHON) -m hack.lock uv-version)"
+	UV_PROJECT_ENVIRONMENT=$(VENV) $(VENV)/bin/uv sync --quiet --frozen --extra dev --python $(PY)
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# Updates uv.lock after a change to pyproject.toml (LOCK_ARGS=--upgrade takes the
+# newest versions allowed), then the image requirement files made from it.
+lock: $(STAMP)
+	$(VENV)/bin/uv lock $(LOCK_ARGS)
+	$(PY) -m hack.lock images
+	$(MAKE) setup
 
 binaries:
 	bash hack/controlplane/build.sh >/dev/null
@@ -37,6 +49,7 @@ binaries:
 	bash hack/kwok/build.sh >/dev/null
 
 lint: $(STAMP)
+	$(PY) -m hack.lock check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy

@@ -1,49 +1,38 @@
 #!/bin/sh
 # Installs one component of this project into a virtualenv, the one way both
 # images (Dockerfile.controller, Dockerfile.runner) and the test that checks
-# them (tests/integration/test_images.py) do it.
+# them (tests/integration/test_images.py) do it: first exactly the locked
+# dependencies, then the package itself with none.
 #
-#   install.sh VENV controller   the package with its dependencies
-#                                (pyproject.toml [project.dependencies])
-#   install.sh VENV runner       the package without those, plus only the
-#                                `runner` extra ([project.optional-dependencies])
+#   install.sh VENV controller   requirements-controller.txt: the locked closure
+#                                of pyproject.toml's [project.dependencies]
+#   install.sh VENV runner       requirements-runner.txt: the locked closure of
+#                                only the `runner` extra, so the runner image
+#                                carries no controller dependency
 #
-# Run from the directory holding pyproject.toml. INSTALL is the installer
-# command (default: the venv's own pip); the test sets it to `uv pip install
-# --python VENV/bin/python` so it runs in seconds. PYTHON (default python3) is
-# any Python >= 3.11, used to read pyproject.toml.
+# Run from the directory holding pyproject.toml and requirements-COMPONENT.txt
+# (written from uv.lock by `make lock`; every line pins a version and its
+# hashes, so the image gets the very files the lock names). INSTALL is the
+# installer command (default: the venv's own pip); the test sets it to `uv pip
+# install --python VENV/bin/python` so it runs in seconds.
 set -eu
 
 venv=${1:?usage: install.sh VENV controller|runner}
 component=${2:?usage: install.sh VENV controller|runner}
 install=${INSTALL:-"$venv/bin/python -m pip install --no-cache-dir --disable-pip-version-check"}
-python=${PYTHON:-python3}
 
 case "$component" in
-  controller)
-    $install .
-    ;;
-  runner)
-    # The package's own dependencies are the controller's; the runner needs
-    # only its extra, so the runner image carries no controller dependency.
-    requirements=$(mktemp)
-    "$python" - "$requirements" <<'PY'
-import sys
-import tomllib
-
-with open("pyproject.toml", "rb") as f:
-    extras = tomllib.load(f)["project"].get("optional-dependencies", {})
-if "runner" not in extras:
-    sys.exit("pyproject.toml has no [project.optional-dependencies] runner extra")
-with open(sys.argv[1], "w") as out:
-    out.write("".join(f"{req}\n" for req in extras["runner"]))
-PY
-    $install --no-deps .
-    $install -r "$requirements"
-    rm -f "$requirements"
-    ;;
+  controller|runner) ;;
   *)
     echo "install.sh: unknown component '$component' (controller or runner)" >&2
     exit 2
     ;;
 esac
+requirements="requirements-$component.txt"
+if [ ! -f "$requirements" ]; then
+  echo "install.sh: $requirements is missing (make lock writes it to deploy/images/)" >&2
+  exit 2
+fi
+# --no-deps: the file is the whole closure; nothing outside the lock comes in.
+$install --no-deps --require-hashes -r "$requirements"
+$install --no-deps .

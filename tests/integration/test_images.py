@@ -16,10 +16,12 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
+from hack import lock
 from tests.dockerfiles import COMPONENTS, REPO, dockerfile, stages, third_party_imports
 
 INSTALL_SCRIPT = REPO / "deploy" / "images" / "install.sh"
@@ -156,3 +158,24 @@ def test_runner_image_holds_only_the_runner_extra(tmp_path: Path) -> None:
     # The controller's code is not in the runner image either.
     missing = run(python, "-c", "import controller", cwd=tmp_path)
     assert missing.returncode != 0
+
+
+_VERSIONS = """
+import json
+from importlib import metadata
+print(json.dumps({d.metadata["Name"]: d.version for d in metadata.distributions()}))
+"""
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_image_installs_exactly_the_locked_versions(component: str, tmp_path: Path) -> None:
+    python = install(component, tmp_path)
+    done = run(python, "-c", _VERSIONS, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    installed = {lock.normalize(name): v for name, v in json.loads(done.stdout).items()}
+    locked = tomllib.loads(lock.LOCK.read_text())
+    ours = lock.normalize("kserve-inference-controller")
+    checked = {name: v for name, v in installed.items() if name not in _TOOLING | {ours}}
+    assert checked, installed
+    for name, version in checked.items():
+        assert lock.locked_version(locked, name) == version, name

@@ -80,6 +80,12 @@ def test_build_stage_installs_its_component_with_the_shared_script(component: st
     runs = build.all("RUN")
     assert any(run.startswith(f"ksc-install /opt/venv {component} ") for run in runs), runs
     assert "--chmod=0755 deploy/images/install.sh /usr/local/bin/ksc-install" in build.all("COPY")
+    # Beside pyproject.toml, the locked requirements the script installs (hack/lock.py).
+    assert any(
+        f"deploy/images/requirements-{component}.txt" in copy.split()[:-1]
+        and copy.split()[-1] in ("./", "/src/")
+        for copy in build.all("COPY")
+    ), build.all("COPY")
 
 
 def test_runner_image_does_not_carry_the_controller() -> None:
