@@ -205,6 +205,7 @@ async def connect(settings: Settings, kubeconfig: str | None, metrics: Metrics) 
             qps=settings.kube_api_qps,
             burst=settings.kube_api_burst,
             metrics=metrics,
+            keepalive=settings.watch_idle_timeout,
         )
     except (ConfigException, OSError) as exc:
         raise KubeconfigError(f"{where}: {str(exc).rstrip('.')}; {fix}") from None

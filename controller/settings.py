@@ -284,7 +284,8 @@ class Settings(BaseSettings):
         75.0,
         description="A watch that delivers neither an event nor a bookmark for this long "
         "(the API server sends a bookmark about every minute) is taken for a stalled "
-        "connection, closed and reopened from where it was. 10s to 90s.",
+        "connection, closed and reopened from where it was; the API connections' TCP "
+        "keepalive notices a dead peer within the same time. 10s to 90s.",
     )
     events_qps: float = Field(
         10.0,

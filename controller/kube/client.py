@@ -38,6 +38,7 @@ from kubernetes_asyncio.client import Configuration
 from controller.kube.errors import ApiError
 from controller.kube.resources import PODS, Obj, Resource
 from controller.kube.transport import (
+    KEEPALIVE,
     JsonArray,
     RequestOptions,
     Transport,
@@ -96,8 +97,11 @@ class KubeClient:
         metrics: Metrics | None = None,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         field_manager: str = FIELD_MANAGER,
+        keepalive: float = KEEPALIVE,
     ) -> None:
-        self.transport = Transport(configuration, qps=qps, burst=burst, metrics=metrics)
+        self.transport = Transport(
+            configuration, qps=qps, burst=burst, metrics=metrics, keepalive=keepalive
+        )
         self.field_manager = field_manager
         self.request_timeout = request_timeout
 
@@ -132,12 +136,16 @@ class KubeClient:
         qps: float = 20.0,
         burst: int = 30,
         metrics: Metrics | None = None,
+        keepalive: float = KEEPALIVE,
     ) -> KubeClient:
-        """A client for the cluster named by the kubeconfig (or the pod's own cluster)."""
+        """A client for the cluster named by the kubeconfig (or the pod's own cluster).
+
+        ``keepalive``: a silent dead peer is noticed within this many seconds.
+        """
         configuration = await load_configuration(
             kubeconfig=kubeconfig, in_cluster=in_cluster, context=context
         )
-        return cls(configuration, qps=qps, burst=burst, metrics=metrics)
+        return cls(configuration, qps=qps, burst=burst, metrics=metrics, keepalive=keepalive)
 
     async def __aenter__(self) -> KubeClient:
         return self

@@ -7,6 +7,11 @@ the configuration's credentials (re-read per request, so rotated tokens are
 picked up), is counted in ``rest_client_requests_total{verb,method,code}``,
 and a non-2xx answer raises the typed :class:`~controller.kube.errors.ApiError`.
 What is sent where (the verbs) is ``controller.kube.client``'s.
+
+Every connection has TCP keepalive on (:func:`keepalive_socket`): a peer that
+died without closing (a host gone, a NAT or firewall that dropped the flow) is
+noticed within ``keepalive`` seconds instead of the kernel's two hours, so a
+long-lived connection (a watch, a followed log) on it fails and is made again.
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ import asyncio
 import contextlib
 import copy
 import os
+import socket
 import ssl
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
@@ -35,6 +41,10 @@ if TYPE_CHECKING:
     from controller.metrics import Metrics
 
 USER_AGENT = "kserve-inference-controller/0.1.0"
+# Within how long a silent dead peer is noticed (seconds): the controller's
+# WATCH_IDLE_TIMEOUT, the bound a stalled watch is noticed within.
+KEEPALIVE = 75.0
+KEEPALIVE_PROBES = 3
 # A JSON patch, or any JSON array body (named so KubeClient.list cannot shadow it).
 JsonArray = list[Any]
 Body = Mapping[str, Any] | JsonArray
@@ -105,6 +115,49 @@ def no_answer_raises(verb: str, path: str) -> Iterator[None]:
         raise TransportError(0, type(exc).__name__, str(exc), verb=verb, path=path) from exc
 
 
+def keepalive_options(within: float) -> dict[str, int]:
+    """TCP socket options that notice a silent dead peer within ``within`` seconds.
+
+    Probes go every ``within / 6`` seconds, starting after about half of
+    ``within`` of silence, so that the third unanswered one (which ends the
+    connection) comes no later than ``within``. ``TCP_USER_TIMEOUT`` (Linux)
+    does the same for data sent and never acknowledged, where keepalive
+    probes are not sent. Options the platform lacks are left out.
+    """
+    if within < 1 + KEEPALIVE_PROBES:
+        raise ValueError(
+            f"a keepalive bound needs at least {1 + KEEPALIVE_PROBES} seconds, got {within}"
+        )
+    interval = max(1, int(within / 6))
+    idle = int(within) - KEEPALIVE_PROBES * interval
+    wanted = {
+        "TCP_KEEPIDLE": idle,
+        "TCP_KEEPINTVL": interval,
+        "TCP_KEEPCNT": KEEPALIVE_PROBES,
+        "TCP_USER_TIMEOUT": int(within * 1000),
+    }
+    return {name: value for name, value in wanted.items() if hasattr(socket, name)}
+
+
+def keepalive_socket(within: float) -> Callable[[tuple[Any, ...]], socket.socket]:
+    """A socket factory for aiohttp's connector: sockets with :func:`keepalive_options`."""
+    options = keepalive_options(within)
+
+    def make(addr_info: tuple[Any, ...]) -> socket.socket:
+        family, kind, proto = addr_info[:3]
+        sock = socket.socket(family=family, type=kind, proto=proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for name, value in options.items():
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    return make
+
+
 def token_bucket(qps: float, burst: int) -> AsyncLimiter:
     """A bucket of ``burst`` tokens refilled at ``qps`` a second."""
     if qps <= 0 or burst < 1:
@@ -124,8 +177,11 @@ class Transport:
         qps: float,
         burst: int,
         metrics: Metrics | None = None,
+        keepalive: float = KEEPALIVE,
     ) -> None:
         self.configuration = configuration
+        self.keepalive = keepalive
+        self._socket_factory = keepalive_socket(keepalive)
         self.host = str(configuration.host).rstrip("/")
         self.limiter = token_bucket(qps, burst)
         self._metrics = metrics
@@ -211,7 +267,10 @@ class Transport:
         """The shared session, opened on first use (and again after :meth:`close`)."""
         connection = self.connection
         if connection.session is None or connection.session.closed:
-            connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else False)
+            connector = aiohttp.TCPConnector(
+                ssl=self._ssl if self._ssl is not None else False,
+                socket_factory=self._socket_factory,
+            )
             # HTTPS_PROXY/NO_PROXY are honoured, as client-go does, and so is a
             # .netrc entry for the API server (what aiohttp's trust_env reads);
             # a kubeconfig proxy-url is passed per request and wins. They are
