@@ -19,6 +19,13 @@ client-go's algorithm (``tools/leaderelection``), in asyncio:
   :class:`LeadershipLost` (the process should exit and start over, as
   client-go's users do). The lease outlives the deadline (15 s > 10 s), so a
   former leader has stopped before anyone else can take over.
+- A renewal counts from when it was **sent**, not from when its answer came:
+  the API server may have written it long before a slow answer arrived, and
+  the other candidates time the lease from the write. Every Lease request
+  gives up after ``request_timeout`` (half the renew deadline by default; the
+  client's own timeout is far longer), so a request stuck on a connection
+  that stalled without closing cannot use up the renew deadline: the next
+  attempt, on another connection, still has time.
 - On a graceful stop (the task running :meth:`run` is cancelled, e.g. on
   SIGTERM) the leader releases the lease (empty holder, 1 s duration), so the
   standby takes over in about ``retry_period`` rather than ``lease_duration``.
@@ -49,14 +56,14 @@ import enum
 import random
 import socket
 import uuid
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from controller.kube.errors import ApiError
+from controller.kube.errors import ApiError, TransportError
 from controller.kube.resources import LEASES, Obj, Resource
 
 if TYPE_CHECKING:
@@ -228,6 +235,7 @@ class LeaderElector:
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        request_timeout: float | None = None,
     ) -> None:
         if lease_duration <= renew_deadline:
             raise ValueError("lease_duration must be greater than renew_deadline")
@@ -235,6 +243,10 @@ class LeaderElector:
             raise ValueError("renew_deadline must be greater than 1.2 x retry_period")
         if retry_period <= 0:
             raise ValueError("retry_period must be positive")
+        if request_timeout is None:
+            request_timeout = renew_deadline / 2
+        if not 0 < request_timeout < renew_deadline:
+            raise ValueError("request_timeout must be positive and shorter than renew_deadline")
         self.client = client
         self.name = name
         self.namespace = namespace
@@ -242,12 +254,15 @@ class LeaderElector:
         self.lease_duration = lease_duration
         self.renew_deadline = renew_deadline
         self.retry_period = retry_period
+        self.request_timeout = request_timeout
         self.owner_service_account = owner_service_account or None
         self._metrics = metrics
         self._rng = rng if rng is not None else random.Random()
         self._wall_clock = wall_clock
         self._observation: Observation | None = None
         self._lease: Obj | None = None  # the last Lease read or written
+        # Loop time at which the last successful write was sent.
+        self._written_at = 0.0
         self._is_leader = False
         self._owner: dict[str, Any] | None = None  # the ownerReference, once read
         self._owner_retry_at = 0.0  # loop time before which a failed read is not retried
@@ -301,10 +316,10 @@ class LeaderElector:
 
     async def _renew_until_lost(self) -> None:
         loop = asyncio.get_running_loop()
-        last_renewed = loop.time()
         while True:
             await asyncio.sleep(self.retry_period)
-            deadline = last_renewed + self.renew_deadline
+            # From when the last good write was sent (acquiring included).
+            deadline = self._written_at + self.renew_deadline
             renewed = False
             while not renewed and loop.time() < deadline:
                 try:
@@ -318,7 +333,6 @@ class LeaderElector:
                 self._became_follower()
                 self._log.error("lost the lease: could not renew it within the renew deadline")
                 return
-            last_renewed = loop.time()
 
     # ------------------------------------------------------------------ steps
 
@@ -335,16 +349,21 @@ class LeaderElector:
                 self.lease_duration,
             )
             body = self._owned({**self._lease, "spec": spec}, await self._owner_reference())
+            sent = asyncio.get_running_loop().time()
             try:
-                written = await self.client.replace(LEASES, self.namespace, self.name, body)
+                written = await self._bounded(
+                    "update", self.client.replace(LEASES, self.namespace, self.name, body)
+                )
             except ApiError as exc:
                 self._log.debug("fast renew failed, reading the lease", error=str(exc))
             else:
-                self._remember(written, now)
+                self._remember(written, now, sent=sent)
                 return True
 
         try:
-            lease: Obj | None = await self.client.get(LEASES, self.namespace, self.name)
+            lease: Obj | None = await self._bounded(
+                "get", self.client.get(LEASES, self.namespace, self.name)
+            )
         except ApiError as exc:
             if not exc.is_not_found:
                 self._log.warning("cannot read the lease", error=str(exc))
@@ -374,6 +393,7 @@ class LeaderElector:
         spec = lease_spec(
             action, self.identity, record_for_spec, self._wall_clock(), self.lease_duration
         )
+        sent = asyncio.get_running_loop().time()
         try:
             if action is Action.CREATE:
                 body = {
@@ -382,12 +402,15 @@ class LeaderElector:
                     "metadata": {"name": self.name, "namespace": self.namespace},
                     "spec": spec,
                 }
-                written = await self.client.create(LEASES, self.namespace, self._owned(body, owner))
+                written = await self._bounded(
+                    "create", self.client.create(LEASES, self.namespace, self._owned(body, owner))
+                )
             else:
                 assert lease is not None
                 # The resourceVersion read above is the precondition.
-                written = await self.client.replace(
-                    LEASES, self.namespace, self.name, self._owned({**lease, "spec": spec}, owner)
+                owned = self._owned({**lease, "spec": spec}, owner)
+                written = await self._bounded(
+                    "update", self.client.replace(LEASES, self.namespace, self.name, owned)
                 )
         except ApiError as exc:
             if exc.is_conflict:
@@ -398,7 +421,7 @@ class LeaderElector:
             return False
         if action is Action.ACQUIRE and lease is not None:
             self._log.info("took over the lease", previous_holder=self.holder or "<none>")
-        self._remember(written, now)
+        self._remember(written, now, sent=sent)
         return True
 
     async def release(self) -> bool:
@@ -475,11 +498,28 @@ class LeaderElector:
         metadata = with_owner(lease.get("metadata") or {}, owner)
         return lease if metadata is None else {**lease, "metadata": metadata}
 
-    def _remember(self, lease: Obj, now: float, *, leader: bool = True) -> None:
+    async def _bounded(self, verb: str, request: Awaitable[Obj]) -> Obj:
+        """``request``'s answer, or :class:`TransportError` after ``request_timeout``."""
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                return await request
+        except TimeoutError:
+            raise TransportError(
+                0,
+                "Timeout",
+                f"no answer within {self.request_timeout:g}s",
+                verb=verb,
+                path=LEASES.path(self.namespace, self.name),
+            ) from None
+
+    def _remember(
+        self, lease: Obj, now: float, *, leader: bool = True, sent: float | None = None
+    ) -> None:
         self._lease = lease
         self._observation = Observation(LeaseRecord.from_lease(lease, self.lease_duration), now)
         if leader:
             self._is_leader = True
+            self._written_at = now if sent is None else sent
             self._set_gauge(True)
 
     def _became_follower(self) -> None:
