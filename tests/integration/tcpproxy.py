@@ -5,6 +5,14 @@ cutting it aborts every open connection (watches included) and refuses new
 ones until ``restore()``, as a partition between the controller and the API
 server would.
 
+Freezing (plain mode): ``freeze()`` stops forwarding bytes, both ways, on
+every open connection and keeps them all open, as a stalled link does (a
+NAT or a middlebox that drops a flow without telling either end): nothing is
+reset, nothing arrives. New connections still work, unless
+``freeze(new_connections=True)``: then they are accepted and never forwarded
+either. ``unfreeze()`` lets everything held through, in order.
+``held_bytes`` and ``held_connections`` count what a freeze held up.
+
 Watch-delay mode (``tls=`` and ``watch_delay=``): the proxy ends the client's
 TLS with the API server's own certificate (so the client's CA still verifies
 it) and opens its own TLS connection upstream, reads each HTTP/1.1 request
@@ -66,6 +74,11 @@ class TcpProxy:
         self._transports: set[asyncio.WriteTransport] = set()
         self._deliveries: set[asyncio.Task[None]] = set()
         self._cut = False
+        # One gate per connection: set while its bytes flow (see freeze()).
+        self._gates: set[asyncio.Event] = set()
+        self._freeze_new = False
+        self.held_bytes = 0  # bytes a freeze held up (read, not yet forwarded)
+        self.held_connections = 0  # connections accepted while new ones were frozen
 
     async def start(self) -> int:
         server_ssl = self.tls.server if self.tls else None
@@ -82,8 +95,23 @@ class TcpProxy:
     def restore(self) -> None:
         self._cut = False
 
+    def freeze(self, *, new_connections: bool = False) -> None:
+        """Stop forwarding on every open connection (kept open); new ones too if asked."""
+        if self.watch_delay:
+            raise ValueError("freeze() works on plain forwarding, not in watch-delay mode")
+        for gate in self._gates:
+            gate.clear()
+        self._freeze_new = new_connections
+
+    def unfreeze(self) -> None:
+        """Forward again, everything held first."""
+        self._freeze_new = False
+        for gate in self._gates:
+            gate.set()
+
     async def stop(self) -> None:
         self.cut()
+        self.unfreeze()  # held copies end on the aborted connections
         for task in list(self._deliveries):
             task.cancel()  # delayed bytes for connections that are gone
         if self._server is not None:
@@ -91,6 +119,29 @@ class TcpProxy:
             await self._server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._cut:
+            writer.transport.abort()
+            return
+        gate = asyncio.Event()
+        if self._freeze_new:
+            self.held_connections += 1
+        else:
+            gate.set()
+        self._gates.add(gate)
+        try:
+            await self._forward(reader, writer, gate)
+        finally:
+            self._gates.discard(gate)
+
+    async def _forward(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, gate: asyncio.Event
+    ) -> None:
+        self._transports.add(writer.transport)
+        try:
+            # A connection accepted while frozen reaches nothing until unfrozen.
+            await gate.wait()
+        finally:
+            self._transports.discard(writer.transport)
         if self._cut:
             writer.transport.abort()
             return
@@ -115,8 +166,8 @@ class TcpProxy:
                 )
             else:
                 await asyncio.gather(
-                    self._pipe(reader, up_writer),
-                    self._pipe(up_reader, writer),
+                    self._pipe(reader, up_writer, gate),
+                    self._pipe(up_reader, writer, gate),
                     return_exceptions=True,
                 )
         finally:
@@ -126,10 +177,16 @@ class TcpProxy:
                 with contextlib.suppress(Exception):
                     w.close()
 
-    @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, gate: asyncio.Event
+    ) -> None:
         with _until_broken(writer):
             while data := await reader.read(65536):
+                if not gate.is_set():
+                    # Frozen: hold this, and read no more (the sender's
+                    # buffers fill up, as on a stalled link).
+                    self.held_bytes += len(data)
+                    await gate.wait()
                 writer.write(data)
                 await writer.drain()
 
