@@ -5,9 +5,14 @@
   (real API server and/or real loopback servers), ``tests/e2e`` -> ``e2e``,
   ``tests/faults`` -> ``faults`` (kills, outages, delayed watches, fuzzing).
 - One local control plane per test run (``cluster``, started lazily by the
-  first test that needs it); each test gets a fresh namespace.
+  first test that needs it); each test gets a fresh namespace. Under
+  pytest-xdist (``-n N``) each worker is a session of its own, so each has its
+  own control plane.
 - Every process the suite starts inherits ``KSC_TEST_RUN``; when the session
   ends the suite looks for processes still carrying it, kills them and fails.
+  Each xdist worker has its own value (the run's, ``-gwN``), so a worker only
+  ever looks for (and kills) what it started; it hands what it found to the
+  controlling process, which reports it and fails the run.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import client, config
@@ -46,8 +52,24 @@ _DIR_MARKERS = {
 }
 
 
+def _xdist_worker(config: pytest.Config) -> str | None:
+    """This process's xdist worker id (``gw0``...), or None outside a worker."""
+    workerinput: dict[str, object] | None = getattr(config, "workerinput", None)
+    return None if workerinput is None else str(workerinput["workerid"])
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    """True in the process that hands tests to xdist workers and runs none itself."""
+    return _xdist_worker(config) is None and config.pluginmanager.hasplugin("dsession")
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    os.environ.setdefault(MARKER_ENV, uuid.uuid4().hex)
+    run = os.environ.setdefault(MARKER_ENV, uuid.uuid4().hex)
+    worker = _xdist_worker(config)
+    if worker is not None:
+        # Inherited from the controlling process, which every worker shares: make it ours.
+        os.environ[MARKER_ENV] = f"{run}-{worker}"
+    config.stash[_LEFTOVERS] = []
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -59,15 +81,36 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(marker)
 
 
+_LEFTOVERS = pytest.StashKey[list[str]]()
+_WORKER_LEFTOVERS = "ksc_leftover_processes"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """xdist: a worker finished; keep what it found still running, to report at the end."""
+    output: dict[str, Any] = getattr(node, "workeroutput", None) or {}
+    node.config.stash[_LEFTOVERS].extend(output.get(_WORKER_LEFTOVERS, []))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    leftovers = leftover_processes(MARKER_ENV, os.environ[MARKER_ENV])
-    if not leftovers:
+    pytest_config = session.config
+    found = pytest_config.stash[_LEFTOVERS]
+    # The controlling process starts nothing; its workers (which carry its value) check theirs.
+    if not _xdist_controller(pytest_config):
+        leftovers = leftover_processes(MARKER_ENV, os.environ[MARKER_ENV])
+        for pid, _ in leftovers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        found.extend(f"pid {pid}: {cmd[:200]}" for pid, cmd in leftovers)
+    worker = _xdist_worker(pytest_config)
+    if worker is not None:
+        # Sent to the controlling process with the worker's "finished" event.
+        workeroutput: dict[str, Any] = getattr(pytest_config, "workeroutput")  # noqa: B009
+        workeroutput[_WORKER_LEFTOVERS] = [f"{worker} {line}" for line in found]
+    if not found:
         return
-    for pid, _ in leftovers:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    lines = "\n".join(f"  pid {pid}: {cmd[:200]}" for pid, cmd in leftovers)
+    reporter = pytest_config.pluginmanager.get_plugin("terminalreporter")
+    lines = "\n".join(f"  {line}" for line in found)
     message = f"processes started by the test suite outlived it (now killed):\n{lines}"
     if reporter is not None:
         reporter.write_line(message, red=True)
