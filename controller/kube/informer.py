@@ -513,6 +513,40 @@ class Informer:
         """Drop an object this controller just deleted (its DELETED event still calls on_delete)."""
         self.store.remove(key)
 
+    # ------------------------------------------------------------ live reads
+
+    def refresh(self, obj: Obj) -> None:
+        """Cache an object read live (not written by us), ahead of its watch event.
+
+        Unlike :meth:`assume`, the handlers are called now, as the watch event
+        would have called them (which, arriving with the same resourceVersion,
+        then calls none): whoever follows this object hears of the change once.
+        An older version never replaces a newer one already cached.
+        """
+        new = self._prepare(obj)
+        if new is None:
+            return
+        old = self.store.get(object_key(new))
+        if old is not None and (
+            resource_version(old) == resource_version(new)
+            or _is_older(resource_version(new), resource_version(old))
+        ):
+            return
+        self.store.upsert(new)
+        if old is None:
+            self._dispatch_add(new)
+        else:
+            self._dispatch_update(old, new)
+
+    def refresh_deleted(self, key: str) -> None:
+        """Drop an object a live read found gone, calling the delete handlers now.
+
+        Its DELETED event, if one still comes, calls them again (they only enqueue).
+        """
+        old = self.store.remove(key)
+        if old is not None:
+            self._dispatch_delete(old)
+
     # ------------------------------------------------------------------- run
 
     async def run(self) -> None:

@@ -958,3 +958,24 @@ async def test_without_an_idle_bound_a_quiet_watch_stays_open(
 def test_the_idle_bound_must_be_positive(source: FakeSource, bound: float) -> None:
     with pytest.raises(ValueError, match="idle_timeout must be positive"):
         Informer(source, RUNS, idle_timeout=bound)
+
+
+def test_live_reads_refresh_the_cache_and_notify_once(source: FakeSource) -> None:
+    informer = Informer(source, RUNS)
+    seen = Recorder(informer)
+    informer.handle_event(ev("ADDED", obj("cfg", "5")))
+    informer.refresh(obj("cfg", "8", spec={"x": 2}, metadata={"managedFields": [{}]}))
+    assert informer.get("ns", "cfg") == slim(obj("cfg", "8", spec={"x": 2}))
+    assert seen.calls == [("add", "ns/cfg", "5"), ("update", "ns/cfg", "5", "8")]
+    informer.handle_event(ev("MODIFIED", obj("cfg", "8", spec={"x": 2})))  # the watch catches up
+    informer.refresh(obj("cfg", "8"))  # the same version again: nothing new
+    informer.refresh(obj("cfg", "6"))  # an older read never rolls the cache back
+    assert informer.get("ns", "cfg")["metadata"]["resourceVersion"] == "8"  # type: ignore[index]
+    assert len(seen.calls) == 2
+    informer.refresh(obj("new", "9"))
+    assert seen.calls[-1] == ("add", "ns/new", "9")
+    informer.refresh_deleted("ns/cfg")
+    assert informer.get("ns", "cfg") is None
+    assert seen.calls[-1] == ("delete", "ns/cfg", "8")
+    informer.refresh_deleted("ns/cfg")  # not cached: nothing to say
+    assert len(seen.calls) == 4
