@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help setup lock binaries node-prereqs demo demo-node test unit integration node lint format cluster bench clean
+.PHONY: help setup lock binaries node-prereqs storage-prereqs demo demo-node test unit integration node lint format cluster bench clean
 
 help:
 	@echo "make demo    - the whole system end to end on a local control plane"
@@ -62,7 +62,7 @@ format: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
 
-integration: $(STAMP) binaries
+integration: $(STAMP) binaries storage-prereqs
 	$(PY) -m pytest -m "integration or e2e" $(PYTEST_ARGS)
 
 # The real-node tier's one-time pieces (packages, kubelet, base image) are
@@ -71,7 +71,13 @@ integration: $(STAMP) binaries
 node-prereqs: $(STAMP)
 	$(PY) -m hack.realnode prepare --if-possible
 
-test: $(STAMP) binaries node-prereqs lint
+# The runner's postgres tests start their own server from Debian's postgresql
+# package (hack/postgres.py), installed here when missing (as root, like the
+# real-node tier's packages); under CI=true a missing install fails.
+storage-prereqs: $(STAMP)
+	$(PY) -m hack.postgres prepare --if-possible
+
+test: $(STAMP) binaries node-prereqs storage-prereqs lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMP) binaries

@@ -7,6 +7,8 @@
   on a fresh SQLite file, in the test's event loop (:func:`storage_service`).
 - ``fault_proxy``: a ``hack.loopback.FaultProxy`` in front of the model server that
   answers some requests itself with 500/503/429 (or any status) or a reset connection.
+- ``postgres_server``: a private PostgreSQL cluster (``hack.postgres``), started once
+  per session as an unprivileged user; ``postgres``: a fresh database of it for one test.
 - ``InMemorySecrets``: the tests' Secret source, handed to the runner in code.
 - ``world``: one test's storage and model server, and in-process runs of the runner
   (``runner.app.run``) or its check (``runner.check.run``) against them, each
@@ -16,11 +18,13 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import re
 import ssl
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -30,6 +34,7 @@ import orjson
 import pytest
 
 from hack.loopback import FaultProxy
+from hack.postgres import PostgresServer
 from hack.storage_service import IRIS_COLUMNS, StorageService
 from runner import app, logs
 from runner import check as config_check
@@ -95,6 +100,39 @@ async def storage_service(
 async def storage(tmp_path: Path) -> AsyncIterator[StorageService]:
     async with storage_service(tmp_path / "storage.sqlite") as service:
         yield service
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL server for the session (``initdb`` takes seconds)."""
+    server = PostgresServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+@dataclass(frozen=True)
+class Database:
+    """One test's database on the session's server."""
+
+    server: PostgresServer
+    name: str
+
+    def execute(self, statement: str, rows: Any = ()) -> None:
+        self.server.execute(self.name, statement, rows)
+
+    def query(self, statement: str) -> list[tuple[object, ...]]:
+        return self.server.query(self.name, statement)
+
+
+@pytest.fixture
+def postgres(postgres_server: PostgresServer, request: pytest.FixtureRequest) -> Database:
+    """A fresh database named after the test, on the session's server."""
+    name = re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40]
+    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:8]
+    return Database(postgres_server, postgres_server.create_database(f"t_{name}_{digest}"))
 
 
 class InMemorySecrets:
