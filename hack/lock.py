@@ -7,8 +7,10 @@ writes what each of them installs, with the lock's versions and hashes, to
 ``deploy/images/requirements-<component>.txt``:
 
 - controller: the closure of ``[project.dependencies]`` (``uv export``);
-- runner: the same lines, kept only for the closure of the ``runner`` extra,
-  computed from the dependency graph recorded in ``uv.lock``.
+- runner: the lines of ``uv export --extra runner`` (the project's dependencies
+  and the runner extra's, such as the postgres driver the controller does not
+  need), kept only for the closure of the ``runner`` extra, computed from the
+  dependency graph recorded in ``uv.lock``.
 
 ``python -m hack.lock images`` rewrites both files, ``python -m hack.lock
 check`` fails when they (or ``uv.lock``) disagree with ``pyproject.toml``, and
@@ -126,8 +128,8 @@ def uv() -> str:
     return str(Path(sys.executable).parent / "uv")
 
 
-def export_controller() -> str:
-    """``uv export`` of the project's own dependencies (no extras), from the lock as is."""
+def export_controller(extras: Iterable[str] = ()) -> str:
+    """``uv export`` of the project's own dependencies (and ``extras``), from the lock as is."""
     done = subprocess.run(
         [
             uv(),
@@ -138,6 +140,7 @@ def export_controller() -> str:
             "--no-annotate",
             "--format",
             "requirements-txt",
+            *(f"--extra={extra}" for extra in extras),
         ],
         cwd=REPO,
         capture_output=True,
@@ -149,17 +152,25 @@ def export_controller() -> str:
 
 
 def image_requirements(
-    exported: str, lock: Mapping[str, Any], project: Mapping[str, Any]
+    exported: str,
+    lock: Mapping[str, Any],
+    project: Mapping[str, Any],
+    runner_exported: str | None = None,
 ) -> dict[str, str]:
-    """The text of ``requirements-<component>.txt`` for each image."""
+    """The text of ``requirements-<component>.txt`` for each image.
+
+    ``runner_exported`` (``uv export --extra runner``) is where the runner's lines
+    come from; without it, from ``exported``.
+    """
     blocks = export_blocks(exported)
     if not blocks:
         raise ValueError("uv export printed no requirement")
+    runner_blocks = export_blocks(runner_exported) if runner_exported is not None else blocks
     extras = project.get("optional-dependencies", {})
     if "runner" not in extras:
         raise ValueError("pyproject.toml has no [project.optional-dependencies] runner extra")
     runner = closure(lock_graph(lock), extras["runner"])
-    exported_names = {name for name, _ in blocks}
+    exported_names = {name for name, _ in runner_blocks}
     missing = sorted(runner - exported_names)
     if missing:
         # The runner extra must stay within the controller's dependencies (one image
@@ -169,7 +180,7 @@ def image_requirements(
         "controller": _HEADER.format(component="controller", what="[project.dependencies]")
         + "".join(body for _, body in blocks),
         "runner": _HEADER.format(component="runner", what="the `runner` extra")
-        + "".join(body for name, body in blocks if name in runner),
+        + "".join(body for name, body in runner_blocks if name in runner),
     }
 
 
@@ -180,7 +191,9 @@ def requirements_path(component: str) -> Path:
 def expected_image_requirements() -> dict[str, str]:
     lock = tomllib.loads(LOCK.read_text())
     project = tomllib.loads(PYPROJECT.read_text())["project"]
-    return image_requirements(export_controller(), lock, project)
+    return image_requirements(
+        export_controller(), lock, project, export_controller(extras=["runner"])
+    )
 
 
 def lock_is_current() -> str | None:

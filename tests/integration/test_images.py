@@ -120,7 +120,7 @@ def test_every_module_of_the_component_imports(component: str, tmp_path: Path) -
 # Installed in the venv beside the runner's requirements, by whom (uv and pip themselves).
 _TOOLING = {"pip", "setuptools", "wheel"}
 
-_CLOSURE = """
+_CLOSURE = r"""
 import json, re, sys, tomllib
 from importlib import metadata
 
@@ -130,18 +130,25 @@ def norm(name):
 def name_of(requirement):
     return norm(re.match(r"[A-Za-z0-9._-]+", requirement).group(0))
 
-roots = [name_of(r) for r in tomllib.load(open(sys.argv[1], "rb"))["project"]
+def extras_of(requirement):
+    asked = re.match(r"[A-Za-z0-9._-]+\[([^\]]*)\]", requirement)
+    return frozenset(e.strip() for e in asked.group(1).split(",")) if asked else frozenset()
+
+# A requirement's extras ("psycopg[binary]") bring in the requirements marked with them.
+roots = [(name_of(r), extras_of(r)) for r in tomllib.load(open(sys.argv[1], "rb"))["project"]
          ["optional-dependencies"]["runner"]]
 installed = {norm(d.metadata["Name"]): d for d in metadata.distributions()}
-needed, todo = set(), list(roots)
+needed, seen, todo = set(), set(), list(roots)
 while todo:
-    name = todo.pop()
-    if name in needed or name not in installed:
+    name, extras = todo.pop()
+    if (name, extras) in seen or name not in installed:
         continue
+    seen.add((name, extras))
     needed.add(name)
     for requirement in installed[name].requires or []:
-        if "extra ==" not in requirement:
-            todo.append(name_of(requirement))
+        marker = re.search(r"extra\s*==\s*.([A-Za-z0-9._-]+).", requirement)
+        if marker is None or marker.group(1) in extras:
+            todo.append((name_of(requirement), extras_of(requirement)))
 print(json.dumps({"installed": sorted(installed), "needed": sorted(needed)}))
 """
 

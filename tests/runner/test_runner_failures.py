@@ -16,6 +16,7 @@ import yaml
 
 from hack.loopback import FaultProxy
 from hack.storage_service import IRIS_COLUMNS
+from runner import storage
 from runner.exitcodes import ExitCode
 from tests.runner.conftest import (
     REPO,
@@ -68,8 +69,8 @@ def bad_contracts() -> list[Any]:
             id="no-model-url",
         ),
         pytest.param(
-            orjson.dumps(edit(input={"s3": {"bucket": "b"}})),
-            "unknown storage provider 's3' (known: http, krateo)",
+            orjson.dumps(edit(input={"ftp": {"host": "h"}})),
+            f"unknown storage provider 'ftp' (known: {', '.join(storage.provider_keys())})",
             id="unknown-provider",
         ),
         pytest.param(

@@ -116,6 +116,16 @@ def test_runner_extra_outside_the_project_dependencies_is_refused() -> None:
         lock.image_requirements(SMALL_EXPORT, lock_data, project)
 
 
+def test_a_runner_only_dependency_comes_from_the_runner_export_not_the_controllers() -> None:
+    # The runner extra may need what the controller does not (the postgres driver).
+    lock_data = {"package": [*SMALL_LOCK["package"], {"name": "d", "version": "5"}]}
+    project = {"dependencies": ["a"], "optional-dependencies": {"runner": ["a", "d"]}}
+    runner_export = SMALL_EXPORT + "d==5 \\\n    --hash=sha256:ee\n"
+    texts = lock.image_requirements(SMALL_EXPORT, lock_data, project, runner_export)
+    assert "d==5" not in texts["controller"]
+    assert [name for name, _ in lock.export_blocks(texts["runner"])] == ["a", "shared-dep", "d"]
+
+
 def test_closure_follows_extras_only_where_requested() -> None:
     graph = lock.lock_graph(SMALL_LOCK)
     assert lock.closure(graph, ["c"]) == {"c"}

@@ -116,7 +116,10 @@ def test_sharding_takes_the_index_from_the_job() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"input": {}}, "input: no storage provider given (one of: http, krateo)"),
+        (
+            {"input": {}},
+            f"input: no storage provider given (one of: {', '.join(storage.provider_keys())})",
+        ),
         ({"output": {"krateo": {}, "http": {}}}, "output: one storage provider expected"),
         ({"input": {"../base": {}}}, "unknown storage provider '../base'"),
         ({"input": {"base": {}}}, "unknown storage provider 'base'"),
@@ -185,7 +188,7 @@ def test_http_provider_settings() -> None:
 
 
 def test_provider_keys_are_the_modules_of_the_package() -> None:
-    assert storage.provider_keys() == ["http", "krateo"]
+    assert storage.provider_keys() == ["http", "krateo", "postgres"]
 
 
 def test_load_contract(tmp_path: Path) -> None:

@@ -1,0 +1,474 @@
+"""The ``postgres`` provider against a real PostgreSQL server (hack/postgres.py).
+
+Every test has its own database on the session's server. Rows carry an ``id``
+that is not their position, so each stored prediction is checked against its
+own input row through the key, and "stored exactly once" is counted as distinct
+keys in the output table. Failures are checked for their exit code, a message
+naming what failed, and an output left as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+
+from hack.postgres import SUPERUSER
+from hack.storage_service import IRIS_COLUMNS
+from runner.exitcodes import ExitCode
+from runner.storage.postgres import APPLICATION_NAME, RETRY_EVENT
+from tests.runner.conftest import (
+    REPO,
+    Database,
+    InMemorySecrets,
+    World,
+    direct_iris,
+    random_iris_rows,
+)
+
+SECRET = "features-db"
+NAMESPACE = "data"
+JOB = "run-8d2f-uid"
+HOLD_LOCK = 4242
+
+
+def secrets(db: Database, password: str | None = None) -> InMemorySecrets:
+    return InMemorySecrets(
+        {
+            (NAMESPACE, SECRET): {
+                "username": SUPERUSER,
+                "password": db.server.password if password is None else password,
+            }
+        }
+    )
+
+
+def connection(db: Database) -> dict[str, Any]:
+    return {
+        "host": db.server.host,
+        "port": db.server.port,
+        "database": db.name,
+        "secretRef": {"name": SECRET, "namespace": NAMESPACE},
+        "sslmode": "disable",
+    }
+
+
+def seed(
+    db: Database, count: int, table: str = "samples", seed_value: int = 3
+) -> dict[int, list[float]]:
+    """``count`` iris rows whose ids (not their order of insertion) give the order."""
+    features = random_iris_rows(count, seed_value)
+    ids = [100_000 - 7 * i for i in range(count)]
+    columns = ", ".join(f"{c} double precision" for c in IRIS_COLUMNS)
+    db.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, {columns}, species text, day date)")
+    db.execute(
+        f"INSERT INTO {table} VALUES (%s, %s, %s, %s, %s, %s, %s)",
+        [
+            (i, *row, f"s-{i}", "2024-05-01" if i % 2 else "2024-05-02")
+            for i, row in zip(ids, features, strict=True)
+        ],
+    )
+    return dict(zip(ids, features, strict=True))
+
+
+def contract(
+    model_url: str,
+    db: Database,
+    *,
+    query: str = "SELECT * FROM samples",
+    page_size: int | None = 100,
+    table: str = "predictions",
+    input_extra: dict[str, Any] | None = None,
+    output_extra: dict[str, Any] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    source: dict[str, Any] = {
+        **connection(db),
+        "query": query,
+        "columns": list(IRIS_COLUMNS),
+        "keyColumn": "id",
+        "passthroughColumns": ["species"],
+    }
+    if page_size:
+        source["paging"] = {"pageSize": page_size, "key": "id"}
+    return {
+        "jobId": JOB,
+        "jobName": "inf-pg-8d2f",
+        "kserve": {"modelUrl": model_url},
+        "input": {"postgres": {**source, **(input_extra or {})}},
+        "output": {
+            "postgres": {
+                **connection(db),
+                "table": table,
+                "createTable": True,
+                **(output_extra or {}),
+            }
+        },
+        "batching": {"batchSize": 40, "concurrency": 3},
+        **extra,
+    }
+
+
+def stored(db: Database, table: str = "predictions") -> list[tuple[Any, ...]]:
+    return db.query(
+        f"SELECT run_uid, shard, row_index, id, species, prediction FROM {table} ORDER BY row_index"
+    )
+
+
+def assert_stored_once(
+    db: Database, by_id: dict[int, list[float]], table: str = "predictions"
+) -> None:
+    """Every input row's prediction once, beside its own key and passthrough value."""
+    rows = stored(db, table)
+    assert len(rows) == len(by_id) > 0
+    (distinct,) = db.query(f"SELECT count(DISTINCT id) FROM {table}")[0]
+    assert distinct == len(by_id)
+    expected = dict(zip(by_id, direct_iris(list(by_id.values())), strict=True))
+    for run_uid, _, _, key, species, prediction in rows:
+        assert run_uid == JOB
+        assert species == f"s-{key}"
+        assert prediction == expected[int(key)]
+
+
+async def test_a_paged_run_stores_every_prediction_once_beside_its_key(
+    world: World, postgres: Database
+) -> None:
+    by_id = seed(postgres, 530)
+
+    outcome = await world.run(contract(world.model_server.infer_url(), postgres), secrets(postgres))
+
+    assert outcome.exit_code == ExitCode.DONE, outcome.termination
+    assert_stored_once(postgres, by_id)
+    # row_index is the row's position in key order: the smallest id is row 0.
+    rows = stored(postgres)
+    assert [r[2] for r in rows] == list(range(530))
+    assert rows[0][3] == min(by_id)
+    result = outcome.result
+    assert (result["rows"], result["predictions"], result["chunks"]) == (530, 530, 6)
+    assert outcome.progress is not None
+    assert (outcome.progress.rows_done, outcome.progress.rows_total) == (530, 530)
+
+
+async def test_parameters_are_bound_never_formatted_into_the_query(
+    world: World, postgres: Database
+) -> None:
+    by_id = seed(postgres, 200)
+    postgres.execute("CREATE TABLE notes (id bigint, note text)")
+    # A parameter whose text would break (or rewrite) a query formatted with it.
+    tricky = "it's'; DROP TABLE samples; --"
+    postgres.execute("INSERT INTO notes VALUES (%s, %s)", [(i, tricky) for i in by_id])
+    query = (
+        "SELECT s.* FROM samples s JOIN notes n USING (id) "
+        "WHERE s.day = $day AND n.note = $note -- $ignored in a comment"
+    )
+    wanted = {i: row for i, row in by_id.items() if i % 2}
+    run = contract(world.model_server.infer_url(), postgres, query=query, page_size=None)
+    run["parameters"] = {"day": "2024-05-01", "note": tricky}
+
+    outcome = await world.run(run, secrets(postgres))
+
+    assert outcome.exit_code == ExitCode.DONE, outcome.termination
+    assert_stored_once(postgres, wanted)
+    assert postgres.query("SELECT count(*) FROM samples")[0][0] == 200
+
+
+async def test_a_parameter_the_run_does_not_give_is_a_contract_error(
+    world: World, postgres: Database
+) -> None:
+    seed(postgres, 10)
+    run = contract(
+        world.model_server.infer_url(), postgres, query="SELECT * FROM samples WHERE day = $day"
+    )
+
+    outcome = await world.run(run, secrets(postgres))
+
+    assert outcome.exit_code == ExitCode.BAD_CONTRACT, outcome.termination
+    assert "the query uses $day, which the run's parameters do not give" in outcome.termination
+
+
+async def test_shards_store_disjoint_rows_that_together_are_the_input(
+    world: World, postgres: Database
+) -> None:
+    by_id = seed(postgres, 307)
+    run = contract(world.model_server.infer_url(), postgres, page_size=40, sharding={"count": 3})
+
+    for index in range(3):
+        env = {"JOB_COMPLETION_INDEX": str(index), "pod_uid": f"pod-{index}"}
+        outcome = await world.run(run, secrets(postgres), env=env)
+        assert outcome.exit_code == ExitCode.DONE, outcome.termination
+
+    assert_stored_once(postgres, by_id)
+    shards = postgres.query("SELECT shard, array_agg(row_index) FROM predictions GROUP BY shard")
+    assert len(shards) == 3
+    for shard, positions in shards:
+        assert isinstance(positions, list)
+        assert positions
+        assert all(p % 3 == shard for p in positions)
+
+
+async def test_a_query_with_a_syntax_error_is_refused_and_nothing_is_stored(
+    world: World, postgres: Database
+) -> None:
+    seed(postgres, 10)
+    run = contract(world.model_server.infer_url(), postgres, query="SELECT * FORM samples")
+
+    outcome = await world.run(run, secrets(postgres))
+
+    assert outcome.exit_code == ExitCode.INPUT_REJECTED, outcome.termination
+    assert outcome.termination.startswith(
+        f"input: postgres 127.0.0.1:{postgres.server.port}/{postgres.name}: "
+    )
+    assert 'syntax error at or near "FORM"' in outcome.termination
+    assert "[SQLSTATE 42601]" in outcome.termination
+    assert not postgres.query("SELECT to_regclass('predictions') IS NOT NULL")[0][0]
+
+
+async def test_a_table_without_the_conflict_key_is_refused_before_any_prediction(
+    world: World, postgres: Database
+) -> None:
+    seed(postgres, 50)
+    postgres.execute(
+        "CREATE TABLE predictions (run_uid text, shard int, row_index bigint, id bigint, "
+        "species text, prediction double precision)"
+    )
+
+    outcome = await world.run(contract(world.model_server.infer_url(), postgres), secrets(postgres))
+
+    assert outcome.exit_code == ExitCode.OUTPUT_REJECTED, outcome.termination
+    assert "table predictions has no unique key on (run_uid, shard, row_index)" in (
+        outcome.termination
+    )
+    assert "(stored: nothing of the input; missing from row 0)" in outcome.termination
+    assert postgres.query("SELECT count(*) FROM predictions")[0][0] == 0
+    assert not any(e.get("event") == "inference started" for e in outcome.events())
+
+
+async def test_a_column_absent_from_the_rows_names_the_row_and_the_column(
+    world: World, postgres: Database
+) -> None:
+    seed(postgres, 50)
+    run = contract(
+        world.model_server.infer_url(),
+        postgres,
+        input_extra={"columns": ["sepal_length", "sepal_width", "petal_length", "petal_wdth"]},
+    )
+
+    outcome = await world.run(run, secrets(postgres))
+
+    assert outcome.exit_code == ExitCode.INPUT_REJECTED, outcome.termination
+    assert outcome.termination.startswith(
+        "input: row 0 has no column 'petal_wdth', which columns names"
+    ), outcome.termination
+    assert not postgres.query("SELECT to_regclass('predictions') IS NOT NULL")[0][0]
+
+
+async def test_a_column_the_query_names_but_the_table_lacks_is_refused(
+    world: World, postgres: Database
+) -> None:
+    seed(postgres, 10)
+    run = contract(world.model_server.infer_url(), postgres, query="SELECT id, colour FROM samples")
+
+    outcome = await world.run(run, secrets(postgres))
+
+    assert outcome.exit_code == ExitCode.INPUT_REJECTED, outcome.termination
+    assert 'column "colour" does not exist' in outcome.termination
+
+
+async def test_an_output_table_missing_a_carried_column_is_refused(
+    world: World, postgres: Database
+) -> None:
+    seed(postgres, 30)
+    postgres.execute(
+        "CREATE TABLE predictions (run_uid text, shard int, row_index bigint, id bigint, "
+        "prediction double precision, PRIMARY KEY (run_uid, shard, row_index))"
+    )
+
+    outcome = await world.run(contract(world.model_server.infer_url(), postgres), secrets(postgres))
+
+    assert outcome.exit_code == ExitCode.OUTPUT_REJECTED, outcome.termination
+    assert "table predictions has no column 'species'" in outcome.termination
+    assert postgres.query("SELECT count(*) FROM predictions")[0][0] == 0
+
+
+@pytest.mark.parametrize("role", ["input", "output"])
+async def test_a_wrong_password_is_a_clear_error_and_shows_nowhere(
+    world: World, postgres: Database, role: str
+) -> None:
+    seed(postgres, 10)
+    wrong = "Wr0ng-pg-secret-5fd1"
+    given = secrets(postgres)
+    run = contract(world.model_server.infer_url(), postgres)
+    # The other side reads another Secret holding the right password.
+    other = "output" if role == "input" else "input"
+    run[other]["postgres"]["secretRef"]["name"] = "right"
+    given.secrets[(NAMESPACE, "right")] = dict(given.secrets[(NAMESPACE, SECRET)])
+    given.secrets[(NAMESPACE, SECRET)]["password"] = wrong
+
+    outcome = await world.run(run, given)
+
+    # The input refuses it (6); the output's credentials are read before any
+    # prediction and exit 5 (a fixed Secret lets the Job's next pod through).
+    code = ExitCode.INPUT_REJECTED if role == "input" else ExitCode.OUTPUT
+    assert outcome.exit_code == code, outcome.termination
+    assert outcome.termination.startswith(f"{role}: postgres 127.0.0.1:")
+    assert 'password authentication failed for user "postgres"' in outcome.termination
+    assert outcome.stdout
+    for text in (outcome.termination, outcome.stdout, outcome.stderr):
+        assert wrong not in text
+        assert postgres.server.password not in text
+
+
+@contextmanager
+def writes_held_after(db: Database, rows: int) -> Iterator[psycopg.Connection[Any]]:
+    """Inserts into ``predictions`` wait, once ``rows`` are stored, until this lets go.
+
+    A statement trigger takes a transaction-level advisory lock that this
+    session holds: a write after the first ``rows`` stalls in the database,
+    exactly where a runner would be killed or a server restarted.
+    """
+    db.execute(
+        "CREATE TABLE predictions (run_uid text NOT NULL, shard int NOT NULL, "
+        "row_index bigint NOT NULL, pod_uid text, id bigint, species text, "
+        "prediction double precision, PRIMARY KEY (run_uid, shard, row_index))"
+    )
+    db.execute(
+        "CREATE FUNCTION hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        f"IF (SELECT count(*) FROM predictions) >= {rows} THEN "
+        f"PERFORM pg_advisory_xact_lock({HOLD_LOCK}); END IF; RETURN NULL; END $$"
+    )
+    db.execute(
+        "CREATE TRIGGER hold BEFORE INSERT ON predictions "
+        "FOR EACH STATEMENT EXECUTE FUNCTION hold()"
+    )
+    holder = db.server.connect(db.name)
+    holder.execute(f"SELECT pg_advisory_lock({HOLD_LOCK})")
+    try:
+        yield holder
+    finally:
+        holder.close()
+
+
+async def wait_for_held_write(db: Database, within: float = 120.0) -> None:
+    """Until a runner's insert waits on the hold (or fail after ``within`` seconds)."""
+    query = (
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+        f"'{APPLICATION_NAME}' AND wait_event_type = 'Lock' AND wait_event = 'advisory'"
+    )
+    async with asyncio.timeout(within):
+        while True:
+            if (await asyncio.to_thread(db.query, query))[0][0]:
+                return
+            await asyncio.sleep(0.05)
+
+
+async def test_a_server_restarted_mid_run_is_retried_and_every_row_stored_once(
+    world: World, postgres: Database
+) -> None:
+    by_id = seed(postgres, 900)
+    run = contract(world.model_server.infer_url(), postgres)
+
+    with writes_held_after(postgres, 300):
+        task = asyncio.create_task(world.run(run, secrets(postgres)))
+        await wait_for_held_write(postgres)
+        # A fast shutdown cuts every session, the runner's stalled write among them.
+        await asyncio.to_thread(postgres.server.restart)
+    outcome = await task
+
+    assert outcome.exit_code == ExitCode.DONE, outcome.termination
+    assert_stored_once(postgres, by_id)
+    retries = [e for e in outcome.events() if e.get("event") == RETRY_EVENT]
+    assert retries, outcome.stdout[-3000:]
+    assert all(postgres.server.password not in str(e) for e in retries)
+
+
+CHILD = """
+import asyncio, os, sys
+import orjson
+from runner import app
+
+class Secrets:
+    async def read(self, namespace, name):
+        return orjson.loads(os.environ["TEST_SECRETS"])[f"{namespace}/{name}"]
+
+sys.exit(asyncio.run(app.run(os.environ, secrets=Secrets())))
+"""
+
+
+async def test_a_runner_killed_mid_write_is_resumed_and_every_row_stored_once(
+    world: World, postgres: Database
+) -> None:
+    by_id = seed(postgres, 1000)
+    run = contract(world.model_server.infer_url(), postgres)
+    contract_file = world.tmp_path / "killed.json"
+    contract_file.write_bytes(orjson.dumps(run))
+    given = {f"{ns}/{name}": data for (ns, name), data in secrets(postgres).secrets.items()}
+
+    with writes_held_after(postgres, 400):
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            CHILD,
+            cwd=REPO,
+            env={
+                "PATH": os.environ.get("PATH", ""),
+                "CONTRACT_PATH": str(contract_file),
+                "TERMINATION_LOG_PATH": str(world.tmp_path / "killed-termination"),
+                "pod_uid": "pod-killed",
+                "TEST_SECRETS": orjson.dumps(given).decode(),
+            },
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            await wait_for_held_write(postgres)
+        finally:
+            process.send_signal(signal.SIGKILL)
+            await process.wait()
+    assert process.returncode == -signal.SIGKILL
+    # The held chunk was never committed: what is stored is the first 4 pages.
+    stored_before = postgres.query("SELECT count(*) FROM predictions")[0][0]
+    assert stored_before == 400
+    postgres.execute("DROP TRIGGER hold ON predictions")
+
+    outcome = await world.run(run, secrets(postgres), env={"pod_uid": "pod-retry"})
+
+    assert outcome.exit_code == ExitCode.DONE, outcome.termination
+    assert_stored_once(postgres, by_id)
+    result = outcome.result
+    assert (result["resumedRows"], result["rows"], result["duplicates"]) == (400, 1000, 0)
+    pods: dict[Any, Any] = dict(
+        postgres.query("SELECT pod_uid, count(*) FROM predictions GROUP BY pod_uid")
+    )
+    assert pods == {"pod-killed": 400, "pod-retry": 600}
+
+
+async def test_createtable_types_follow_the_first_values(world: World, postgres: Database) -> None:
+    seed(postgres, 20)
+    outcome = await world.run(contract(world.model_server.infer_url(), postgres), secrets(postgres))
+    assert outcome.exit_code == ExitCode.DONE, outcome.termination
+
+    types: dict[Any, Any] = dict(
+        postgres.query(
+            "SELECT column_name, data_type FROM information_schema.columns "
+            "WHERE table_name = 'predictions'"
+        )
+    )
+    assert types == {
+        "run_uid": "text",
+        "shard": "integer",
+        "row_index": "bigint",
+        "pod_uid": "text",
+        "id": "bigint",
+        "species": "text",
+        # The iris classifier answers class numbers: JSON integers.
+        "prediction": "bigint",
+        "stored_at": "timestamp with time zone",
+    }
