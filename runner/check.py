@@ -17,7 +17,9 @@ one when asking again later may pass, the permanent one when it cannot):
    ``input`` 3 / ``output`` 5 when the API server cannot be reached or the
    Secret is unusable; 6 / 8 when it is missing (404) or forbidden (403);
 3. storage: each provider's ``probe`` (:mod:`runner.storage.krateo`,
-   :mod:`runner.storage.http`, "Probe" in each), a read that moves no data:
+   :mod:`runner.storage.http`, :mod:`runner.storage.postgres`, "Probe" in each;
+   ``postgres`` connects in step 2, then ``PREPARE``s the query and checks the
+   output table's conflict key), a read that moves no data:
    3 / 5 without a connection, on a timeout or a 5xx; 6 / 8 on a 401/403 or an
    answer saying the configuration is wrong;
 4. ``inference`` (4, 7): the model's metadata (:func:`model_probe`: v2
@@ -307,13 +309,14 @@ async def run(
     """Check the contract the environment points at; returns the exit code."""
     call = Invocation.start("check", environ, get_logger().bind(check=True))
     step = _Step()
+    providers: dict[Role, StorageProvider] = {}
     try:
         env, contract = call.load()
         log = call.log
         probe = model_probe(contract.kserve)
         parameters = dict(contract.parameters or {})
         try:
-            providers: dict[Role, StorageProvider] = {
+            providers = {
                 "input": storage.resolve(contract.input, "input", parameters),
                 "output": storage.resolve(contract.output, "output", parameters),
             }
@@ -354,6 +357,7 @@ async def run(
     except (asyncio.CancelledError, Exception) as error:
         return call.failed(error, step.name, f"check stopped during {step.name}")
     finally:
+        await storage.close(*providers.values())
         await call.close()
     call.succeeded("check succeeded", message, result=message)
     return int(ExitCode.DONE)
