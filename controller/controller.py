@@ -10,6 +10,9 @@ leader election when enabled.
 handler each informer's events go to:
 
 - ``enqueue_run`` / ``forget_run``: a run's own events enqueue the run;
+- ``Cleanup.run_changed`` / ``run_deleted`` (controller/cleanup.py): a run
+  deleted or being deleted has its Jobs and CronJobs deleted at once, and
+  ``Cleanup.workload_changed``: a Job or CronJob of a run already gone goes too;
 - ``handle_owned_object`` (sample-controller's ``handleObject``): a child's
   events (ConfigMap, Job, CronJob, pod) enqueue the run whose uid is its
   ``ai.krateo.io/run-uid`` label, found through the runs cache;
@@ -20,7 +23,9 @@ handler each informer's events go to:
 - every key comes back every ``POLLING_INTERVAL`` at low priority (resync).
 
 Informers run on a standby replica too, so it is ready (and ``/readyz`` says
-so) the moment it takes the lease over.
+so) the moment it takes the lease over. The leader's work is the two queues'
+workers and the cleanup's (its queue of deleted runs, and the sweep for what
+was deleted while nobody led, which runs first).
 
 Sharded (``SHARD_COUNT`` > 1, controller/sharding.py), the caches of runs and
 their children keep only this shard's namespaces (the shard's filter is the
@@ -39,6 +44,7 @@ from typing import Any, get_args
 import structlog
 
 from controller.api import Phase
+from controller.cleanup import Cleanup
 from controller.config_reconcile import BY_CONFIG_UID, ConfigReconciler, config_uid_index
 from controller.kube.client import KubeClient
 from controller.kube.events import EventRecorder
@@ -80,6 +86,10 @@ PHASES = get_args(Phase)
 def _uid_index(obj: Obj) -> list[str]:
     uid = obj["metadata"].get("uid")
     return [uid] if uid else []
+
+
+def _ignore(_obj: Obj) -> None:
+    """No handler for this event."""
 
 
 def _with_new(handler: OnAdd) -> OnUpdate:
@@ -204,6 +214,14 @@ class Controller:
             should_resync=lambda key: self.caches.configs.get_by_key(key) is not None,
             log_key="config",
         )
+        # A deleted run's Jobs and CronJobs go at once (controller/cleanup.py).
+        self.cleanup = Cleanup(
+            client,
+            self.caches,
+            lambda uid: self.caches.runs.by_index(BY_UID, uid),
+            metrics=metrics,
+            sweep_interval=settings.polling_interval,
+        )
         for phase in PHASES:
             metrics.inference_runs.labels(phase=phase).set_function(
                 functools.partial(self._count_phase, phase)
@@ -229,6 +247,10 @@ class Controller:
         c = self.caches
         return [
             (c.runs, self.enqueue_run, self.forget_run),
+            # A run deleted or being deleted: its Jobs and CronJobs go now.
+            (c.runs, self.cleanup.run_changed, self.cleanup.run_deleted),
+            (c.jobs, self.cleanup.workload_changed, _ignore),
+            (c.cronjobs, self.cleanup.workload_changed, _ignore),
             # A child's events enqueue the run that owns it (handleObject).
             (c.jobs, self.handle_owned_object, self.handle_owned_object),
             (c.cronjobs, self.handle_owned_object, self.handle_owned_object),
@@ -246,6 +268,8 @@ class Controller:
             informer.add_event_handler(
                 on_add=on_change, on_update=_with_new(on_change), on_delete=on_delete
             )
+        # A relist that finds a new run under an old name: the old one was deleted.
+        self.caches.runs.add_event_handler(on_update=self.cleanup.run_replaced)
 
     def enqueue_run(self, run: Obj) -> None:
         """A run was added or changed: reconcile it."""
@@ -279,8 +303,10 @@ class Controller:
     # -------------------------------------------------------------------- run
 
     async def _work(self) -> None:
-        """The leader's work: the runs' and the configs' workers."""
+        """The leader's work: the cleanup, the runs' and the configs' workers."""
         async with asyncio.TaskGroup() as tasks:
+            # First: the sweep of what was deleted while this replica did not lead.
+            tasks.create_task(self.cleanup.run(), name="cleanup")
             tasks.create_task(self.workers.run(), name="run workers")
             tasks.create_task(self.config_workers.run(), name="config workers")
 
@@ -336,4 +362,5 @@ class Controller:
         finally:
             self.queue.shut_down()
             self.config_queue.shut_down()
+            self.cleanup.shut_down()
             await self.servers.stop()

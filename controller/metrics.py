@@ -299,6 +299,14 @@ class Metrics:
             ["namespace", "config"],
             registry=r,
         )
+        self.inference_run_workloads_deleted_total = Counter(
+            "inference_run_workloads_deleted",
+            "Jobs and CronJobs the controller deleted because their InferenceRun was deleted "
+            "(RunDeleted), is being deleted (RunDeleting) or was found gone by the sweep "
+            "(RunGone), instead of waiting for the garbage collector",
+            ["kind", "reason"],
+            registry=r,
+        )
         self.inference_predictions_total = Counter(
             "inference_predictions",
             "Predictions written by finished InferenceRuns (the runner's result)",

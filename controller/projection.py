@@ -10,12 +10,13 @@ the controller reads of it, under 1 KB). The readers, and what they read:
   ``controller.reconcile``/``controller.config_reconcile``, the config index,
   the phase gauge, Events about them, status writes): ``apiVersion``,
   ``kind``, ``spec`` and ``status`` whole, and the metadata of
-  :data:`OBJECT_META` (their labels, annotations, finalizers and owners are
-  never read). A status write PUTs ``{**cached, "status": new}`` to the
-  status subresource, where the API server keeps everything of the stored
-  object but its status and checks ``metadata.resourceVersion``: the
-  projection keeps name, namespace, uid and resourceVersion, so the write is
-  the same.
+  :data:`OBJECT_META` (their labels, annotations and owners are never read;
+  the finalizers of one being deleted are kept, because ``orphan`` among them
+  says its children must stay, see ``controller.orphans``). A status write
+  PUTs ``{**cached, "status": new}`` to the status subresource, where the
+  API server keeps everything of the stored object but its status and checks
+  ``metadata.resourceVersion``: the projection keeps name, namespace, uid
+  and resourceVersion, so the write is the same.
 - **Jobs, CronJobs** (``controller.plan``: children by owner, drift by the
   desired-hash annotation, ``suspend``; ``controller.status``: the Job's
   conditions, start and completion times, the CronJob's ``active`` and
@@ -166,7 +167,11 @@ def project_custom(obj: Obj) -> Obj:
     name and uid repeat across runs and across a run's own children.
     """
     out = _type_meta(obj)
-    out["metadata"] = object_meta(_dict(obj.get("metadata")), children=False)
+    metadata = _dict(obj.get("metadata"))
+    out["metadata"] = object_meta(metadata, children=False)
+    finalizers = metadata.get("finalizers")
+    if metadata.get("deletionTimestamp") and isinstance(finalizers, list) and finalizers:
+        out["metadata"]["finalizers"] = [intern(f) for f in finalizers]
     for part in ("spec", "status"):
         if part in obj:
             out[part] = shared(obj[part])

@@ -33,6 +33,10 @@ A write the API server **refuses** (invalid, forbidden, too large) or a name
 taken by an object that is not the run's becomes the run's status with the
 API's own message and a Warning Event, and is tried again with a backoff of
 its own (5 s doubling to 5 minutes).
+
+A deleted run's children are not the reconciler's business: the controller
+deletes its Jobs and CronJobs at once (``controller.cleanup``) and the garbage
+collector the rest.
 """
 
 from __future__ import annotations
@@ -160,7 +164,7 @@ class Reconciler:
     async def _reconcile(self, key: str) -> Result:
         raw = self.caches.runs.get_by_key(key)
         if raw is None or raw["metadata"].get("deletionTimestamp"):
-            # Deleted: the garbage collector removes the children (owner references).
+            # Deleted: controller.cleanup deletes its workloads, the garbage collector the rest.
             self.forget(key)
             return Result()
         meta = raw["metadata"]

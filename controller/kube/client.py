@@ -254,16 +254,18 @@ class KubeClient:
         *,
         propagation_policy: Literal["Background", "Foreground", "Orphan"] | None = "Background",
         uid: str | None = None,
+        resource_version: str | None = None,
     ) -> Obj:
         """Delete; dependents go too (Background) unless told otherwise.
 
-        ``uid`` is a precondition: the delete fails with a 409 Conflict if
-        the object was replaced meanwhile.
+        ``uid`` and ``resource_version`` are preconditions: the delete fails
+        with a 409 Conflict if the object was replaced (or, with
+        ``resource_version``, changed at all) meanwhile.
         """
         options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
         if propagation_policy is not None:
             options["propagationPolicy"] = propagation_policy
-        preconditions = _params(uid=uid)
+        preconditions = _params(uid=uid, resourceVersion=resource_version)
         if preconditions:
             options["preconditions"] = preconditions
         return await self.request("delete", "DELETE", resource.path(namespace, name), body=options)

@@ -29,7 +29,7 @@ The invariants (DESIGN.md §3 and §6):
 - :func:`writes_after`: nothing written to a run after a moment (a settled
   run after a restart);
 - :func:`controller_deleted`: a one-shot run's Job is never deleted by the
-  controller.
+  controller while its run lives.
 """
 
 from __future__ import annotations
@@ -483,12 +483,21 @@ def writes_after(
 
 @invariant
 def controller_deleted(requests: Sequence[Request], user: str, runs: Ledger) -> list[str]:
-    """Deletes of a one-shot run's Job by the controller (never replaced, never deleted)."""
+    """Deletes of a live one-shot run's Job by the controller (never replaced, never deleted).
+
+    A deleted run's Job is deleted by the controller at once (its run is
+    marked ``deleted`` in the ledger).
+    """
     violations = []
     for r in requests:
         if r.user == user and r.verb == "delete" and r.resource == "jobs":
             owner = runs.owner_of(r.name)
-            if owner is not None and not owner.scheduled and r.name == owner.child:
+            if (
+                owner is not None
+                and not owner.scheduled
+                and not owner.deleted
+                and r.name == owner.child
+            ):
                 violations.append(f"the controller deleted a one-shot run's Job: {r}")
     return violations
 

@@ -1,0 +1,234 @@
+"""A deleted run's Jobs and CronJobs deleted by the controller (controller/cleanup.py), for real.
+
+The cleanup is driven on the controller's own caches against the real API
+server. The runs are held by a finalizer of the test's, so that the garbage
+collector (which acts only once an owner is gone) cannot get there first:
+whatever goes, the cleanup deleted. What must not go stays: a Job that only
+carries the run's label, a run's children deleted with
+``propagationPolicy=Orphan``, the Job of a live run the runs cache has not
+seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from controller.cleanup import Cleanup
+from controller.controller import BY_UID, _with_new
+from controller.kube.client import KubeClient
+from controller.kube.errors import NotFound
+from controller.kube.resources import CRONJOBS, JOBS, Resource
+from controller.metrics import Metrics
+from controller.naming import MANAGED_BY_LABEL, MANAGED_BY_VALUE, RUN_UID_LABEL
+from controller.reconcile import RUNS
+from tests.caches import NamespaceCaches
+from tests.kubehelpers import controller_ref, eventually, job_manifest
+from tests.runs import inference_run
+
+pytestmark = pytest.mark.usefixtures("crds")
+
+Obj = dict[str, Any]
+HOLD = "test.local/hold"
+CONTAINER = [{"name": "c", "image": "test.local/fake-ok:1"}]
+
+
+class Harness(NamespaceCaches):
+    """The caches, and a cleanup wired to them as the controller wires it."""
+
+    def __init__(self, kube: KubeClient, namespace: str) -> None:
+        super().__init__(kube, namespace)
+        self.kube, self.namespace = kube, namespace
+        self.metrics = Metrics()
+        c = self.caches
+        self.cleanup = Cleanup(
+            kube, c, lambda uid: c.runs.by_index(BY_UID, uid), metrics=self.metrics
+        )
+        c.runs.add_event_handler(
+            on_add=self.cleanup.run_changed,
+            on_update=_with_new(self.cleanup.run_changed),
+            on_delete=self.cleanup.run_deleted,
+        )
+        c.runs.add_event_handler(on_update=self.cleanup.run_replaced)
+        for informer in (c.jobs, c.cronjobs):
+            informer.add_event_handler(
+                on_add=self.cleanup.workload_changed,
+                on_update=_with_new(self.cleanup.workload_changed),
+            )
+        self.leading: asyncio.Task[None] | None = None
+
+    def lead(self) -> None:
+        """Start the cleanup's leader part: the sweep, then the queue."""
+        self.leading = asyncio.create_task(self.cleanup.run())
+
+    async def close(self) -> None:
+        self.cleanup.shut_down()
+        if self.leading is not None:
+            self.leading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.leading
+        await self.stop()
+
+    def deleted(self, kind: str, reason: str) -> float:
+        """``inference_run_workloads_deleted_total{kind, reason}`` as a scrape shows it."""
+        value = self.metrics.registry.get_sample_value(
+            "inference_run_workloads_deleted_total", {"kind": kind, "reason": reason}
+        )
+        assert value is not None, "the series exists from the start"
+        return value
+
+    async def run(self, name: str, *, schedule: str | None = None) -> Obj:
+        body = inference_run(name, "cfg", **({"schedule": schedule} if schedule else {}))
+        body["metadata"]["finalizers"] = [HOLD]
+        created: Obj = await self.kube.create(RUNS, self.namespace, body)
+        return created
+
+    async def child(
+        self, resource: Resource, name: str, owner: Obj | None, *, label: str | None
+    ) -> Obj:
+        """A suspended Job or CronJob as the controller makes them (or with parts missing)."""
+        if resource is JOBS:
+            body: Obj = job_manifest(name, CONTAINER)
+            body["spec"]["suspend"] = True
+        else:
+            body = {
+                "apiVersion": "batch/v1",
+                "kind": "CronJob",
+                "metadata": {"name": name},
+                "spec": {
+                    "schedule": "0 0 1 1 *",
+                    "suspend": True,
+                    "jobTemplate": {
+                        "spec": {
+                            "template": {
+                                "spec": {"restartPolicy": "Never", "containers": CONTAINER}
+                            }
+                        }
+                    },
+                },
+            }
+        labels = {MANAGED_BY_LABEL: MANAGED_BY_VALUE}
+        if label is not None:
+            labels[RUN_UID_LABEL] = label
+        body["metadata"]["labels"] = labels
+        if owner is not None:
+            body["metadata"]["ownerReferences"] = [controller_ref(owner)]
+        created: Obj = await self.kube.create(resource, self.namespace, body)
+        return created
+
+    async def exists(self, resource: Resource, name: str) -> bool:
+        try:
+            await self.kube.get(resource, self.namespace, name)
+        except NotFound:
+            return False
+        return True
+
+    async def wait_gone(self, resource: Resource, name: str) -> None:
+        async def gone() -> bool:
+            return not await self.exists(resource, name)
+
+        await eventually(gone, within=30, what=f"{resource.kind} {name} deleted")
+
+    async def release(self, *runs: Obj) -> None:
+        """Take the test's finalizer off ``runs`` (deleted or not)."""
+        for run in runs:
+            with contextlib.suppress(NotFound):
+                await self.kube.patch(
+                    RUNS, self.namespace, run["metadata"]["name"], {"metadata": {"finalizers": []}}
+                )
+
+
+@pytest.fixture
+async def harness(kube: KubeClient, namespace: str) -> AsyncIterator[Harness]:
+    h = Harness(kube, namespace)
+    try:
+        yield h
+    finally:
+        await h.close()
+        listed = await kube.list(RUNS, namespace)
+        await h.release(*listed.get("items") or [])
+
+
+def uid(obj: Obj) -> str:
+    return str(obj["metadata"]["uid"])
+
+
+async def test_a_run_being_deleted_loses_its_workloads_and_only_them(harness: Harness) -> None:
+    await harness.start()
+    harness.lead()
+    once = await harness.run("once")
+    job = await harness.child(JOBS, "inf-once", once, label=uid(once))
+    label_only = await harness.child(JOBS, "label-only", None, label=uid(once))
+    cron_run = await harness.run("cron", schedule="* * * * *")
+    cron = await harness.child(CRONJOBS, "inf-cron", cron_run, label=uid(cron_run))
+    execution = await harness.child(JOBS, "inf-cron-29000000", cron, label=uid(cron_run))
+    alive = await harness.run("alive")
+    alive_job = await harness.child(JOBS, "inf-alive", alive, label=uid(alive))
+
+    for run in (once, cron_run):
+        await harness.kube.delete(RUNS, harness.namespace, run["metadata"]["name"])
+    for resource, obj in ((JOBS, job), (CRONJOBS, cron), (JOBS, execution)):
+        await harness.wait_gone(resource, obj["metadata"]["name"])
+    # The runs are still there (held), so it was not the garbage collector.
+    assert await harness.exists(RUNS, "once")
+    assert await harness.exists(JOBS, label_only["metadata"]["name"])
+    assert await harness.exists(JOBS, alive_job["metadata"]["name"])
+    # The execution's delete may find it gone: the garbage collector follows its CronJob.
+    assert harness.deleted("Job", "RunDeleting") in (1, 2)
+    assert harness.deleted("CronJob", "RunDeleting") == 1
+
+
+async def test_the_sweep_deletes_what_was_missed_and_reads_the_run_live_first(
+    harness: Harness,
+) -> None:
+    await harness.start()
+    # The runs cache stops here (it lags): it sees neither run below.
+    await harness.stop(harness.caches.runs)
+    # Deleted unseen (held, so it stays Terminating and the garbage collector waits).
+    missed = await harness.run("missed")
+    missed_job = await harness.child(JOBS, "inf-missed", missed, label=uid(missed))
+    await harness.kube.delete(RUNS, harness.namespace, "missed")
+    # Alive, unseen: its Job must stay.
+    unseen = await harness.run("unseen")
+    unseen_job = await harness.child(JOBS, "inf-unseen", unseen, label=uid(unseen))
+
+    async def cached() -> bool:
+        jobs = harness.caches.jobs
+        return all(jobs.get(harness.namespace, n) for n in ("inf-missed", "inf-unseen"))
+
+    await eventually(cached, within=30, what="both Jobs in the Jobs cache")
+    assert await harness.cleanup.sweep() == 1
+    await harness.cleanup.workers.process_next_item()
+    assert not await harness.exists(JOBS, missed_job["metadata"]["name"])
+    assert await harness.exists(JOBS, unseen_job["metadata"]["name"])
+    assert harness.deleted("Job", "RunGone") == 1
+
+
+async def test_a_run_deleted_with_orphan_propagation_keeps_its_children(
+    harness: Harness,
+) -> None:
+    await harness.start()
+    harness.lead()
+    kept = await harness.run("kept")
+    job = await harness.child(JOBS, "inf-kept", kept, label=uid(kept))
+    await harness.kube.delete(RUNS, harness.namespace, "kept", propagation_policy="Orphan")
+
+    async def orphaned() -> bool:
+        found = await harness.kube.get(JOBS, harness.namespace, "inf-kept")
+        return not found["metadata"].get("ownerReferences")
+
+    await eventually(orphaned, within=30, what="the garbage collector orphaning the Job")
+    await harness.release(kept)
+
+    async def run_gone() -> bool:
+        return not await harness.exists(RUNS, "kept")
+
+    await eventually(run_gone, within=30, what="the run gone")
+    await asyncio.sleep(1.0)  # the cleanup has seen the run go (it acts in milliseconds)
+    assert await harness.exists(JOBS, job["metadata"]["name"])
+    reasons = ("RunDeleted", "RunDeleting", "RunGone")
+    assert [harness.deleted(k, r) for k in ("Job", "CronJob") for r in reasons] == [0.0] * 6
