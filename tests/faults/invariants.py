@@ -29,7 +29,11 @@ The invariants (DESIGN.md §3 and §6):
 - :func:`writes_after`: nothing written to a run after a moment (a settled
   run after a restart);
 - :func:`controller_deleted`: a one-shot run's Job is never deleted by the
-  controller while its run lives.
+  controller while its run lives;
+- :func:`late_executions`: once the controller has seen a run deleted
+  (:func:`delete_seen`), its Job or CronJob is deleted by the controller
+  within :data:`RACE` and no runner pod of it starts (is bound to the node)
+  later than that.
 """
 
 from __future__ import annotations
@@ -485,8 +489,8 @@ def writes_after(
 def controller_deleted(requests: Sequence[Request], user: str, runs: Ledger) -> list[str]:
     """Deletes of a live one-shot run's Job by the controller (never replaced, never deleted).
 
-    A deleted run's Job is deleted by the controller at once (its run is
-    marked ``deleted`` in the ledger).
+    A deleted run's Job is deleted by the controller at once: that is checked
+    by :func:`late_executions`, not here.
     """
     violations = []
     for r in requests:
@@ -522,6 +526,170 @@ def children_once(
         *children_per_run(requests, user, once),
         *controller_deleted(requests, user, runs),
     ]
+
+
+# Who binds pods to the node in the local cluster (hack.nodeagent, as the
+# cluster's admin): a pod bound is a runner execution starting.
+BINDER = "admin"
+# An informer is back after a restart with its first list within this long, else its first watch.
+RELIST_WITHIN = 60.0
+
+
+def _runs_view_back(
+    requests: Sequence[Request], user: str, credential: str | None, since: datetime
+) -> datetime | None:
+    """When ``credential``'s (any of ``user``'s) runs informer had a fresh view after ``since``."""
+    mine = [
+        r
+        for r in requests
+        if r.user == user
+        and r.resource == "inferenceruns"
+        and r.ok
+        and r.received >= since
+        and (credential is None or r.credential == credential)
+    ]
+    lists = [
+        r.completed
+        for r in mine
+        if r.verb == "list"
+        and r.stage == "ResponseComplete"
+        and (r.received - since).total_seconds() <= RELIST_WITHIN
+    ]
+    if lists:
+        return min(lists)
+    watches = [r.completed for r in mine if r.verb == "watch" and r.stage == "ResponseStarted"]
+    return min(watches, default=None)
+
+
+@invariant
+def delete_seen(
+    requests: Sequence[Request],
+    user: str,
+    deleted_at: dict[str, datetime],
+    *,
+    starts: Sequence[datetime] = (),
+) -> dict[str, datetime]:
+    """When the controller could first see each run's delete (``deleted_at``: when it completed).
+
+    Needs ``ResponseStarted`` requests too. ``starts`` are the times the test
+    started kube-apiserver again: a controller cannot see anything between
+    such a start and (a) the first Lease write of a replica after it (the
+    leader, leading again or anew; no Lease write at all: one replica, no
+    election) and (b) that replica's runs informer having a fresh view again
+    (its first list within :data:`RELIST_WITHIN`, else its first watch).
+    A delete is seen at the latest of the three moments; with no start before
+    it, when it completed.
+    """
+    seen: dict[str, datetime] = {}
+    for name, deleted in deleted_at.items():
+        start = max((t for t in starts if t <= deleted), default=None)
+        if start is None:
+            seen[name] = deleted
+            continue
+        leases = [
+            r
+            for r in requests
+            if r.user == user
+            and r.resource == "leases"
+            and r.verb in ("update", "create")
+            and r.ok
+            and r.stage == "ResponseComplete"
+            and r.received >= start
+        ]
+        leader = min(leases, key=lambda r: r.received, default=None)
+        credential = leader.credential if leader is not None else None
+        moments = [deleted]
+        if leader is not None:
+            moments.append(leader.completed)
+        back = _runs_view_back(requests, user, credential, start)
+        if back is not None:
+            moments.append(back)
+        seen[name] = max(moments)
+    return seen
+
+
+@invariant
+def late_executions(
+    requests: Sequence[Request],
+    user: str,
+    runs: Ledger,
+    seen: dict[str, datetime],
+    *,
+    bound: float = RACE,
+    binder: str = BINDER,
+) -> list[str]:
+    """A deleted run's workload not deleted by the controller, or a runner started, late.
+
+    For every run in ``seen`` (when the controller could first see it
+    deleted, :func:`delete_seen`) whose Job or CronJob the controller had
+    created: the controller deletes it (answered 2xx, or 404 when something
+    else was faster) within ``bound`` seconds of that moment, and no pod of it
+    (``<workload>-...``: the Job's pods, a CronJob's executions' pods) is bound
+    to the node (by ``binder``) later than that: no runner execution starts
+    more than ``bound`` after the delete was seen. A record with no deleted
+    run that had a workload checks nothing and is a violation itself.
+    """
+    violations: list[str] = []
+    checked = 0
+    for run in runs:
+        at = seen.get(run.name)
+        if at is None:
+            continue
+        limit = at.timestamp() + bound
+        workloads = sorted(
+            {
+                r.name
+                for r in _creates(requests, user, ("jobs", "cronjobs"))
+                if r.ok and runs.owner_of(r.name) is run and r.received.timestamp() <= limit
+            }
+        )
+        for workload in workloads:
+            checked += 1
+            deletes = [
+                r
+                for r in requests
+                if r.user == user
+                and r.verb == "delete"
+                and r.resource in ("jobs", "cronjobs")
+                and r.name == workload
+                and (r.ok or r.code == 404)
+            ]
+            first = min(deletes, key=lambda r: r.received, default=None)
+            if first is None:
+                violations.append(
+                    f"run {run.name} deleted (seen {at:%H:%M:%S.%f}): the controller never "
+                    f"deleted its {workload}"
+                )
+            elif first.received.timestamp() > limit:
+                late = (first.received - at).total_seconds()
+                violations.append(
+                    f"run {run.name} deleted (seen {at:%H:%M:%S.%f}): its {workload} deleted "
+                    f"+{late:.1f} s later: {first}"
+                )
+            started = [
+                r
+                for r in requests
+                if r.user == binder
+                and r.verb == "create"
+                and r.resource == "pods/binding"
+                and r.ok
+                and r.name.startswith(workload + "-")
+                and r.received.timestamp() > limit
+            ]
+            if started:
+                violations += _summary(
+                    f"run {run.name} deleted (seen {at:%H:%M:%S.%f}): runner pods of {workload} "
+                    f"started more than {bound:.0f} s afterwards",
+                    started,
+                )
+            if first is None or first.received.timestamp() > limit or started:
+                violations += history(requests, workload)
+    if not checked:
+        violations.append(
+            f"late executions: none of the {len(seen)} deleted run(s) had a workload the "
+            "controller created: nothing was checked"
+        )
+    return violations
 
 
 def _evidence(requests: Sequence[Request], names: set[str]) -> list[str]:
