@@ -32,7 +32,10 @@ rate-limited, to look at fresher state; no stack trace, no error counted.
 A write the API server **refuses** (invalid, forbidden, too large) or a name
 taken by an object that is not the run's becomes the run's status with the
 API's own message and a Warning Event, and is tried again with a backoff of
-its own (5 s doubling to 5 minutes).
+its own (5 s doubling to 5 minutes). Except a create refused because the
+namespace is being deleted (403, cause ``NamespaceTerminating``): nothing can
+be created there any more, so the run gets nothing more (no retry, no status
+write, no Event) until it is gone.
 
 A deleted run's children are not the reconciler's business: the controller
 deletes its Jobs and CronJobs at once (``controller.cleanup``) and the garbage
@@ -118,6 +121,10 @@ class _Requeue(Exception):
     """A normal race: look again soon (rate-limited), not an error worth a stack trace."""
 
 
+class _NamespaceTerminating(Exception):
+    """A create refused because the run's namespace is being deleted: the run's last pass."""
+
+
 @dataclass
 class Reconciler:
     client: Any  # controller.kube.client.KubeClient
@@ -136,6 +143,8 @@ class Reconciler:
         default_factory=dict
     )
     _refusals: dict[str, int] = field(default_factory=dict)
+    # Runs (key -> uid) whose namespace is being deleted: left alone until they are gone.
+    _terminating: dict[str, str] = field(default_factory=dict)
     # Parsed runs and configs, reused while their resourceVersion is the same.
     _run_models: ModelCache[InferenceRun] = field(
         default_factory=lambda: ModelCache(InferenceRun, size=RUN_MODELS)
@@ -157,7 +166,12 @@ class Reconciler:
             raise
 
     def forget(self, key: str) -> None:
-        for state in (self._progress_seen, self._job_events_seen, self._refusals):
+        for state in (
+            self._progress_seen,
+            self._job_events_seen,
+            self._refusals,
+            self._terminating,
+        ):
             state.pop(key, None)
         self._run_models.forget(key)
 
@@ -168,6 +182,8 @@ class Reconciler:
             self.forget(key)
             return Result()
         meta = raw["metadata"]
+        if self._terminating.get(key) == meta.get("uid"):
+            return Result()  # its namespace is being deleted: nothing more for it
         # Every line of this pass says which run (uid, generation) and which pass.
         with bound(
             uid=meta.get("uid"),
@@ -179,7 +195,17 @@ class Reconciler:
             except ValidationError as exc:
                 await self._invalid_run(key, raw, exc)
                 return Result()
-            return await self._reconcile_run(key, raw, run)
+            try:
+                return await self._reconcile_run(key, raw, run)
+            except _NamespaceTerminating as exc:
+                log.info(
+                    "namespace is being deleted: nothing more for this run",
+                    namespace=meta.get("namespace"),
+                    refused=str(exc),
+                )
+                self.forget(key)
+                self._terminating[key] = str(meta.get("uid"))
+                return Result()
 
     async def _reconcile_run(self, key: str, raw: Obj, run: InferenceRun) -> Result:
         confirmed = False
@@ -575,6 +601,8 @@ def _refusal(exc: ApiError, kind: str, name: str, verb: str) -> Refusal:
         raise _Requeue(f"{verb} {kind} {name}: {exc.reason or exc.status}") from exc
     if exc.is_transient:
         raise exc
+    if exc.is_namespace_terminating:
+        raise _NamespaceTerminating(f"{verb} {kind} {name}: {exc.message}") from exc
     if exc.is_forbidden and "cannot" in exc.message:
         reason, what = "PermissionDenied", "the controller is not allowed to"
     else:

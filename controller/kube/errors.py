@@ -16,6 +16,9 @@ from typing import Any
 
 import orjson
 
+# The StatusCause reason of a create refused in a namespace being deleted.
+NAMESPACE_TERMINATING = "NamespaceTerminating"
+
 
 # eq=False keeps exceptions hashable and compared by identity; repr=False keeps
 # Exception's repr (the message), which is what logs and tracebacks show.
@@ -58,6 +61,23 @@ class ApiError(Exception):
     @property
     def is_forbidden(self) -> bool:
         return self.status == 403
+
+    @property
+    def is_namespace_terminating(self) -> bool:
+        """403 for a create in a namespace being deleted (cause ``NamespaceTerminating``).
+
+        Final: nothing can be created there again, whoever asks.
+        """
+        if self.status != 403:
+            return False
+        details = (self.body or {}).get("details") or {}
+        causes = details.get("causes") if isinstance(details, Mapping) else None
+        if any(
+            isinstance(c, Mapping) and c.get("reason") == NAMESPACE_TERMINATING
+            for c in causes or []
+        ):
+            return True
+        return "because it is being terminated" in self.message
 
     @property
     def is_transient(self) -> bool:

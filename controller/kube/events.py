@@ -18,6 +18,10 @@ and EventCorrelator do:
   are dropped.
 - An Event that expired meanwhile (the API server keeps them one hour) is
   created again, carrying the accumulated count.
+- **A namespace being deleted** refuses every create (403, cause
+  ``NamespaceTerminating``): after one such refusal, events about objects of
+  that namespace are dropped without a request for ``terminating_pause``
+  (60 s), then tried again.
 
 Events are written with the ``events`` permission of the core API group
 (create and patch).
@@ -51,6 +55,7 @@ SPAM_BURST = 25
 SPAM_REFILL_SECONDS = 300.0
 CACHE_SIZE = 4096
 QUEUE_SIZE = 1000
+TERMINATING_PAUSE = 60.0
 
 log = structlog.stdlib.get_logger(__name__)
 
@@ -148,6 +153,7 @@ class EventRecorder:
         spam_refill_seconds: float = SPAM_REFILL_SECONDS,
         cache_size: int = CACHE_SIZE,
         queue_size: int = QUEUE_SIZE,
+        terminating_pause: float = TERMINATING_PAUSE,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.client = client
@@ -163,6 +169,9 @@ class EventRecorder:
         self._buckets: OrderedDict[tuple[str, ...], _Bucket] = OrderedDict()
         self._queue: asyncio.Queue[_Series] = asyncio.Queue(maxsize=queue_size)
         self._timers: set[asyncio.TimerHandle] = set()
+        self.terminating_pause = terminating_pause
+        # Namespaces being deleted -> loop time until which their events are dropped.
+        self._terminating: dict[str, float] = {}
 
     # ---------------------------------------------------------------- recording
 
@@ -189,6 +198,9 @@ class EventRecorder:
         if type not in ("Normal", "Warning"):
             raise ValueError(f"event type must be Normal or Warning, got {type!r}")
         involved = InvolvedObject.of(obj)
+        if self._is_terminating(involved.namespace):
+            self._count("dropped")
+            return
         reason = _truncate(reason, MAX_REASON)
         message = _truncate(message, MAX_MESSAGE)
         key = (involved.identity, type, reason, message)
@@ -219,8 +231,15 @@ class EventRecorder:
             while True:
                 series = await self._queue.get()
                 try:
-                    await self._write(series)
+                    if self._is_terminating(series.involved.namespace):
+                        self._count("dropped")
+                    else:
+                        await self._write(series)
                 except ApiError as exc:
+                    if exc.is_namespace_terminating:
+                        self._count("failed")
+                        self._terminating_now(series.involved.namespace or "default")
+                        continue
                     # The API server's weather (429 while it is busy, an outage):
                     # the event is lost, not the controller; no stack trace.
                     self._count("failed")
@@ -293,6 +312,23 @@ class EventRecorder:
         self._count("created")
 
     # -------------------------------------------------------------- plumbing
+
+    def _is_terminating(self, namespace: str | None) -> bool:
+        until = self._terminating.get(namespace or "default")
+        if until is None:
+            return False
+        if asyncio.get_running_loop().time() < until:
+            return True
+        del self._terminating[namespace or "default"]
+        return False
+
+    def _terminating_now(self, namespace: str) -> None:
+        log.info(
+            "namespace is being deleted: its events are dropped for a while",
+            namespace=namespace,
+            pause=self.terminating_pause,
+        )
+        self._terminating[namespace] = asyncio.get_running_loop().time() + self.terminating_pause
 
     def _enqueue(self, series: _Series) -> None:
         if series.in_flight:

@@ -221,3 +221,35 @@ def test_event_names_follow_client_go() -> None:
     at = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
     assert event_name("iris", at) == f"iris.{int(at.timestamp() * 1e9):x}"
     assert len(event_name("x" * 300, at)) <= 253
+
+
+def terminating(namespace: str) -> ApiError:
+    return ApiError(
+        403,
+        "Forbidden",
+        f"unable to create new content in namespace {namespace} because it is being terminated",
+        body={"details": {"causes": [{"reason": "NamespaceTerminating"}]}},
+    )
+
+
+async def test_a_namespace_being_deleted_gets_one_refused_create_a_minute(
+    api: FakeEventsApi, recorder: EventRecorder
+) -> None:
+    api.fail_next = [terminating("team-a")]
+    recorder.warning(RUN, "Failed", "runner exited with code 4")
+    await recorder.flush()
+    # Told once: nothing more is sent there for a while, other namespaces go on.
+    other = {**RUN, "metadata": {**RUN["metadata"], "name": "b", "uid": "u-2"}}
+    recorder.warning(other, "Failed", "again")
+    recorder.normal(RUN, "Created", "created Job inf-iris-u1")
+    elsewhere = {**RUN, "metadata": {**RUN["metadata"], "namespace": "team-b"}}
+    recorder.normal(elsewhere, "Created", "created Job inf-iris-u1")
+    await recorder.flush()
+    assert [(verb, ns) for verb, ns, _, _ in api.calls] == [
+        ("create", "team-a"),
+        ("create", "team-b"),
+    ]
+    await asyncio.sleep(61)
+    recorder.normal(RUN, "Created", "created Job inf-iris-u1 again")
+    await recorder.flush()
+    assert [(verb, ns) for verb, ns, _, _ in api.calls][-1] == ("create", "team-a")
