@@ -7,12 +7,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# xdist workers for the tiers that mostly wait (hack/suite.py); each has its own control plane.
+TEST_WORKERS ?= 4
+# `make test TEST_ORDER=node,faults,parallel` runs the suite's three runs in another order.
+TEST_ORDER ?= parallel,faults,node
 
 .PHONY: help setup lock binaries node-prereqs storage-prereqs demo demo-node test unit integration node lint format cluster bench clean
 
 help:
 	@echo "make demo    - the whole system end to end on a local control plane"
-	@echo "make test    - lint + the whole test suite (unit, integration, e2e)"
+	@echo "make test    - lint + the whole test suite (unit, integration, e2e, faults, node)"
 	@echo "make demo-node - the demo on real kubelets: both images built, the Helm chart installed (root)"
 	@echo "make unit    - only the unit tests (no binaries, no servers)"
 	@echo "make node    - only the real-node tier (images, chart, real kubelets; root)"
@@ -63,7 +67,7 @@ unit: $(STAMP)
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
 
 integration: $(STAMP) binaries storage-prereqs
-	$(PY) -m pytest -m "integration or e2e" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "integration or e2e" -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The real-node tier's one-time pieces (packages, kubelet, base image) are
 # built here rather than inside a test's time limit; where a real node cannot
@@ -77,8 +81,11 @@ node-prereqs: $(STAMP)
 storage-prereqs: $(STAMP)
 	$(PY) -m hack.postgres prepare --if-possible
 
+# Three pytest runs (hack/suite.py): everything but the fault and real-node tiers
+# on TEST_WORKERS xdist workers, then each of those two alone. Every run goes
+# ahead; any failure fails `make test`; the last line sums them in pytest's format.
 test: $(STAMP) binaries node-prereqs storage-prereqs lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m hack.suite --workers $(TEST_WORKERS) --order $(TEST_ORDER) -- $(PYTEST_ARGS)
 
 demo: $(STAMP) binaries
 	$(PY) -m hack.demo $(DEMO_ARGS)
