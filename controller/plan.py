@@ -542,9 +542,11 @@ def phase_events(
         elif new.phase == "Pending" and new.reason == REASON_QUEUED:
             events.append(Event("Normal", REASON_QUEUED, message))
         elif new.reason == "Retrying" or (
-            new.phase == "Pending" and new.reason not in (None, "Pending", "Creating", WAITING)
+            new.phase in ("Pending", "Running")
+            and new.reason not in (None, "Pending", "Creating", WAITING, "Running")
         ):
-            # A retry, or a pod that cannot start (ErrImagePull, FailedCreate, …).
+            # A retry, a pod that cannot start (ErrImagePull, FailedCreate, …) or
+            # one its node or an eviction takes away (NodeLost, EvictionByEvictionAPI…).
             events.append(Event("Warning", new.reason or "Pending", message))
         elif new.phase == "Pending":
             pass  # "Created" already said it

@@ -29,11 +29,14 @@ the controller reads of it, under 1 KB). The readers, and what they read:
   ``binaryData`` as an empty mapping when present. The contract
   (``data``) is rendered, never read back.
 - **Pods** (``controller.status``/``controller.probe``: the runner container's
-  state and the PodScheduled condition; the progress reader: which runner
-  runs, its namespace, name and completion index): metadata as for Jobs and
-  ``status.containerStatuses`` (name and state: running; terminated exit
-  code, message and finish time; waiting reason and message) and
-  ``status.conditions`` (type, status, reason, message).
+  state, the PodScheduled, Ready and DisruptionTarget conditions, whether the
+  pod is being deleted, its node and memory limit; the progress reader: which
+  runner runs, its namespace, name and completion index): metadata as for
+  Jobs, ``spec.nodeName``, each container's ``resources.limits.memory`` (by
+  name, only when set), ``status.containerStatuses`` (name and state: running;
+  terminated exit code, reason (``OOMKilled``), message and finish time;
+  waiting reason and message) and ``status.conditions`` (type, status,
+  reason, message).
 
 Everything else a reader looks at is absent, which the readers already take
 as "not set" (``.get``): a projection changes what is kept, never what a
@@ -84,7 +87,7 @@ ANNOTATIONS = frozenset(
 OWNER_FIELDS = ("apiVersion", "kind", "name", "uid", "controller")
 CONDITION_FIELDS = ("type", "status", "reason", "message", "lastTransitionTime")
 POD_CONDITION_FIELDS = ("type", "status", "reason", "message")
-TERMINATED_FIELDS = ("exitCode", "message", "finishedAt")
+TERMINATED_FIELDS = ("exitCode", "reason", "message", "finishedAt")
 WAITING_FIELDS = ("reason", "message")
 JOB_STATUS_FIELDS = ("startTime", "completionTime")
 
@@ -232,6 +235,26 @@ def _container_status(status: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _pod_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The node a pod is bound to and each container's memory limit (what an OOM kill names)."""
+    out = _pick(spec, ("nodeName",))
+    containers = []
+    for container in spec.get("containers") or []:
+        if not isinstance(container, dict):
+            continue
+        limits = _dict(_dict(container.get("resources")).get("limits"))
+        if "memory" in limits:
+            containers.append(
+                {
+                    "name": intern(container.get("name")),
+                    "resources": {"limits": {"memory": intern(limits["memory"])}},
+                }
+            )
+    if containers:
+        out["containers"] = containers
+    return out
+
+
 def project_pod(obj: Obj) -> Obj:
     status = _dict(obj.get("status"))
     kept: dict[str, Any] = {}
@@ -243,7 +266,11 @@ def project_pod(obj: Obj) -> Obj:
         kept["containerStatuses"] = containers
     if status.get("conditions"):
         kept["conditions"] = _conditions(status, POD_CONDITION_FIELDS)
-    return _child(obj, kept)
+    out = _child(obj, kept)
+    spec = _pod_spec(_dict(obj.get("spec")))
+    if spec:
+        out["spec"] = spec
+    return out
 
 
 PROJECTIONS: dict[str, Projection] = {

@@ -14,6 +14,9 @@ Job condition (status True)            run phase    reason
 ``Suspended``                          Suspended    ``Suspended``
 ``Suspended``, Job in a Kueue queue,   Pending      ``Queued`` (message names the
 the run not suspended                               queue)
+none, a runner pod its node or an     Running      ``NodeLost``, ``NodeNotReady``, or
+eviction takes away (see                            the pod's ``DisruptionTarget``
+:func:`pod_disruption`)                             reason; not Ready
 none, a runner pod running (or one    Running      ``Running``
 that exited 0, or one that failed and
 the Job will retry)                                 (``Retrying``, the failure's words)
@@ -25,11 +28,14 @@ none                                   Pending      ``Pending``
 =====================================  ===========  ==================================
 
 ``FailureTarget`` counts as failed: the Job controller has decided, it is only
-waiting for pods to terminate. The runner's own words come from its pod's
-termination message (``runner/termination.py`` writes a one-line reason on
-failure and ``{"rows", "predictions", "durationSeconds"}`` on success, plus
-``resumedRows``, ``pages``, ``chunks`` and ``duplicates`` for a streaming run;
-``status.result`` carries them all, summed over the shards of an Indexed Job).
+waiting for pods to terminate. A runner the kernel killed for its memory is
+``OOMKilled`` (the message names the container's memory limit), and a deadline
+that ends a Pending run keeps why it was Pending in the message. The runner's
+own words come from its pod's termination message (``runner/termination.py``
+writes a one-line reason on failure and ``{"rows", "predictions",
+"durationSeconds"}`` on success, plus ``resumedRows``, ``pages``, ``chunks``
+and ``duplicates`` for a streaming run; ``status.result`` carries them all,
+summed over the shards of an Indexed Job).
 
 A scheduled run is ``Scheduled`` (``Running`` while an execution runs,
 reason ``Queued`` while every execution under way waits for Kueue,
@@ -48,7 +54,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from controller.api import (
@@ -75,6 +81,16 @@ from runner.exitcodes import REASONS, ExitCode
 from runner.termination import RunResult, parse_success, total
 
 CONDITION_WARNING = "Warning"
+# The pod condition an eviction, a preemption or the taint manager sets first.
+DISRUPTION_TARGET = "DisruptionTarget"
+REASON_OOM_KILLED = "OOMKilled"
+# A runner pod on a node that stopped reporting: being deleted (lost), or not yet.
+REASON_NODE_LOST = "NodeLost"
+REASON_NODE_NOT_READY = "NodeNotReady"
+# The taint that lets Kubernetes delete the pods of a node known to be down.
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
+# How long past its grace period a deleted pod may wait for its kubelet's word.
+KUBELET_SLACK = timedelta(seconds=30)
 # A Job in a Kueue queue, suspended until Kueue admits it.
 REASON_QUEUED = "Queued"
 
@@ -148,16 +164,117 @@ def _newest(pods: Sequence[Json], predicate: Any) -> Json | None:
     return max(chosen, key=lambda p: (_terminated(p) or {}).get("finishedAt") or "")
 
 
+def memory_limit(pod: Json) -> str | None:
+    """The runner container's memory limit in the pod's spec (e.g. ``512Mi``), or None."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        if container.get("name") == CONTAINER_NAME:
+            limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+            return str(limit) if limit is not None else None
+    return None
+
+
 def runner_failure(pods: Sequence[Json]) -> tuple[str, str] | None:
-    """``(reason, message)`` from the newest runner pod that exited non-zero."""
+    """``(reason, message)`` from the newest runner pod that exited non-zero.
+
+    A runner the kernel killed for its memory (the runtime's ``OOMKilled``) is
+    ``OOMKilled``, and the message names the container's memory limit.
+    """
     pod = _newest(pods, lambda p: (_terminated(p) or {}).get("exitCode", 0) != 0)
     if pod is None:
         return None
     term = _terminated(pod) or {}
     code = int(term.get("exitCode", 1))
-    reason = EXIT_REASONS.get(code, "RunnerFailed")
     text = " ".join((term.get("message") or "").split())
+    if term.get("reason") == REASON_OOM_KILLED:
+        limit = memory_limit(pod)
+        cause = (
+            f"runner killed for exceeding its memory limit of {limit}"
+            if limit is not None
+            else "runner killed for lack of memory (it has no memory limit: the node ran out)"
+        )
+        return REASON_OOM_KILLED, one_line(
+            f"{cause} (exit code {code}); raise spec.resources.limits.memory of the config, "
+            "or lower batching.batchSize or use paging" + (f"; last output: {text}" if text else "")
+        )
+    reason = EXIT_REASONS.get(code, "RunnerFailed")
     return reason, one_line(f"runner exited with code {code}" + (f": {text}" if text else ""))
+
+
+def _condition(pod: Json, type_: str) -> Json | None:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == type_:
+            return dict(cond)
+    return None
+
+
+def _overdue(pod: Json, now: datetime) -> bool:
+    """Whether a pod being deleted is past its grace period plus :data:`KUBELET_SLACK`."""
+    deadline = parse_time((pod.get("metadata") or {}).get("deletionTimestamp"))
+    return deadline is not None and now > deadline + KUBELET_SLACK
+
+
+def out_of_service_taint(node: str) -> str:
+    """The command that tells Kubernetes a node is down for good (its pods then go)."""
+    return f"kubectl taint node {node} {OUT_OF_SERVICE_TAINT}"
+
+
+def pod_disruption(pods: Sequence[Json], now: datetime) -> tuple[str, str] | None:
+    """``(reason, message)`` of a runner pod that its node or an eviction is taking away.
+
+    Read from the pod alone (no Node read, no Node watch): the node lifecycle
+    controller marks the pods of a node that stopped reporting ``Ready=False``
+    and leaves the reason as it was (a kubelet always gives one, e.g.
+    ``ContainersNotReady``), so a runner reported running whose pod is not Ready
+    without a reason is on a node that is not ready. Then:
+
+    - being deleted (the taint manager's eviction, a drain, a delete) on such a
+      node, or past its grace period with the runner not reported ended (no
+      kubelet confirms the deletion): ``NodeLost``. The pod stays Terminating
+      until the node comes back or is tainted out of service, and the Job
+      makes no replacement meanwhile; the message names the node and the taint;
+    - not being deleted: ``NodeNotReady`` (the node may come back; its pods
+      are evicted after their toleration, 300 s by default);
+    - a ``DisruptionTarget`` condition otherwise: its reason
+      (``EvictionByEvictionAPI``, ``PreemptionByScheduler``,
+      ``DeletionByTaintManager``, ``TerminationByKubelet``...).
+    """
+    for pod in pods:
+        if _terminated(pod) is not None:
+            continue
+        name = (pod.get("metadata") or {}).get("name") or "?"
+        node = (pod.get("spec") or {}).get("nodeName") or ""
+        deleting = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+        ready = _condition(pod, "Ready") or {}
+        running = "running" in (_runner_state(pod) or {})
+        node_not_ready = running and ready.get("status") == "False" and not ready.get("reason")
+        disruption = _condition(pod, DISRUPTION_TARGET)
+        if disruption is not None and disruption.get("status") != "True":
+            disruption = None
+        why = ""
+        if disruption is not None:
+            why = f" ({disruption.get('reason') or DISRUPTION_TARGET}: "
+            why += f"{disruption.get('message') or 'disrupted'})"
+        if node and deleting and (node_not_ready or _overdue(pod, now)):
+            return REASON_NODE_LOST, one_line(
+                f"runner pod {name} is being deleted{why} on node {node}, which does not "
+                "answer: the pod stays Terminating and the Job starts no other until the "
+                "node comes back or, once it is known to be down, is marked out of service: "
+                f"{out_of_service_taint(node)}"
+            )
+        if node and node_not_ready and not deleting:
+            return REASON_NODE_NOT_READY, one_line(
+                f"node {node} of runner pod {name} is not ready (its kubelet stopped "
+                "reporting); if it does not come back, its pods are evicted after their "
+                "toleration (300 s by default)"
+            )
+        if disruption is not None:
+            reason = str(disruption.get("reason") or DISRUPTION_TARGET)
+            where = f" on node {node}" if node else ""
+            return reason, one_line(
+                f"runner pod {name}{where} is being taken away: "
+                f"{disruption.get('message') or reason}; the Job starts another when it ends"
+            )
+    return None
 
 
 def runner_result(pods: Sequence[Json]) -> RunResult | None:
@@ -184,12 +301,16 @@ def _job_outcome(
     pods: Sequence[Json],
     job_events: Sequence[tuple[str, str]] = (),
     *,
+    now: datetime,
     suspend_asked: bool = False,
+    pending_cause: tuple[str, str] | None = None,
 ) -> tuple[Phase, str, str]:
     """``(phase, reason, message)`` of one Job, from its conditions and pods.
 
     ``suspend_asked``: the run asks for its Job to be suspended. A suspended
     Job in a Kueue queue that the run did not suspend is waiting for Kueue.
+    ``pending_cause``: why the run was Pending when last looked at (a deadline
+    that ends it keeps the cause, as the Job deletes the pod that said it).
     """
     conditions = _conditions_of(job)
     for kind in ("Failed", "FailureTarget"):
@@ -202,7 +323,11 @@ def _job_outcome(
                 message = job_message
                 if failure is not None:
                     message = f"{job_message}; last runner: {failure[1]}".strip("; ")
-                return "Failed", job_reason, one_line(message)
+                else:
+                    stuck = pod_waiting(pods) or pod_disruption(pods, now) or pending_cause
+                    if stuck is not None:
+                        message = f"{job_message}; it was pending: {stuck[0]}: {stuck[1]}"
+                return "Failed", job_reason, one_line(message.strip("; "))
             return "Failed", failure[0], failure[1]
     if "Complete" in conditions or "SuccessCriteriaMet" in conditions:
         return "Succeeded", "Completed", ""
@@ -212,6 +337,10 @@ def _job_outcome(
             return "Pending", REASON_QUEUED, f"waiting for Kueue to admit it to queue {queue}"
         return "Suspended", "Suspended", "the Job is suspended"
     running = any("running" in (_runner_state(p) or {}) for p in pods)
+    disrupted = pod_disruption(pods, now)
+    if disrupted is not None:
+        # Under way, but a runner is going or gone with its node: not Ready, and why.
+        return ("Running" if running else "Pending"), disrupted[0], disrupted[1]
     # A runner that exited 0 before the Job says Complete (the Job controller
     # batches pod updates for up to a second), or one shard of several that is
     # done: the run is under way, not back to Pending.
@@ -343,9 +472,12 @@ def derive_status(observed: Observed) -> InferenceRunStatus:
         conditions = _cond(
             conditions, CONDITION_READY, "False", status.reason or "Failed", "", observed
         )
-    elif status.phase == "Pending" and status.reason not in (None, "Pending", "Creating"):
-        # A pod that cannot start (ErrImagePull, FailedCreate, Unschedulable):
-        # not Ready, with the reason; still Reconciling, as it may resolve.
+    elif (status.phase == "Pending" and status.reason not in (None, "Pending", "Creating")) or (
+        status.phase == "Running" and status.reason not in (None, "Running", "Retrying")
+    ):
+        # A pod that cannot start (ErrImagePull, FailedCreate, Unschedulable) or
+        # one its node or an eviction takes away (NodeLost...): not Ready, with
+        # the reason; still Reconciling, as it may resolve.
         conditions = _cond(
             conditions,
             CONDITION_READY,
@@ -422,6 +554,10 @@ def kstatus_conditions(
     return conditions
 
 
+# Pending reasons that say nothing of why: not kept as a cause.
+_NO_CAUSE = (None, "Pending", "Creating", REASON_QUEUED)
+
+
 def _one_shot(status: InferenceRunStatus, observed: Observed) -> None:
     job, old = observed.job, observed.run.status
     if job is None:
@@ -431,8 +567,16 @@ def _one_shot(status: InferenceRunStatus, observed: Observed) -> None:
         else:
             status.phase, status.reason, status.message = "Pending", "Creating", None
         return
+    pending_cause = None
+    if old.phase == "Pending" and old.reason not in _NO_CAUSE:
+        pending_cause = (old.reason or "Pending", old.message or old.reason or "")
     phase, reason, message = _job_outcome(
-        job, observed.pods, observed.job_events, suspend_asked=observed.run.spec.suspend
+        job,
+        observed.pods,
+        observed.job_events,
+        now=observed.now,
+        suspend_asked=observed.run.spec.suspend,
+        pending_cause=pending_cause,
     )
     status.phase, status.reason, status.message = phase, reason, message or None
     job_status = job.get("status") or {}
@@ -459,14 +603,14 @@ def _one_shot(status: InferenceRunStatus, observed: Observed) -> None:
 RECENT_EXECUTIONS = 5
 
 
-def _execution(job: Json, all_pods: Sequence[Json]) -> tuple[Execution, list[Json]]:
+def _execution(job: Json, all_pods: Sequence[Json], now: datetime) -> tuple[Execution, list[Json]]:
     """One execution of a scheduled run (a Job its CronJob started) and its pods."""
     pods = [
         p
         for p in all_pods
         if (p["metadata"].get("labels") or {}).get("job-name") == job["metadata"]["name"]
     ]
-    phase, reason, message = _job_outcome(job, pods)
+    phase, reason, message = _job_outcome(job, pods, now=now)
     if phase == "Suspended":
         phase = "Pending"
     job_status = job.get("status") or {}
@@ -484,7 +628,9 @@ def _execution(job: Json, all_pods: Sequence[Json]) -> tuple[Execution, list[Jso
     execution = Execution(
         name=job["metadata"]["name"],
         phase=phase,  # type: ignore[arg-type]
-        reason=reason if phase not in ("Running", "Succeeded") else None,
+        # A running execution has a reason only when its node or an eviction takes
+        # its runner away (NodeLost...).
+        reason=None if phase == "Succeeded" or reason in ("Running", "Retrying") else reason,
         message=message or None,
         start_time=parse_time(job_status.get("startTime")),
         completion_time=completion,
@@ -514,7 +660,9 @@ def _scheduled(status: InferenceRunStatus, observed: Observed) -> None:
             key=lambda j: (j["metadata"].get("creationTimestamp") or "", j["metadata"]["name"]),
             reverse=True,
         )
-        recent = [_execution(job, observed.pods) for job in newest_first[:RECENT_EXECUTIONS]]
+        recent = [
+            _execution(job, observed.pods, observed.now) for job in newest_first[:RECENT_EXECUTIONS]
+        ]
         status.recent_executions = [execution for execution, _ in recent]
         status.last_execution, pods = recent[0]
         phase = status.last_execution.phase

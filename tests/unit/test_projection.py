@@ -273,6 +273,37 @@ def waiting(reason: str) -> Obj:
     return {"waiting": {"reason": reason, "message": f"{reason}: details"}}
 
 
+def oom_killed() -> Obj:
+    state = terminated(137)
+    state["terminated"]["reason"] = "OOMKilled"
+    return state
+
+
+def disruption(reason: str) -> Obj:
+    return {
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": reason,
+        "message": f"{reason}: details",
+        "lastTransitionTime": CREATED,
+    }
+
+
+def deleted(pod: Obj) -> Obj:
+    """``pod`` being deleted, its grace period not over at NOW."""
+    pod["metadata"]["deletionTimestamp"] = "2026-11-23T12:30:00Z"
+    pod["metadata"]["deletionGracePeriodSeconds"] = 30
+    return pod
+
+
+def with_memory_limit(pod: Obj, limit: str) -> Obj:
+    pod["spec"]["containers"][0]["resources"] = {
+        "limits": {"cpu": "1", "memory": limit},
+        "requests": {"cpu": "100m", "memory": limit},
+    }
+    return pod
+
+
 # --------------------------------------------------------------------- scenarios
 
 
@@ -366,6 +397,39 @@ SCENARIOS: dict[str, Scenario] = {
                 ],
             )
         ],
+    ),
+    "node lost": one_shot(
+        {"status": job_status(active=1)},
+        [
+            deleted(
+                served_pod(
+                    JOB,
+                    running(),
+                    conditions=[
+                        {"type": "Ready", "status": "False", "lastTransitionTime": CREATED},
+                        disruption("DeletionByTaintManager"),
+                    ],
+                )
+            )
+        ],
+    ),
+    "node not ready": one_shot(
+        {"status": job_status(active=1)},
+        [
+            served_pod(
+                JOB,
+                running(),
+                conditions=[{"type": "Ready", "status": "False", "lastTransitionTime": CREATED}],
+            )
+        ],
+    ),
+    "evicted": one_shot(
+        {"status": job_status(active=1)},
+        [served_pod(JOB, running(), conditions=[disruption("EvictionByEvictionAPI")])],
+    ),
+    "oom killed": one_shot(
+        {"status": job_status(("Failed", "BackoffLimitExceeded", "Job has reached the limit"))},
+        [with_memory_limit(served_pod(JOB, oom_killed()), "512Mi")],
     ),
     "sharded": one_shot(
         {"status": job_status(active=2)},
@@ -674,13 +738,15 @@ def test_projections_drop_what_nobody_reads() -> None:
     configmap = project_configmap(kw["configmaps"][0])
     assert set(configmap) == {"apiVersion", "kind", "metadata"}  # the contract is not kept
     pod = project_pod(kw["pods"][0])
-    assert set(pod) == {"apiVersion", "kind", "metadata", "status"}
+    assert set(pod) == {"apiVersion", "kind", "metadata", "spec", "status"}
+    assert pod["spec"] == {"nodeName": "node-1"}  # no memory limit: no containers kept
     assert pod["status"]["containerStatuses"] == [
         {
             "name": "inference",
             "state": {
                 "terminated": {
                     "exitCode": 0,
+                    "reason": "Completed",
                     "message": RESULT,
                     "finishedAt": "2026-11-23T11:59:00Z",
                 }

@@ -7,8 +7,14 @@ from typing import Any
 
 import pytest
 
-from controller.api import InferenceRun, Progress
-from controller.status import Observed, derive_status, runner_failure, runner_result
+from controller.api import InferenceRun, InferenceRunStatus, Progress
+from controller.plan import phase_events
+from controller.status import (
+    Observed,
+    derive_status,
+    runner_failure,
+    runner_result,
+)
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -428,3 +434,195 @@ def test_a_one_shot_run_has_no_schedule_fields() -> None:
     api = status.to_api()
     assert "recentExecutions" not in api
     assert "nextScheduleTime" not in api
+
+
+# ------------------------------------------------- lost nodes, evictions, OOM kills
+
+
+def on_node(
+    state: dict[str, Any],
+    *conditions: dict[str, Any],
+    node: str = "worker-3",
+    deleting: str | None = None,
+    memory: str | None = None,
+) -> dict[str, Any]:
+    """A runner pod bound to ``node``; ``deleting``: its deletionTimestamp."""
+    p = pod(state)
+    p["metadata"]["name"] = "inf-r-u1000000-abcde"
+    if deleting is not None:
+        p["metadata"]["deletionTimestamp"] = deleting
+    p["spec"] = {"nodeName": node}
+    if memory is not None:
+        p["spec"]["containers"] = [
+            {"name": "inference", "resources": {"limits": {"memory": memory}}}
+        ]
+    p["status"]["conditions"] = list(conditions)
+    return p
+
+
+# What the node lifecycle controller leaves on the pods of a node that stopped
+# reporting: Ready False, the reason as it was (none, for a Ready pod).
+NODE_NOT_READY = {"type": "Ready", "status": "False"}
+KUBELET_NOT_READY = {"type": "Ready", "status": "False", "reason": "ContainersNotReady"}
+RUNNING = {"running": {"startedAt": "2026-11-22T11:50:00Z"}}
+
+
+def disruption_target(reason: str, message: str = "") -> dict[str, Any]:
+    return {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": message}
+
+
+def test_a_runner_pod_terminating_on_a_node_that_stopped_reporting_is_node_lost() -> None:
+    # The taint manager evicted it after the not-ready toleration: no kubelet confirms.
+    lost = on_node(
+        RUNNING,
+        NODE_NOT_READY,
+        disruption_target("DeletionByTaintManager", "Taint manager: deleting due to NoExecute"),
+        deleting="2026-11-22T12:00:30Z",
+    )
+    status = derive(job=job(active=1), pods=[lost])
+    assert (status.phase, status.reason) == ("Running", "NodeLost")
+    assert "worker-3" in status.message
+    assert "inf-r-u1000000-abcde" in status.message
+    assert "DeletionByTaintManager" in status.message
+    assert (
+        "kubectl taint node worker-3 node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
+        in status.message
+    )
+    ready = cond(status, "Ready")
+    assert (ready.status, ready.reason, ready.message) == ("False", "NodeLost", status.message)
+    assert cond(status, "Reconciling").status == "True"
+    assert cond(status, "Stalled").status == "False"
+
+
+def test_a_deleted_pod_whose_grace_period_is_long_over_is_node_lost_without_a_ready_mark() -> None:
+    # Deleted by hand (no DisruptionTarget) while the node was down: only the
+    # kubelet's silence tells, once the grace period and a slack are over.
+    stuck = on_node(RUNNING, deleting="2026-11-22T11:59:00Z")
+    status = derive(job=job(active=1), pods=[stuck])
+    assert status.reason == "NodeLost"
+    assert "worker-3" in status.message
+    # Within the slack, the kubelet may still be at it: an ordinary Running run.
+    fresh = on_node(RUNNING, deleting="2026-11-22T11:59:50Z")
+    assert derive(job=job(active=1), pods=[fresh]).reason == "Running"
+
+
+def test_a_runner_on_a_node_that_stopped_reporting_is_node_not_ready() -> None:
+    status = derive(job=job(active=1), pods=[on_node(RUNNING, NODE_NOT_READY)])
+    assert (status.phase, status.reason) == ("Running", "NodeNotReady")
+    assert "node worker-3" in status.message
+    assert cond(status, "Ready").status == "False"
+    # The kubelet's own not-ready (with its reason) is not the node's.
+    status = derive(job=job(active=1), pods=[on_node(RUNNING, KUBELET_NOT_READY)])
+    assert (status.reason, cond(status, "Ready").status) == ("Running", "True")
+
+
+@pytest.mark.parametrize(
+    "reason",
+    ["EvictionByEvictionAPI", "PreemptionByScheduler", "DeletionByTaintManager"],
+)
+def test_a_disruption_target_gives_its_own_reason(reason: str) -> None:
+    evicted = on_node(
+        RUNNING, disruption_target(reason, "details of it"), deleting="2026-11-22T12:00:30Z"
+    )
+    status = derive(job=job(active=1), pods=[evicted])
+    assert (status.phase, status.reason) == ("Running", reason)
+    assert "inf-r-u1000000-abcde" in status.message
+    assert "worker-3" in status.message
+    assert "details of it" in status.message
+    assert cond(status, "Ready").status == "False"
+
+
+def test_a_disruption_condition_that_is_false_or_on_an_ended_pod_says_nothing() -> None:
+    not_true = on_node(RUNNING, {**disruption_target("EvictionByEvictionAPI"), "status": "False"})
+    assert derive(job=job(active=1), pods=[not_true]).reason == "Running"
+    ended = on_node(terminated(0, ""), disruption_target("EvictionByEvictionAPI"))
+    assert derive(job=job(active=1), pods=[ended]).reason == "Running"
+
+
+def oom(code: int = 137) -> dict[str, Any]:
+    state = terminated(code, "")
+    state["terminated"]["reason"] = "OOMKilled"
+    return state
+
+
+def test_an_oom_killed_runner_is_oom_killed_with_its_memory_limit() -> None:
+    status = derive(
+        job=job(("Failed", "True", "BackoffLimitExceeded")),
+        pods=[on_node(oom(), memory="512Mi")],
+    )
+    assert (status.phase, status.reason) == ("Failed", "OOMKilled")
+    assert "memory limit of 512Mi" in status.message
+    assert "exit code 137" in status.message
+    assert cond(status, "Failed").reason == "OOMKilled"
+    # Between attempts: Retrying, with the same words.
+    status = derive(job=job(active=0, failed=1), pods=[on_node(oom(), memory="1Gi")])
+    assert (status.phase, status.reason) == ("Running", "Retrying")
+    assert "memory limit of 1Gi" in status.message
+
+
+def test_an_oom_killed_runner_without_a_limit_says_the_node_ran_out() -> None:
+    reason, message = runner_failure([on_node(oom())]) or ("", "")
+    assert reason == "OOMKilled"
+    assert "no memory limit" in message
+
+
+def test_a_deadline_that_ends_a_pending_run_keeps_the_pending_cause() -> None:
+    failed = job(("Failed", "True", "DeadlineExceeded"))
+    # The pod that said it is still listed (being deleted by the Job controller).
+    stuck = pod({"waiting": {"reason": "ErrImagePull", "message": "pull access denied"}})
+    status = derive(job=failed, pods=[stuck])
+    assert (status.phase, status.reason) == ("Failed", "DeadlineExceeded")
+    assert "DeadlineExceeded message" in status.message
+    assert "ErrImagePull: pull access denied" in status.message
+    # The pod is gone already: the run's last Pending cause is kept.
+    pending = make_run(
+        status={
+            "phase": "Pending",
+            "reason": "Unschedulable",
+            "message": "0/3 nodes are available: 3 Insufficient memory",
+        }
+    )
+    status = derive(run=pending, job=failed, pods=[])
+    assert status.reason == "DeadlineExceeded"
+    assert "Unschedulable: 0/3 nodes are available: 3 Insufficient memory" in status.message
+    assert "Unschedulable" in cond(status, "Failed").message
+    # A run that was running (or only Pending, no cause) gets the Job's words alone.
+    for old in (
+        {"phase": "Running", "reason": "Running"},
+        {"phase": "Pending", "reason": "Pending"},
+    ):
+        status = derive(run=make_run(status=old), job=failed, pods=[])
+        assert status.message == "DeadlineExceeded message"
+
+
+def test_a_scheduled_runs_execution_tells_a_lost_node() -> None:
+    lost = on_node(RUNNING, NODE_NOT_READY, deleting="2026-11-22T12:00:30Z")
+    lost["metadata"]["labels"]["job-name"] = "a"
+    status = derive(
+        run=make_run(schedule="@hourly"),
+        cronjob=cronjob(active=True),
+        executions=[execution("a", "2026-11-22T11:58:00Z")],
+        pods=[lost],
+    )
+    assert status.last_execution.phase == "Running"
+    assert status.last_execution.reason == "NodeLost"
+    assert "worker-3" in status.last_execution.message
+    # An ordinary running or retrying execution has no reason.
+    running = derive(
+        run=make_run(schedule="@hourly"),
+        cronjob=cronjob(active=True),
+        executions=[execution("a", "2026-11-22T11:58:00Z")],
+        pods=[pod(RUNNING, "a")],
+    )
+    assert running.last_execution.reason is None
+
+
+def test_a_lost_node_or_an_eviction_is_announced_with_a_warning_event_once() -> None:
+    running = InferenceRunStatus(phase="Running", reason="Running")
+    lost = InferenceRunStatus(phase="Running", reason="NodeLost", message="node worker-3 ...")
+    events = phase_events(running, lost, [])
+    assert [(e.type, e.reason, e.message) for e in events] == [
+        ("Warning", "NodeLost", "node worker-3 ...")
+    ]
+    assert phase_events(lost, lost, []) == []
+    assert [e.type for e in phase_events(lost, running, [])] == ["Normal"]
