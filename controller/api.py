@@ -33,6 +33,7 @@ body with camelCase keys and without unset fields.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from collections import OrderedDict
@@ -54,6 +55,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
 from controller.cron import Schedule, TimeZone
@@ -71,6 +73,9 @@ CONFIG_PLURAL = "inferenceconfigs"
 
 AutoDeletePolicy = Literal["None", "DeleteOnSuccess", "DeleteOnCompletion"]
 ImagePullPolicy = Literal["Always", "IfNotPresent", "Never"]
+# InferenceConfig.spec.unkeyedOutputRetries: whether a run whose output is not
+# keyed may try again after a failed attempt (which may have stored rows).
+UnkeyedOutputRetries = Literal["Allow", "Never"]
 ConcurrencyPolicy = Literal["Allow", "Forbid", "Replace"]
 Phase = Literal["Pending", "Running", "Succeeded", "Failed", "Scheduled", "Suspended", "Error"]
 ExecutionPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
@@ -361,6 +366,40 @@ class Storage(_Model):
 
     input: dict[str, dict[str, Any]] = Field(default_factory=dict)
     output: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @property
+    def keyed(self) -> bool:
+        """Whether the run's output is keyed (see :func:`keyed_output`)."""
+        return keyed_output(self.input, self.output)
+
+
+# Output providers whose every write is keyed, paged or not: postgres inserts
+# each prediction keyed by (run, shard, row position), ON CONFLICT DO NOTHING
+# (runner/storage/postgres.py).
+ALWAYS_KEYED_OUTPUTS = frozenset({"postgres"})
+
+
+def keyed_output(storage_input: Any, storage_output: Any) -> bool:
+    """Whether a run with these storage entries writes keyed (idempotent) output.
+
+    An input entry with ``paging`` makes the run stream, and a streaming run
+    keys every prediction by (run, shard, row position); an output provider of
+    :data:`ALWAYS_KEYED_OUTPUTS` does so always. The storage then keeps one
+    prediction per key, so an attempt that starts again stores no row twice.
+    Otherwise the runner writes plain rows, and a retried attempt starts again
+    from row 0. The arguments are the config's or a contract's ``input`` and
+    ``output`` mappings.
+    """
+    if isinstance(storage_output, Mapping) and any(
+        key in ALWAYS_KEYED_OUTPUTS for key in storage_output
+    ):
+        return True
+    if not isinstance(storage_input, Mapping):
+        return False
+    return any(
+        isinstance(entry, Mapping) and entry.get("paging") is not None
+        for entry in storage_input.values()
+    )
 
 
 Quantity = str | int | float
@@ -668,6 +707,16 @@ class InferenceConfigSpec(_Model):
     # Kueue's LocalQueue in the run's namespace: the label kueue.x-k8s.io/queue-name.
     queue_name: str | None = Field(default=None, max_length=63, pattern=DNS_LABEL_PATTERN)
     runner_pod: RunnerPod | None = None
+    # Never: a failed attempt of a run whose output is not keyed fails the run
+    # (its Job's backoffLimit is 0) instead of starting again from row 0.
+    unkeyed_output_retries: UnkeyedOutputRetries = "Allow"
+
+    @property
+    def backoff_limit_cap(self) -> int | None:
+        """The most retries a run of this config may have, or None for the run's own limit."""
+        if self.unkeyed_output_retries == "Never" and not self.storage.keyed:
+            return 0
+        return None
 
     def effective_kserve(self) -> KServe:
         """The model fields the contract gets: nested when non-empty, else flat."""
@@ -864,6 +913,17 @@ class Execution(_Model):
     completion_time: KubeTime | None = None
 
 
+@dataclass(frozen=True, config=ConfigDict(alias_generator=to_camel, validate_by_name=True))
+class RunOutcome(RunResult):
+    """``status.result``: the runner's :class:`RunResult` and how many attempts made it.
+
+    ``attempts``: the runner pods the Job ran to an end (failed or succeeded,
+    over all shards); more than the shards means that an attempt started again.
+    """
+
+    attempts: Annotated[int, Field(ge=0)] | None = None
+
+
 class InferenceRunStatus(_Model):
     phase: Phase | None = None
     conditions: list[Condition] = Field(default_factory=list)
@@ -874,15 +934,23 @@ class InferenceRunStatus(_Model):
     completion_time: KubeTime | None = None
     last_schedule_time: KubeTime | None = None
     progress: Progress | None = None
-    # The runner's success message, its keys and (over shards) its sums:
-    # runner.termination.RunResult, the one definition.
-    result: RunResult | None = None
+    # The runner's success message, its keys and (over shards) its sums
+    # (runner.termination.RunResult, the one definition), and the attempts.
+    result: RunOutcome | None = None
     reason: str | None = None
     message: str | None = None
     last_execution: Execution | None = None
     # Scheduled runs: the newest executions (newest first) and the next tick.
     recent_executions: list[Execution] | None = None
     next_schedule_time: KubeTime | None = None
+
+    @field_validator("result", mode="before")
+    @classmethod
+    def _result(cls, value: Any) -> Any:
+        # The runner's RunResult as it is: the attempts unknown.
+        if isinstance(value, RunResult) and not isinstance(value, RunOutcome):
+            return RunOutcome(**dataclasses.asdict(value))
+        return value
 
 
 class InferenceConfigStatus(_Model):

@@ -66,6 +66,7 @@ from controller.status import (
     REASON_QUEUED,
     Observed,
     derive_status,
+    duplicate_output_warning,
     parse_time,
     queue_of,
 )
@@ -429,6 +430,14 @@ def plan(view: View) -> Plan:
     contract = None
     if view.config is not None:
         contract = status_contract(run, view.config, names_for(view))
+    duplicates = duplicate_output_warning(
+        run,
+        contract if contract is not None else run.status.contract,
+        None if run.spec.scheduled else workload,
+        view.executions,
+    )
+    if duplicates is not None:
+        warnings.append(duplicates)
     problem = children.blocked or view.config_problem
     waiting = _config_grace_left(view)
     if waiting is not None and problem is view.config_problem:

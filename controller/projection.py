@@ -19,7 +19,9 @@ the controller reads of it, under 1 KB). The readers, and what they read:
   and resourceVersion, so the write is the same.
 - **Jobs, CronJobs** (``controller.plan``: children by owner, drift by the
   desired-hash annotation, ``suspend``; ``controller.status``: the Job's
-  conditions, start and completion times, the CronJob's ``active`` and
+  conditions, start and completion times, its ``failed`` and ``succeeded``
+  counters and the pods not in them yet (``uncountedTerminatedPods``: how
+  many attempts wrote the output), the CronJob's ``active`` and
   ``lastScheduleTime``; ``controller.probe``: a probe Job's conditions and
   generation annotation; the indexes): metadata with the labels of
   :data:`LABELS`, the annotations of :data:`ANNOTATIONS` and the owner
@@ -89,7 +91,8 @@ CONDITION_FIELDS = ("type", "status", "reason", "message", "lastTransitionTime")
 POD_CONDITION_FIELDS = ("type", "status", "reason", "message")
 TERMINATED_FIELDS = ("exitCode", "reason", "message", "finishedAt")
 WAITING_FIELDS = ("reason", "message")
-JOB_STATUS_FIELDS = ("startTime", "completionTime")
+# The counters tell how many pods a Job has run: more than one attempt wrote the output.
+JOB_STATUS_FIELDS = ("startTime", "completionTime", "failed", "succeeded")
 
 Projection = Callable[[Obj], Obj | None]
 
@@ -197,6 +200,14 @@ def _child(obj: Obj, status: dict[str, Any] | None = None) -> Obj:
 def project_job(obj: Obj) -> Obj:
     status = _dict(obj.get("status"))
     kept = _pick(status, JOB_STATUS_FIELDS)
+    uncounted = _dict(status.get("uncountedTerminatedPods"))
+    if uncounted.get("failed") or uncounted.get("succeeded"):
+        # Pods that ended and are not in the counters yet: counted, by uid.
+        kept["uncountedTerminatedPods"] = {
+            kind: [intern(uid) for uid in uncounted[kind]]
+            for kind in ("failed", "succeeded")
+            if isinstance(uncounted.get(kind), list) and uncounted[kind]
+        }
     if status.get("conditions"):
         kept["conditions"] = _conditions(status, CONDITION_FIELDS)
     return _child(obj, kept)

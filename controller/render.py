@@ -17,9 +17,12 @@ render, and why:
   schedule) running container ``inference`` with the contract at
   ``/tmp/contract.json`` (a subPath mount over a writable emptyDir ``/tmp``),
   ``pod_uid`` from the downward API, a security context that passes Pod
-  Security "restricted", a small ``backoffLimit`` and a ``podFailurePolicy``
-  that fails the Job at once when the runner's exit code says that retrying
-  cannot help (a bad contract, or a request the storage or the model refused).
+  Security "restricted", a small ``backoffLimit`` (0 when the config says
+  ``unkeyedOutputRetries: Never`` and the output is not keyed) and a
+  ``podFailurePolicy`` that fails the Job at once when the runner's exit code
+  says that retrying cannot help (a bad contract, or a request the storage or
+  the model refused), and, for keyed output only, does not count an evicted
+  or preempted pod as a failed attempt.
   There is no ``ttlSecondsAfterFinished``: finished runs are deleted by the
   controller (autoDeletePolicy), deleting their children through owner
   references, never by a TTL that makes the run start again.
@@ -399,24 +402,30 @@ def _job_spec(
 ) -> dict[str, Any]:
     pod = _pod_spec(config, name, service_account, shape)
     shards = run.spec.parallelism
+    rules: list[dict[str, Any]] = [
+        {
+            "action": "FailJob",
+            "onExitCodes": {
+                "containerName": CONTAINER_NAME,
+                "operator": "In",
+                "values": list(PERMANENT_EXIT_CODES),
+            },
+        },
+    ]
+    if config.spec.storage.keyed:
+        # An evicted or preempted pod is not the runner's failure, and with keyed
+        # output its replacement stores no row twice: it costs no retry. Output
+        # that is not keyed counts it like any failed attempt (as upstream, which
+        # has no podFailurePolicy): the Job's counters then tell every attempt
+        # that may have stored rows (the run's status.result.attempts).
+        rules.append({"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]})
+    cap = config.spec.backoff_limit_cap
     spec: dict[str, Any] = {
-        "backoffLimit": run.spec.backoff_limit,
+        # unkeyedOutputRetries: Never: a failed attempt fails the run.
+        "backoffLimit": run.spec.backoff_limit if cap is None else min(cap, run.spec.backoff_limit),
         "completions": shards,
         "parallelism": shards,
-        "podFailurePolicy": {
-            "rules": [
-                {
-                    "action": "FailJob",
-                    "onExitCodes": {
-                        "containerName": CONTAINER_NAME,
-                        "operator": "In",
-                        "values": list(PERMANENT_EXIT_CODES),
-                    },
-                },
-                # An evicted or preempted pod is not the runner's failure.
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
-            ]
-        },
+        "podFailurePolicy": {"rules": rules},
         "template": {"metadata": _template_metadata(_labels(run), shape), "spec": pod},
     }
     if shards > 1:

@@ -35,7 +35,10 @@ own words come from its pod's termination message (``runner/termination.py``
 writes a one-line reason on failure and ``{"rows", "predictions",
 "durationSeconds"}`` on success, plus ``resumedRows``, ``pages``, ``chunks``
 and ``duplicates`` for a streaming run; ``status.result`` carries them all,
-summed over the shards of an Indexed Job).
+summed over the shards of an Indexed Job, and ``attempts``: the runner pods
+the Job ran to an end). A run whose output is not keyed and that succeeded
+after a failed attempt carries the Warning ``OutputMayHoldDuplicates``: that
+attempt started again from row 0 (:func:`duplicate_output_warning`).
 
 A scheduled run is ``Scheduled`` (``Running`` while an execution runs,
 reason ``Queued`` while every execution under way waits for Kueue,
@@ -72,6 +75,8 @@ from controller.api import (
     ObjectReference,
     Phase,
     Progress,
+    RunOutcome,
+    keyed_output,
     set_condition,
 )
 from controller.cron import next_schedule_time
@@ -81,6 +86,8 @@ from runner.exitcodes import REASONS, ExitCode
 from runner.termination import RunResult, parse_success, total
 
 CONDITION_WARNING = "Warning"
+# The Warning of a run whose output, not keyed, was written by more than one attempt.
+REASON_DUPLICATES = "OutputMayHoldDuplicates"
 # The pod condition an eviction, a preemption or the taint manager sets first.
 DISRUPTION_TARGET = "DisruptionTarget"
 REASON_OOM_KILLED = "OOMKilled"
@@ -288,6 +295,97 @@ def runner_result(pods: Sequence[Json]) -> RunResult | None:
         if part is not None:
             parts.append(part)
     return total(parts)
+
+
+def _ended(job: Json, kind: str) -> int:
+    """The pods of ``job`` that ended ``kind`` (failed, succeeded): counted or not yet.
+
+    The Job controller first lists a pod that ended in
+    ``uncountedTerminatedPods`` and adds it to the counter in a later update;
+    ``Complete`` may come before that.
+    """
+    job_status = job.get("status") or {}
+    uncounted = (job_status.get("uncountedTerminatedPods") or {}).get(kind) or []
+    return int(job_status.get(kind) or 0) + len(uncounted)
+
+
+def attempts(job: Json) -> int:
+    """The runner pods ``job`` ran to an end (failed or succeeded).
+
+    The Job counts every pod that ended, but one a ``podFailurePolicy`` rule
+    ignores (the controller renders that rule only for keyed output, where an
+    attempt that starts again is harmless).
+    """
+    return _ended(job, "failed") + _ended(job, "succeeded")
+
+
+def outcome(result: RunResult, job: Json) -> RunOutcome:
+    """The run's ``status.result``: the runner's ``result`` and the attempts of ``job``."""
+    return RunOutcome(
+        rows=result.rows,
+        predictions=result.predictions,
+        duration_seconds=result.duration_seconds,
+        resumed_rows=result.resumed_rows,
+        pages=result.pages,
+        chunks=result.chunks,
+        duplicates=result.duplicates,
+        attempts=attempts(job) or None,
+    )
+
+
+def _succeeded(job: Json) -> bool:
+    conditions = _conditions_of(job)
+    return "Complete" in conditions or "SuccessCriteriaMet" in conditions
+
+
+def duplicate_output_warning(
+    run: InferenceRun,
+    contract: Json | None,
+    job: Json | None,
+    executions: Sequence[Json] = (),
+) -> tuple[str, str] | None:
+    """``(reason, message)`` when the run's output may hold rows twice, else None.
+
+    That is: the run (a scheduled run: its newest execution that succeeded)
+    succeeded after failed attempts, and its output is not keyed (no ``paging``
+    on ``contract``'s input, no postgres output): each attempt started again from row 0, and rows a
+    failed attempt stored are stored again. A one-shot run whose Job is gone
+    since it succeeded is told from the ``attempts`` its status recorded.
+    """
+    if contract is None or keyed_output(contract.get("input"), contract.get("output")):
+        return None
+    if run.spec.scheduled:
+        done = [j for j in executions if _succeeded(j)]
+        job = max(done, key=_created, default=None)
+    shards = run.spec.parallelism
+    if job is not None:
+        if not _succeeded(job):
+            return None
+        failed = _ended(job, "failed")
+    elif not run.spec.scheduled and run.status.phase == "Succeeded" and run.status.result:
+        failed = (run.status.result.attempts or 0) - shards
+    else:
+        return None
+    if failed <= 0:
+        return None
+    if shards > 1:
+        which = f"{failed} failed attempt{'s' if failed > 1 else ''} of its {shards} shards"
+        again = "the shard's retry restarted from its row 0"
+    else:
+        which = f"attempt{'s' if failed > 1 else ''} " + (
+            "2" if failed == 1 else f"2 to {failed + 1}"
+        )
+        again = "restarted from row 0"
+    where = f" ({job['metadata']['name']})" if run.spec.scheduled and job is not None else ""
+    return REASON_DUPLICATES, one_line(
+        f"output may hold rows twice: {which} {again}{where}; the output is not keyed. "
+        "Keyed output (paging on the input) stores each row once; "
+        "unkeyedOutputRetries: Never on the config fails the run instead of retrying"
+    )
+
+
+def _created(job: Json) -> tuple[str, str]:
+    return (job["metadata"].get("creationTimestamp") or "", job["metadata"]["name"])
 
 
 def queue_of(job: Json) -> str | None:
@@ -588,7 +686,7 @@ def _one_shot(status: InferenceRunStatus, observed: Observed) -> None:
         status.completion_time = parse_time(job_status.get("completionTime")) or observed.now
         result = runner_result(observed.pods)
         if result is not None:
-            status.result = result
+            status.result = outcome(result, job)
             status.progress = Progress(rows_done=result.rows, rows_total=result.rows)
     elif phase == "Failed":
         failed = _conditions_of(job).get("Failed") or _conditions_of(job).get("FailureTarget") or {}
@@ -655,11 +753,7 @@ def _scheduled(status: InferenceRunStatus, observed: Observed) -> None:
         else next_schedule_time(run.spec.schedule, run.spec.time_zone, observed.now)
     )
     if observed.executions:
-        newest_first = sorted(
-            observed.executions,
-            key=lambda j: (j["metadata"].get("creationTimestamp") or "", j["metadata"]["name"]),
-            reverse=True,
-        )
+        newest_first = sorted(observed.executions, key=_created, reverse=True)
         recent = [
             _execution(job, observed.pods, observed.now) for job in newest_first[:RECENT_EXECUTIONS]
         ]
@@ -669,7 +763,7 @@ def _scheduled(status: InferenceRunStatus, observed: Observed) -> None:
         if phase == "Succeeded":
             result = runner_result(pods)
             if result is not None:
-                status.result = result
+                status.result = outcome(result, newest_first[0])
         if phase == "Running" and observed.progress is not None:
             status.progress = observed.progress
     active = {ref.get("name") for ref in cron_status.get("active") or []}

@@ -1,4 +1,4 @@
-"""How a runner pod ended, on the real control plane: lost nodes, OOM kills, deadlines.
+"""How runner pods ended, on the real control plane: lost nodes, OOM kills, deadlines, retries.
 
 The runner pods of these tests are bound, at admission, to a Node that no
 agent runs (a MutatingAdmissionPolicy sets ``spec.nodeName``, as a scheduler's
@@ -18,7 +18,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from hack.cluster import mutating_policy
+from hack.cluster import SUCCESS_MESSAGE, mutating_policy
 from tests.controllerproc import ControllerProcess
 from tests.kubehelpers import eventually, wait_for_events
 from tests.runs import Runs, condition, inference_config, inference_run, status
@@ -122,9 +122,14 @@ def kubelet_running(ready: bool = True) -> Obj:
     }
 
 
-async def setup(runs: Runs, api_client: client.ApiClient, **spec: Any) -> tuple[Obj, Obj]:
+async def setup(
+    runs: Runs, api_client: client.ApiClient, *, unkeyed: str | None = None, **spec: Any
+) -> tuple[Obj, Obj]:
+    """A config (output not keyed) and run ``r``; the run's first runner pod."""
     config = inference_config("cfg", IMAGE)
     config["spec"]["resources"] = {"limits": {"memory": "96Mi"}}
+    if unkeyed is not None:
+        config["spec"]["unkeyedOutputRetries"] = unkeyed
     await runs.create(config)
     created = await runs.create(inference_run("r", "cfg", **spec))
     pod = await runner_pod(api_client, runs.namespace, created["metadata"]["uid"])
@@ -242,3 +247,81 @@ async def test_a_deadline_that_ends_a_pending_run_keeps_why_it_was_pending(
     assert status(failed)["reason"] == "DeadlineExceeded"
     assert "it was pending: ErrImagePull" in status(failed)["message"]
     assert "it was pending: ErrImagePull" in (condition(failed, "Failed") or {}).get("message", "")
+
+
+def kubelet_ended(code: int, message: str) -> Obj:
+    """What a kubelet reports of a runner that exited with ``code``, leaving ``message``."""
+    ended = kubelet_running(ready=False)
+    ended["phase"] = "Succeeded" if code == 0 else "Failed"
+    ended["containerStatuses"][0]["state"] = {
+        "terminated": {
+            "exitCode": code,
+            "reason": "Completed" if code == 0 else "Error",
+            "message": message,
+            "startedAt": STARTED,
+            "finishedAt": STARTED,
+        }
+    }
+    return ended
+
+
+async def next_runner_pod(api: client.ApiClient, namespace: str, run_uid: str, after: Obj) -> Obj:
+    """The run's runner pod that the Job started after ``after``."""
+    core = client.CoreV1Api(api)
+
+    async def found() -> Obj | None:
+        pods = await core.list_namespaced_pod(
+            namespace, label_selector=f"ai.krateo.io/run-uid={run_uid}"
+        )
+        new = [p for p in pods.items if p.metadata.uid != after["metadata"]["uid"]]
+        return api.sanitize_for_serialization(new[0]) if new else None
+
+    return await eventually(found, within=60, what="the Job's next runner pod")
+
+
+@pytest.mark.timeout(240)
+async def test_a_run_whose_output_two_attempts_wrote_warns_of_duplicates(
+    api_client: client.ApiClient,
+    namespace: str,
+    lost_node: str,
+    controller: ControllerProcess,
+    runs: Runs,
+) -> None:
+    core = client.CoreV1Api(api_client)
+    created, first = await setup(runs, api_client, backoffLimit=2)
+    # The first attempt stored part of its output, then failed: the Job tries again.
+    await write_pod_status(core, first, kubelet_ended(5, "output: storage answered 503"))
+    await runs.wait_reason("r", "Retrying", within=60)
+    second = await next_runner_pod(api_client, namespace, created["metadata"]["uid"], first)
+    await write_pod_status(core, second, kubelet_ended(0, SUCCESS_MESSAGE))
+    done = await runs.wait_phase("r", "Succeeded", within=60)
+    assert status(done)["result"]["attempts"] == 2
+    assert status(done)["result"]["rows"] == 3
+    warning = condition(done, "Warning") or {}
+    assert (warning.get("status"), warning.get("reason")) == ("True", "OutputMayHoldDuplicates")
+    assert "output may hold rows twice: attempt 2 restarted from row 0" in warning["message"]
+    await wait_for_events(
+        api_client, namespace, "r", "OutputMayHoldDuplicates", what="the duplicates Warning Event"
+    )
+
+
+@pytest.mark.timeout(180)
+async def test_unkeyed_output_retries_never_fails_the_run_at_its_first_failed_attempt(
+    api_client: client.ApiClient,
+    namespace: str,
+    lost_node: str,
+    controller: ControllerProcess,
+    runs: Runs,
+) -> None:
+    core = client.CoreV1Api(api_client)
+    created, first = await setup(runs, api_client, unkeyed="Never", backoffLimit=2)
+    job = (
+        await client.BatchV1Api(api_client).list_namespaced_job(
+            namespace, label_selector=f"ai.krateo.io/run-uid={created['metadata']['uid']}"
+        )
+    ).items[0]
+    assert job.spec.backoff_limit == 0
+    await write_pod_status(core, first, kubelet_ended(5, "output: storage answered 503"))
+    failed = await runs.wait_phase("r", "Failed", within=60)
+    assert status(failed)["reason"] == "OutputFailed"
+    assert "storage answered 503" in status(failed)["message"]

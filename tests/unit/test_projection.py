@@ -369,6 +369,20 @@ SCENARIOS: dict[str, Scenario] = {
         },
         [served_pod(JOB, terminated(0, RESULT))],
     ),
+    "succeeded after a retry": one_shot(
+        {
+            "status": job_status(
+                ("SuccessCriteriaMet", "CompletionsReached", ""),
+                ("Complete", "CompletionsReached", ""),
+                completionTime="2026-11-23T11:59:01Z",
+                succeeded=0,
+                failed=1,
+                # Complete comes before the last pod is counted.
+                uncountedTerminatedPods={"succeeded": ["pod-uid-2"]},
+            )
+        },
+        [served_pod(JOB, terminated(5, "output: cut off")), served_pod(JOB, terminated(0, RESULT))],
+    ),
     "failed by the runner": one_shot(
         {"status": job_status(("Failed", "PodFailurePolicy", "Container inference failed"))},
         [served_pod(JOB, terminated(3, "the model refused the request"))],
@@ -718,7 +732,7 @@ def test_projections_drop_what_nobody_reads() -> None:
     job = project_job(kw["jobs"][0])
     assert set(job) == {"apiVersion", "kind", "metadata", "spec", "status"}
     assert job["spec"] == {"suspend": False}
-    assert set(job["status"]) == {"startTime", "completionTime", "conditions"}
+    assert set(job["status"]) == {"startTime", "completionTime", "conditions", "succeeded"}
     assert set(job["metadata"]["labels"]) == {"ai.krateo.io/run-uid"}
     assert set(job["metadata"]["annotations"]) == {
         DESIRED_HASH_ANNOTATION,
@@ -824,3 +838,34 @@ def test_every_cached_kind_has_a_projection() -> None:
         "ConfigMap",
         "Pod",
     }
+
+
+def test_a_run_that_succeeded_after_a_retry_warns_that_its_output_may_hold_rows_twice() -> None:
+    run_raw, kw = SCENARIOS["succeeded after a retry"]()
+    kw = project_view_kw(kw)
+    first = plan(view(run_raw, **kw))
+    assert first.status is not None
+    assert first.status.phase == "Succeeded"
+    assert first.status.result is not None
+    assert first.status.result.attempts == 2
+    assert first.status.to_api()["result"]["attempts"] == 2
+    warning = next(c for c in first.status.conditions if c.type == "Warning")
+    assert (warning.status, warning.reason) == ("True", "OutputMayHoldDuplicates")
+    assert "output may hold rows twice: attempt 2 restarted from row 0" in warning.message
+    said = [(e.type, e.reason) for e in first.events]
+    assert ("Warning", "OutputMayHoldDuplicates") in said
+    assert ("Normal", "Succeeded") in said
+    # Said once: the next pass, with the status written, has no new Event.
+    again = plan(view({**run_raw, "status": first.status.to_api()}, **kw))
+    assert [e.reason for e in again.events] == []
+    assert again.status is not None
+    assert [c.reason for c in again.status.conditions if c.type == "Warning"] == [
+        "OutputMayHoldDuplicates"
+    ]
+    # A run that succeeded at the first attempt: one attempt, no warning.
+    run_raw, kw = SCENARIOS["succeeded"]()
+    once = plan(view(run_raw, **project_view_kw(kw)))
+    assert once.status is not None
+    assert once.status.result is not None
+    assert once.status.result.attempts == 1
+    assert not [c for c in once.status.conditions if c.type == "Warning"]

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from controller import naming
 from controller.api import InferenceConfig, InferenceRun
@@ -345,7 +346,7 @@ def test_job_shape() -> None:
                 "values": [2, 6, 7, 8],
             },
         },
-        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+        # Output that is not keyed: an evicted pod counts as an attempt (see below).
     ]
     assert spec["template"]["metadata"]["labels"] == job["metadata"]["labels"]
 
@@ -504,3 +505,50 @@ def test_desired_hash_tracks_the_spec() -> None:
     assert first == again
     assert other[naming.DESIRED_HASH_ANNOTATION] != first
     assert desired_hash({"a": 1, "b": 2}) == desired_hash({"b": 2, "a": 1})
+
+
+def keyed_config(**spec: Any) -> InferenceConfig:
+    """A config whose input pages: the run streams and its output is keyed."""
+    paged = {**krateo("/compute/tritoninput"), "paging": {"pageSize": 100}}
+    storage = {"input": {"krateo": paged}, "output": {"krateo": krateo("/compute/tritonoutput")}}
+    return config(storage=storage, **spec)
+
+
+def test_only_keyed_output_lets_an_evicted_pod_go_uncounted() -> None:
+    ignore = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+    keyed = desired_job(run(), keyed_config())["spec"]["podFailurePolicy"]["rules"]
+    assert keyed[-1] == ignore
+    plain = desired_job(run(), config())["spec"]["podFailurePolicy"]["rules"]
+    assert ignore not in plain
+    assert [rule["action"] for rule in plain] == ["FailJob"]
+
+
+@pytest.mark.parametrize("scheduled", [False, True])
+def test_unkeyed_output_retries_never_fails_the_run_on_its_first_failed_attempt(
+    scheduled: bool,
+) -> None:
+    extra: dict[str, Any] = {"backoffLimit": 5}
+    if scheduled:
+        extra["schedule"] = "0 * * * *"
+
+    def backoff(c: InferenceConfig) -> int:
+        rendered = desired_workload(run(**extra), c)["spec"]
+        spec = rendered["jobTemplate"]["spec"] if scheduled else rendered
+        limit: int = spec["backoffLimit"]
+        return limit
+
+    assert backoff(config()) == 5  # the default: upstream's retries
+    assert backoff(config(unkeyedOutputRetries="Allow")) == 5
+    assert backoff(config(unkeyedOutputRetries="Never")) == 0
+    # Keyed output stores each row once: its retries are kept.
+    assert backoff(keyed_config(unkeyedOutputRetries="Never")) == 5
+    postgres = {
+        "input": {"krateo": krateo("/compute/tritoninput")},
+        "output": {"postgres": {"host": "db", "database": "d", "table": "predictions"}},
+    }
+    assert backoff(config(storage=postgres, unkeyedOutputRetries="Never")) == 5
+
+
+def test_unkeyed_output_retries_is_checked() -> None:
+    with pytest.raises(ValidationError, match="unkeyedOutputRetries"):
+        config(unkeyedOutputRetries="Sometimes")

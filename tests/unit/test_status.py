@@ -12,6 +12,7 @@ from controller.plan import phase_events
 from controller.status import (
     Observed,
     derive_status,
+    duplicate_output_warning,
     runner_failure,
     runner_result,
 )
@@ -626,3 +627,94 @@ def test_a_lost_node_or_an_eviction_is_announced_with_a_warning_event_once() -> 
     ]
     assert phase_events(lost, lost, []) == []
     assert [e.type for e in phase_events(lost, running, [])] == ["Normal"]
+
+
+# ------------------------------------------------------------ output of several attempts
+
+PLAIN = {"input": {"krateo": {"path": "/in"}}, "output": {"krateo": {"path": "/out"}}}
+KEYED = {"input": {"krateo": {"path": "/in", "paging": {"pageSize": 10}}}, **{"output": {}}}
+DONE = ("Complete", "True", "CompletionsReached")
+
+
+def test_output_written_by_several_attempts_is_told_unless_keyed() -> None:
+    r = make_run()
+    reason, message = duplicate_output_warning(r, PLAIN, job(DONE, failed=1, succeeded=1)) or (
+        "",
+        "",
+    )
+    assert reason == "OutputMayHoldDuplicates"
+    assert message.startswith("output may hold rows twice: attempt 2 restarted from row 0")
+    assert "unkeyedOutputRetries: Never" in message
+    _, message = duplicate_output_warning(r, PLAIN, job(DONE, failed=2, succeeded=1)) or ("", "")
+    assert message.startswith("output may hold rows twice: attempts 2 to 3 restarted from row 0")
+    # Keyed output stores each row once; one attempt writes nothing twice; a run
+    # not (yet) succeeded says so otherwise; no contract, nothing known.
+    assert duplicate_output_warning(r, KEYED, job(DONE, failed=1, succeeded=1)) is None
+    postgres = {"input": PLAIN["input"], "output": {"postgres": {"table": "predictions"}}}
+    assert duplicate_output_warning(r, postgres, job(DONE, failed=1, succeeded=1)) is None
+    assert duplicate_output_warning(r, PLAIN, job(DONE, succeeded=1)) is None
+    assert duplicate_output_warning(r, PLAIN, job(failed=1)) is None
+    assert duplicate_output_warning(r, None, job(DONE, failed=1, succeeded=1)) is None
+
+
+def test_a_run_whose_job_is_gone_is_told_from_the_attempts_it_recorded() -> None:
+    result = {"rows": 3, "predictions": 3, "durationSeconds": 1}
+    done = {"phase": "Succeeded", "reason": "Completed"}
+    retried = make_run(status={**done, "result": {**result, "attempts": 2}})
+    found = duplicate_output_warning(retried, PLAIN, None)
+    assert found is not None
+    assert "attempt 2 restarted from row 0" in found[1]
+    for attempts in (1, None):
+        once = make_run(status={**done, "result": {**result, "attempts": attempts}})
+        assert duplicate_output_warning(once, PLAIN, None) is None
+    running = make_run(status={"phase": "Running", "result": {**result, "attempts": 2}})
+    assert duplicate_output_warning(running, PLAIN, None) is None
+
+
+def test_a_sharded_run_says_how_many_shard_attempts_started_again() -> None:
+    r = InferenceRun.model_validate(
+        {
+            "metadata": {"name": "r", "namespace": "ns", "uid": "u-1"},
+            "spec": {"configRef": {"name": "cfg"}, "parallelism": 4},
+        }
+    )
+    _, message = duplicate_output_warning(r, PLAIN, job(DONE, failed=2, succeeded=4)) or ("", "")
+    assert "2 failed attempts of its 4 shards" in message
+
+
+def test_a_scheduled_run_is_told_of_its_newest_execution_that_succeeded() -> None:
+    r = make_run(schedule="*/5 * * * *")
+    retried = execution("inf-r-1", "2026-11-22T11:00:00Z", DONE)
+    retried["status"]["failed"] = 1
+    clean = execution("inf-r-2", "2026-11-22T11:05:00Z", DONE)
+    running = execution("inf-r-3", "2026-11-22T11:10:00Z")
+    found = duplicate_output_warning(r, PLAIN, None, [retried, running])
+    assert found is not None
+    assert "(inf-r-1)" in found[1]
+    assert duplicate_output_warning(r, PLAIN, None, [retried, clean, running]) is None
+
+
+def test_attempts_count_the_pods_the_job_has_not_counted_yet() -> None:
+    # The Job controller may say Complete while the last pod is still uncounted.
+    message = '{"rows":5,"predictions":5,"durationSeconds":1}'
+    uncounted = {"succeeded": ["pod-2"], "failed": []}
+    status = derive(
+        job=job(DONE, failed=1, succeeded=0, uncountedTerminatedPods=uncounted),
+        pods=[pod(terminated(0, message))],
+    )
+    assert status.result.attempts == 2
+    failing = {"failed": ["pod-1"], "succeeded": ["pod-2"]}
+    found = duplicate_output_warning(make_run(), PLAIN, job(DONE, uncountedTerminatedPods=failing))
+    assert found is not None
+    assert "attempt 2 restarted from row 0" in found[1]
+
+
+def test_the_result_counts_the_attempts_of_every_shard() -> None:
+    message = '{"rows":5,"predictions":5,"durationSeconds":1}'
+    status = derive(
+        job=job(DONE, failed=2, succeeded=2),
+        pods=[pod(terminated(0, message)), pod(terminated(0, message))],
+    )
+    assert status.result.rows == 10
+    assert status.result.attempts == 4
+    assert status.to_api()["result"]["attempts"] == 4
