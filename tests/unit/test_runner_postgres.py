@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+import yaml
 from psycopg import errors
 
 from runner import storage
+from runner.credentials import find_inline_credentials
 from runner.retry import Transient
 from runner.storage.base import StorageError, StorageRejected
 from runner.storage.postgres import (
@@ -22,6 +25,8 @@ from runner.storage.postgres import (
 )
 
 pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
 
 BASE: dict[str, Any] = {"host": "db", "database": "features", "secretRef": {"name": "pg"}}
 
@@ -163,3 +168,18 @@ def test_failures_are_classified_by_sqlstate_and_connection_message() -> None:
     )
     other = failure(where, "x", psycopg.DataError("?"))
     assert type(other) is StorageError
+
+
+def test_the_example_config_resolves_and_holds_no_credential() -> None:
+    docs = list(yaml.safe_load_all((REPO / "examples" / "postgres.yaml").read_text()))
+    config = next(d for d in docs if d["kind"] == "InferenceConfig")
+    run = next(d for d in docs if d["kind"] == "InferenceRun")
+    entries = config["spec"]["storage"]
+    parameters = run["spec"]["parameters"]
+    source = storage.resolve(entries["input"], "input", parameters)
+    sink = storage.resolve(entries["output"], "output", parameters)
+    assert isinstance(source, PostgresProvider)
+    assert isinstance(sink, PostgresProvider)
+    assert source.names == ["day"]
+    assert storage.selection(entries["input"]) is not None
+    assert find_inline_credentials(config["spec"]["storage"]) == []
