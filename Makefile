@@ -87,7 +87,7 @@ storage-prereqs: $(STAMP)
 test: $(STAMP) binaries node-prereqs storage-prereqs lint
 	$(PY) -m hack.suite --workers $(TEST_WORKERS) --order $(TEST_ORDER) -- $(PYTEST_ARGS)
 
-demo: $(STAMP) binaries
+demo: $(STAMP) binaries storage-prereqs
 	$(PY) -m hack.demo $(DEMO_ARGS)
 
 # Real kubelets and containerd (hack/realnode.py): installs Debian packages and

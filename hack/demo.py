@@ -11,6 +11,11 @@
    the loopback storage service), waits for the run, and prints what a user
    would look at: ``kubectl get infrun``, its status, the stored predictions.
 5. Tears everything down, unless ``--keep``.
+
+``--storage postgres`` (``make demo DEMO_ARGS=--storage postgres``) runs
+``examples/postgres.yaml`` instead, against a private PostgreSQL server
+(``hack.postgres``) seeded with the iris rows: features read by a ``SELECT``,
+predictions stored once per row beside its ``id``, the first ones printed.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ from hack.cluster import (
     wait_http,
 )
 from hack.crds import install_crds
+from hack.postgres import SUPERUSER, PostgresServer
+from hack.postgres import running as postgres_running
 
 NAMESPACE = "inference-demo"
 SECRET_NAMESPACE = "krateo-system"
@@ -49,6 +56,31 @@ SECRET = "finops-database-handler-endpoint"
 STORAGE_USER, STORAGE_PASSWORD = "finops", "demo-only-password"
 INPUT_TABLE = "kserve_controller_input"
 OUTPUT_TABLE = "kserve_controller_output"
+PG_DATABASE = "features"
+PG_SECRET_NAMESPACE, PG_SECRET = "analytics", "features-db"
+PG_DAY = "2024-05-01"
+
+
+@dataclass(frozen=True)
+class DemoStorage:
+    """What the demo applies and shows for one kind of storage."""
+
+    example: str
+    config: str
+    run: str
+    secret_namespace: str
+    secret: str
+
+
+STORAGES = {
+    "krateo": DemoStorage(
+        "iris-oneshot.yaml", "iris-inference-config", "iris-once", SECRET_NAMESPACE, SECRET
+    ),
+    "postgres": DemoStorage(
+        "postgres.yaml", "iris-postgres-config", "iris-postgres-daily", PG_SECRET_NAMESPACE,
+        PG_SECRET,
+    ),
+}  # fmt: skip
 
 
 def step(message: str) -> None:
@@ -69,22 +101,74 @@ def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def demo_manifests(model_port: int) -> list[dict[str, Any]]:
-    """examples/iris-oneshot.yaml, with the model reachable from this machine."""
-    docs = list(yaml.safe_load_all((REPO / "examples" / "iris-oneshot.yaml").read_text()))
+def demo_manifests(
+    model_port: int, example: str = "iris-oneshot.yaml", postgres: PostgresServer | None = None
+) -> list[dict[str, Any]]:
+    """``examples/<example>``, with the model (and the database) reachable from this machine."""
+    docs = list(yaml.safe_load_all((REPO / "examples" / example).read_text()))
     for doc in docs:
         if doc["kind"] == "InferenceConfig":
             doc["spec"]["kserve"]["modelUrl"] = (
                 f"127.0.0.1:{model_port}/v2/models/sklearn-iris/infer"
             )
+            for entry in doc["spec"]["storage"].values():
+                if postgres is not None and "postgres" in entry:
+                    entry["postgres"].update(
+                        host=postgres.host, port=postgres.port, database=PG_DATABASE,
+                        sslmode="disable",
+                    )  # fmt: skip
     return docs
 
 
-def setup_rbac(cluster: LocalCluster, workdir: Path) -> Path:
-    """The chart's RBAC for the demo namespace; returns the controller's kubeconfig."""
-    values = {
-        "runner": {"extraSecretAccess": [{"namespace": SECRET_NAMESPACE, "secretNames": [SECRET]}]}
+def seed_postgres(server: PostgresServer) -> None:
+    """The iris rows as examples/postgres.yaml's ``iris_samples``, ids not in row order."""
+    from sklearn.datasets import load_iris
+
+    server.create_database(PG_DATABASE)
+    server.execute(
+        PG_DATABASE,
+        "CREATE TABLE iris_samples (id bigint PRIMARY KEY, sepal_length float8, "
+        "sepal_width float8, petal_length float8, petal_width float8, species text, "
+        "sampled_on date)",
+    )
+    iris = load_iris()
+    server.execute(
+        PG_DATABASE,
+        "INSERT INTO iris_samples VALUES (%s, %s, %s, %s, %s, %s, %s)",
+        [
+            (1000 + 7 * ((i * 37) % 150), *map(float, row), str(iris.target_names[t]), PG_DAY)
+            for i, (row, t) in enumerate(zip(iris.data, iris.target, strict=True))
+        ],
+    )
+
+
+def postgres_secret(server: PostgresServer) -> dict[str, Any]:
+    """The Secret examples/postgres.yaml names: the database's user and password."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": PG_SECRET, "namespace": PG_SECRET_NAMESPACE},
+        "data": {"username": b64(SUPERUSER), "password": b64(server.password)},
     }
+
+
+def print_postgres_predictions(server: PostgresServer, limit: int = 10) -> None:
+    ((total,),) = server.query(PG_DATABASE, "SELECT count(*) FROM iris_predictions")
+    rows = server.query(
+        PG_DATABASE,
+        "SELECT shard, row_index, id, species, prediction FROM iris_predictions "
+        f"ORDER BY row_index LIMIT {int(limit)}",
+    )
+    print(f"{total} predictions stored in iris_predictions; the first {len(rows)}:")
+    print(f"  {'shard':>5}  {'row_index':>9}  {'id':>6}  {'species':12}  prediction")
+    for shard, row_index, key, species, prediction in rows:
+        print(f"  {shard:>5}  {row_index:>9}  {key:>6}  {species!s:12}  {prediction}")
+
+
+def setup_rbac(cluster: LocalCluster, workdir: Path, storage: DemoStorage) -> Path:
+    """The chart's RBAC for the demo namespace; returns the controller's kubeconfig."""
+    access = [{"namespace": storage.secret_namespace, "secretNames": [storage.secret]}]
+    values = {"runner": {"extraSecretAccess": access}}
     objects = chart.controller_rbac_objects(NAMESPACE, [NAMESPACE], values=values)
     chart.apply(cluster, objects)
     return chart.service_account_kubeconfig(
@@ -148,7 +232,7 @@ def endpoint_secret(storage_port: int) -> dict[str, Any]:
 
 
 def apply_and_complete(
-    cluster: LocalCluster, manifests: list[dict[str, Any]], timeout: str
+    cluster: LocalCluster, manifests: list[dict[str, Any]], timeout: str, run: str = "iris-once"
 ) -> None:
     """Apply the demo's manifests (showing kubectl's answer); wait until its run is Complete."""
     applied = cluster.kubectl(
@@ -156,21 +240,41 @@ def apply_and_complete(
     )
     print(applied.stdout)
     cluster.kubectl(
-        "wait", "-n", NAMESPACE, "--for=condition=Complete", "infrun/iris-once",
+        "wait", "-n", NAMESPACE, "--for=condition=Complete", f"infrun/{run}",
         f"--timeout={timeout}",
     )  # fmt: skip
 
 
-def run_demo(cluster: LocalCluster, workdir: Path, keep: bool) -> None:
+def run_demo(cluster: LocalCluster, workdir: Path, keep: bool, storage: str = "krateo") -> None:
+    with contextlib.ExitStack() as stack:
+        postgres = None
+        if storage == "postgres":
+            step("starting a private PostgreSQL server (hack.postgres), seeded with iris")
+            # Its own temporary directory (the server's user could not enter the demo's).
+            postgres = stack.enter_context(postgres_running())
+            seed_postgres(postgres)
+        _run_demo(cluster, workdir, keep, STORAGES[storage], postgres)
+
+
+def _run_demo(
+    cluster: LocalCluster,
+    workdir: Path,
+    keep: bool,
+    storage: DemoStorage,
+    postgres: PostgresServer | None,
+) -> None:
     kubectl = cluster.kubectl
     with demo_servers(workdir) as servers:
         model_port, db = servers.model_port, servers.db
         step("installing the CRDs and the chart's RBAC")
         install_crds(cluster)
-        for ns in (NAMESPACE, SECRET_NAMESPACE):
+        for ns in sorted({NAMESPACE, storage.secret_namespace}):
             kubectl("create", "namespace", ns)
-        kubeconfig = setup_rbac(cluster, workdir)
-        kubectl("apply", "-f", "-", input=json.dumps(endpoint_secret(servers.storage_port)))
+        kubeconfig = setup_rbac(cluster, workdir, storage)
+        secret = endpoint_secret(servers.storage_port)
+        if postgres is not None:
+            secret = postgres_secret(postgres)
+        kubectl("apply", "-f", "-", input=json.dumps(secret))
 
         step("starting the controller (python -m controller) as the chart's ServiceAccount")
         env = {
@@ -188,20 +292,21 @@ def run_demo(cluster: LocalCluster, workdir: Path, keep: bool) -> None:
         controller = spawn([sys.executable, "-m", "controller"], controller_log, env=env, cwd=REPO)
         try:
             wait_http(f"http://127.0.0.1:{env['HEALTH_PORT']}/readyz", controller, controller_log)
-            step("kubectl apply -f examples/iris-oneshot.yaml (model URL pointed at loopback)")
-            apply_and_complete(cluster, demo_manifests(model_port), timeout="180s")
+            step(f"kubectl apply -f examples/{storage.example} (addresses pointed at loopback)")
+            manifests = demo_manifests(model_port, storage.example, postgres)
+            apply_and_complete(cluster, manifests, timeout="180s", run=storage.run)
             step("kubectl get infrun")
             print(kubectl("get", "infrun", "-n", NAMESPACE, "-o", "wide").stdout)
             # The config's live probe (a short Job running the runner's --check)
             # runs beside the run; wait for its verdict before showing it.
             kubectl(
                 "wait", "-n", NAMESPACE, "--for=jsonpath={.status.lastProbeTime}",
-                "infcfg/iris-inference-config", "--timeout=60s",
+                f"infcfg/{storage.config}", "--timeout=60s",
             )  # fmt: skip
             step("kubectl get infcfg (READY: usable as written; PROBED: Secrets, storage, model)")
             print(kubectl("get", "infcfg", "-n", NAMESPACE, "-o", "wide").stdout)
             run = json.loads(
-                kubectl("get", "infrun", "iris-once", "-n", NAMESPACE, "-o", "json").stdout
+                kubectl("get", "infrun", storage.run, "-n", NAMESPACE, "-o", "json").stdout
             )
             status = run["status"]
             step("the run's status")
@@ -211,9 +316,13 @@ def run_demo(cluster: LocalCluster, workdir: Path, keep: bool) -> None:
             }
             print(yaml.safe_dump(summary, sort_keys=False))
             step("events")
-            print(kubectl("events", "-n", NAMESPACE, "--for", "infrun/iris-once").stdout)
-            step("stored predictions (the storage service's database)")
-            print_predictions(db)
+            print(kubectl("events", "-n", NAMESPACE, "--for", f"infrun/{storage.run}").stdout)
+            if postgres is not None:
+                step("stored predictions (the PostgreSQL table, keyed to the input's id)")
+                print_postgres_predictions(postgres)
+            else:
+                step("stored predictions (the storage service's database)")
+                print_predictions(db)
             if keep:
                 step("still running: try it yourself (Ctrl-C stops everything)")
                 print(f"  export KUBECONFIG={cluster.kubeconfig}")
@@ -233,11 +342,18 @@ def run_demo(cluster: LocalCluster, workdir: Path, keep: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hack.demo", description=__doc__.split("\n")[0])
     parser.add_argument("--keep", action="store_true", help="keep everything running until Ctrl-C")
+    parser.add_argument(
+        "--storage",
+        choices=sorted(STORAGES),
+        default="krateo",
+        help="krateo: examples/iris-oneshot.yaml on the storage look-alike (default); "
+        "postgres: examples/postgres.yaml on a private PostgreSQL server",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ksc-demo-") as tmp, running_cluster() as cluster:
         print(f"control plane up in {time.monotonic() - started:.1f}s at {cluster.server}")
-        run_demo(cluster, Path(tmp), args.keep)
+        run_demo(cluster, Path(tmp), args.keep, args.storage)
     print(f"\ndemo finished in {time.monotonic() - started:.1f}s; everything stopped")
     return 0
 
