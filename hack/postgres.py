@@ -9,7 +9,8 @@ first only when that fails, under a lock). ``python -m hack.postgres serve
 :class:`PostgresServer` is the importable form: ``initdb`` of a fresh cluster in
 a temporary directory, then ``postgres`` listening on ``127.0.0.1`` only (no Unix
 socket outside the cluster's directory), TCP connections authenticated with
-SCRAM against the superuser ``postgres`` and a generated password. PostgreSQL
+SCRAM against the superuser ``postgres`` and a generated password; given a
+certificate and key (``tls``), it accepts TLS as well as plain connections. PostgreSQL
 refuses to run as root: under root both commands run as the unprivileged
 ``nobody`` user (``setpriv``), the cluster's directory handed to it.
 
@@ -95,8 +96,15 @@ def _as_user() -> tuple[list[str], int | None, int | None]:
 class PostgresServer:
     """One throwaway cluster on ``127.0.0.1:port`` (module docstring)."""
 
-    def __init__(self, root: Path | None = None, port: int | None = None) -> None:
+    def __init__(
+        self,
+        root: Path | None = None,
+        port: int | None = None,
+        tls: tuple[Path, Path] | None = None,
+    ) -> None:
+        """``tls``: a server certificate and its key; the server then also accepts TLS."""
         self.bin = prepare()
+        self.tls = tls
         self.root = Path(root or tempfile.mkdtemp(prefix="ksc-postgres-"))
         self.port = port or free_port()
         self.password = secrets.token_urlsafe(18)
@@ -140,9 +148,27 @@ class PostgresServer:
         if done.returncode != 0:
             raise PostgresUnavailable(f"initdb failed: {(done.stderr or done.stdout)[-2000:]}")
 
+    def _tls_settings(self) -> list[str]:
+        """``-c`` settings for TLS; the files copied where (and as whom) the server reads them."""
+        if self.tls is None:
+            return []
+        settings = ["ssl=on"]
+        for (name, source), setting in zip(
+            (("server.crt", self.tls[0]), ("server.key", self.tls[1])),
+            ("ssl_cert_file", "ssl_key_file"),
+            strict=True,
+        ):
+            target = self.root / name
+            shutil.copyfile(source, target)
+            target.chmod(0o600)
+            self._own(target)
+            settings.append(f"{setting}={target}")
+        return settings
+
     def start(self, within: float = 60.0) -> PostgresServer:
         if not (self.data / "PG_VERSION").exists():
             self.init()
+        tls = [arg for setting in self._tls_settings() for arg in ("-c", setting)]
         out = self.log.open("ab")
         try:
             self._process = subprocess.Popen(
@@ -165,6 +191,7 @@ class PostgresServer:
                     "full_page_writes=off",
                     "-c",
                     "max_connections=200",
+                    *tls,
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,

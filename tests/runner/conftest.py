@@ -34,6 +34,7 @@ import orjson
 import pytest
 
 from hack.loopback import FaultProxy
+from hack.pki import Pki, make_pki
 from hack.postgres import PostgresServer
 from hack.storage_service import IRIS_COLUMNS, StorageService
 from runner import app, logs
@@ -103,9 +104,15 @@ async def storage(tmp_path: Path) -> AsyncIterator[StorageService]:
 
 
 @pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    """One PostgreSQL server for the session (``initdb`` takes seconds)."""
-    server = PostgresServer()
+def postgres_pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A CA and certificates for 127.0.0.1 (``node_cert``: the PostgreSQL server's)."""
+    return make_pki(tmp_path_factory.mktemp("postgres-pki"))
+
+
+@pytest.fixture(scope="session")
+def postgres_server(postgres_pki: Pki) -> Iterator[PostgresServer]:
+    """One PostgreSQL server for the session (``initdb`` takes seconds), TLS or not."""
+    server = PostgresServer(tls=(postgres_pki.node_cert, postgres_pki.node_key))
     server.start()
     try:
         yield server

@@ -13,14 +13,17 @@ import asyncio
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import orjson
 import psycopg
 import pytest
 
+from hack.pki import Pki, make_pki
 from hack.postgres import SUPERUSER
 from hack.storage_service import IRIS_COLUMNS
 from runner.exitcodes import ExitCode
@@ -472,3 +475,37 @@ async def test_createtable_types_follow_the_first_values(world: World, postgres:
         "prediction": "bigint",
         "stored_at": "timestamp with time zone",
     }
+
+
+@pytest.fixture
+def other_pki(tmp_path: Path) -> Pki:
+    return make_pki(tmp_path / "other-pki")
+
+
+@pytest.mark.parametrize("ca", ["the-servers", "none", "another"])
+async def test_tls_verify_full_trusts_only_the_secrets_ca(
+    world: World, postgres: Database, postgres_pki: Pki, other_pki: Pki, ca: str
+) -> None:
+    by_id = seed(postgres, 60)
+    given = secrets(postgres)
+    if ca != "none":
+        pki = postgres_pki if ca == "the-servers" else other_pki
+        given.secrets[(NAMESPACE, SECRET)]["ca"] = pki.ca_cert.read_text()
+    run = contract(world.model_server.infer_url(), postgres)
+    for entry in (run["input"]["postgres"], run["output"]["postgres"]):
+        entry["sslmode"] = "verify-full"
+    leftovers = set(Path(tempfile.gettempdir()).glob("runner-pg-ca-*"))
+
+    outcome = await world.run(run, given)
+
+    # The CA file libpq reads is removed when the run ends.
+    assert set(Path(tempfile.gettempdir()).glob("runner-pg-ca-*")) == leftovers
+    if ca == "the-servers":
+        assert outcome.exit_code == ExitCode.DONE, outcome.termination
+        assert_stored_once(postgres, by_id)
+        return
+    assert outcome.exit_code == ExitCode.INPUT_REJECTED, outcome.termination
+    assert outcome.termination.startswith(f"input: postgres 127.0.0.1:{postgres.server.port}/")
+    # Another CA of the same name: the server's certificate fails its signature check.
+    reason = "root certificate file" if ca == "none" else "SSL error"
+    assert reason in outcome.termination
