@@ -363,7 +363,8 @@ async def wait_for_held_write(db: Database, within: float = 120.0) -> None:
     """Until a runner's insert waits on the hold (or fail after ``within`` seconds)."""
     query = (
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
-        f"'{APPLICATION_NAME}' AND wait_event_type = 'Lock' AND wait_event = 'advisory'"
+        f"'{APPLICATION_NAME}' AND wait_event_type = 'Lock' AND wait_event = 'advisory' "
+        "AND datname = current_database()"
     )
     async with asyncio.timeout(within):
         while True:
