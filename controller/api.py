@@ -929,6 +929,9 @@ class InferenceRunStatus(_Model):
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = None
     contract: dict[str, Any] | None = None
+    # The config version the contract was rendered from (the ConfigMap's annotations).
+    config_resource_version: str | None = None
+    config_generation: int | None = Field(default=None, ge=0)
     job_status: ObjectReference | None = None
     start_time: KubeTime | None = None
     completion_time: KubeTime | None = None

@@ -65,6 +65,11 @@ RUN_SPEC_HASH_ANNOTATION = "ai.krateo.io/run-spec-hash"
 # Set on a config's probe Job: the config generation it was made for, so a
 # result is matched to its spec (controller/probe.py).
 PROBE_GENERATION_ANNOTATION = "ai.krateo.io/config-generation"
+# Set on a run's ConfigMap: the InferenceConfig's generation and resourceVersion
+# its contract was rendered from (the run's status repeats them), so the
+# contract's bytes stay upstream's.
+CONFIG_GENERATION_ANNOTATION = PROBE_GENERATION_ANNOTATION
+CONFIG_RESOURCE_VERSION_ANNOTATION = "ai.krateo.io/config-resource-version"
 # Not ours: the label the Job controller puts on each pod of an Indexed Job.
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 

@@ -21,6 +21,11 @@ The rules that keep a stale or partial view from doing harm:
   asks for a live read of the run (``confirm``); only a run that still exists
   with the same uid and no deletionTimestamp gets children, made from its
   current spec. One GET per run created; updates need no confirmation.
+- **So does everything a create is built from.** The same live read covers
+  the run's config: when it moved since the cache saw it, the plan is made
+  again from the live one (a config gone is a missing config). The ConfigMap
+  says which config version its contract was rendered from (annotations), and
+  the run's status repeats it.
 - **Nothing is deleted by an edit.** Adding or removing ``spec.schedule`` on a
   run whose Job or CronJob exists is not applied (the CRD refuses it; older
   objects get an ``Error`` saying so). Other edits to a one-shot run whose Job
@@ -54,7 +59,12 @@ from controller.api import (
     set_condition,
 )
 from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS, Obj, Resource
-from controller.naming import DESIRED_HASH_ANNOTATION, RUN_SPEC_HASH_ANNOTATION
+from controller.naming import (
+    CONFIG_GENERATION_ANNOTATION,
+    CONFIG_RESOURCE_VERSION_ANNOTATION,
+    DESIRED_HASH_ANNOTATION,
+    RUN_SPEC_HASH_ANNOTATION,
+)
 from controller.render import (
     child_name,
     contract_document,
@@ -398,6 +408,19 @@ def _children(view: View) -> _Children:
     return out
 
 
+def config_used(configmap: Obj | None) -> tuple[str | None, int | None]:
+    """(resourceVersion, generation) of the config a run's ConfigMap was rendered from."""
+    annotations = (configmap or {}).get("metadata", {}).get("annotations") or {}
+    generation = annotations.get(CONFIG_GENERATION_ANNOTATION)
+    try:
+        number = int(generation) if generation is not None else None
+    except ValueError:
+        number = None
+    if number is not None and number < 0:
+        number = None
+    return annotations.get(CONFIG_RESOURCE_VERSION_ANNOTATION), number
+
+
 # -------------------------------------------------------------------------- status
 
 
@@ -428,7 +451,10 @@ def plan(view: View) -> Plan:
     warnings += children.warnings
     workload = workload_of(view)
     contract = None
-    if view.config is not None:
+    fixed = not run.spec.scheduled and workload is not None and run.status.contract is not None
+    if view.config is not None and not fixed:
+        # A one-shot run's contract is the one its Job was created with: a
+        # later config or run edit does not reach it, nor the status.
         contract = status_contract(run, view.config, names_for(view))
     duplicates = duplicate_output_warning(
         run,
@@ -462,6 +488,12 @@ def plan(view: View) -> Plan:
         status.phase, status.reason = "Pending", WAITING
         status.message = view.config_problem[1]
         status.conditions = _waiting_conditions(status, view)
+    used = config_used(_pick(view.configmaps, names_for(view)))
+    if used[0] is not None or used[1] is not None:
+        status.config_resource_version, status.config_generation = used
+    else:
+        status.config_resource_version = run.status.config_resource_version
+        status.config_generation = run.status.config_generation
     out.status = status
     out.status_changed = status.to_api() != _api_status(run.status)
     out.events = phase_events(run.status, status, warnings)

@@ -26,7 +26,8 @@ the controller reads of it, under 1 KB). The readers, and what they read:
   generation annotation; the indexes): metadata with the labels of
   :data:`LABELS`, the annotations of :data:`ANNOTATIONS` and the owner
   references, ``spec.suspend`` and those status fields.
-- **ConfigMaps** (found by owner, drift by the desired-hash annotation;
+- **ConfigMaps** (found by owner, drift by the desired-hash annotation, the
+  config version of the contract by its annotations (``controller.plan``);
   ``binaryData`` only for whether it is there): metadata as for Jobs and
   ``binaryData`` as an empty mapping when present. The contract
   (``data``) is rendered, never read back.
@@ -58,6 +59,8 @@ from typing import Any
 from controller.kube.resources import Obj
 from controller.naming import (
     COMPLETION_INDEX_LABEL,
+    CONFIG_GENERATION_ANNOTATION,
+    CONFIG_RESOURCE_VERSION_ANNOTATION,
     CONFIG_UID_LABEL,
     DESIRED_HASH_ANNOTATION,
     KUEUE_QUEUE_LABEL,
@@ -82,9 +85,16 @@ JOB_NAME_LABEL = "job-name"
 LABELS = frozenset(
     {RUN_UID_LABEL, CONFIG_UID_LABEL, JOB_NAME_LABEL, COMPLETION_INDEX_LABEL, KUEUE_QUEUE_LABEL}
 )
-# Annotations read from children: drift, the spec a Job was made from, a probe's generation.
+# Annotations read from children: drift, the spec a Job was made from, a probe's
+# generation, the config version a run's contract was rendered from.
 ANNOTATIONS = frozenset(
-    {DESIRED_HASH_ANNOTATION, RUN_SPEC_HASH_ANNOTATION, PROBE_GENERATION_ANNOTATION}
+    {
+        DESIRED_HASH_ANNOTATION,
+        RUN_SPEC_HASH_ANNOTATION,
+        PROBE_GENERATION_ANNOTATION,
+        CONFIG_GENERATION_ANNOTATION,
+        CONFIG_RESOURCE_VERSION_ANNOTATION,
+    }
 )
 OWNER_FIELDS = ("apiVersion", "kind", "name", "uid", "controller")
 CONDITION_FIELDS = ("type", "status", "reason", "message", "lastTransitionTime")

@@ -20,8 +20,13 @@ A cache may lag the cluster (after an API server restart, the runs informer
 can come back seconds after the Jobs informer). A plan that would create a
 child, the first time or again, asks first for a **live read of the run**: a
 run that is gone, being deleted or replaced by a new one of the same name
-gets nothing, and an edited one gets children of its current spec. A status
-write answered NotFound ends the key the same way.
+gets nothing, and an edited one gets children of its current spec. The same
+step reads the run's **config live** (one GET): if its resourceVersion is not
+the cached one, the live copy goes into the cache and the plan is made again
+from it; if it is gone, the run is planned as one whose config is missing.
+The ConfigMap's annotations and the run's status record the config version
+the contract was rendered from. A status write answered NotFound ends the key
+the same way.
 
 An AlreadyExists on create is looked at live: the run's own child that the
 cache has not shown yet is taken as it is, and one without our labels (left
@@ -236,6 +241,7 @@ class Reconciler:
                     run = self._run_models.parse(key, live)
                 except ValidationError as exc:
                     raise _Requeue("the run was edited meanwhile") from exc
+                await self._confirm_config(run)
                 raw, confirmed = live, True
                 continue
             if not current.writes:
@@ -453,6 +459,40 @@ class Reconciler:
         if live["metadata"].get("deletionTimestamp"):
             return None
         return live
+
+    async def _confirm_config(self, run: InferenceRun) -> None:
+        """Bring the cache's copy of the run's config up to the API server's (one GET).
+
+        A create is built from the config as much as from the run, and the
+        configs cache may lag (after a partition, the runs informer can come
+        back before the configs one). A config that moved is put into the
+        cache (its handlers called, so its other runs follow too) and the
+        plan is made again from it; one that is gone is a missing config.
+        """
+        namespace, name = run.config_key
+        if self.watch_namespaces and namespace not in self.watch_namespaces:
+            return  # out of reach: the plan says so, and nothing is created
+        key = f"{namespace}/{name}"
+        cached = self.caches.configs.get(namespace, name)
+        cached_rv = cached["metadata"].get("resourceVersion") if cached else None
+        try:
+            live: Obj = await self.client.get(CONFIGS, namespace, name)
+        except ApiError as exc:
+            if not exc.is_not_found:
+                raise
+            if cached is not None:
+                log.info("config is gone: the cache was behind", config=key, cached=cached_rv)
+                self.caches.configs.refresh_deleted(key)
+            return
+        live_rv = live["metadata"].get("resourceVersion")
+        if live_rv != cached_rv:
+            log.info(
+                "config moved: planning from the live one",
+                config=key,
+                cached=cached_rv,
+                live=live_rv,
+            )
+            self.caches.configs.refresh(live)
 
     async def _apply_writes(self, run: InferenceRun, writes: list[Write]) -> Refusal | None:
         """Make the writes in order; the refusal that stopped them, if any."""

@@ -12,7 +12,9 @@ render, and why:
   through Go maps); compact, with Go's escaping (``<>&`` as ``\\u003c``…, other
   non-ASCII raw). It never holds a credential: storage entries only reference
   Secrets, and ``controller.api`` refuses configs that inline one;
-- a **ConfigMap** named like the Job holding it as ``contract.json``;
+- a **ConfigMap** named like the Job holding it as ``contract.json``, annotated
+  with the generation and resourceVersion of the config it was rendered from
+  (``CONFIG_GENERATION_ANNOTATION``, ``CONFIG_RESOURCE_VERSION_ANNOTATION``);
 - a **Job** (or a **CronJob** with the same job template when the run has a
   schedule) running container ``inference`` with the contract at
   ``/tmp/contract.json`` (a subPath mount over a writable emptyDir ``/tmp``),
@@ -54,6 +56,8 @@ from controller.api import (
     merge_runner_pod,
 )
 from controller.naming import (
+    CONFIG_GENERATION_ANNOTATION,
+    CONFIG_RESOURCE_VERSION_ANNOTATION,
     DESIRED_HASH_ANNOTATION,
     KUEUE_QUEUE_LABEL,
     child_labels,
@@ -280,12 +284,16 @@ def desired_configmap(
     """The ConfigMap holding the contract, named like the Job/CronJob."""
     name = name or child_name(run)
     data = {CONTRACT_KEY: render_contract(run, config, name=name)}
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": _metadata(run, name, data),
-        "data": data,
-    }
+    metadata = _metadata(run, name, data)
+    # Which version of the config the contract was rendered from (outside the
+    # drift hash: a config edit that leaves the contract as it is moves nothing).
+    if config.metadata.resource_version:
+        metadata["annotations"][CONFIG_RESOURCE_VERSION_ANNOTATION] = (
+            config.metadata.resource_version
+        )
+    if config.metadata.generation:
+        metadata["annotations"][CONFIG_GENERATION_ANNOTATION] = str(config.metadata.generation)
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
 
 
 def runner_pod(config: InferenceConfig, defaults: RunnerPodDefaults | None) -> RunnerPodDefaults:

@@ -15,7 +15,11 @@ import pytest
 
 from controller.api import InferenceConfig, InferenceRun
 from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS
-from controller.naming import RUN_SPEC_HASH_ANNOTATION
+from controller.naming import (
+    CONFIG_GENERATION_ANNOTATION,
+    CONFIG_RESOURCE_VERSION_ANNOTATION,
+    RUN_SPEC_HASH_ANNOTATION,
+)
 from controller.plan import (
     MAX_STATUS_STRING,
     Create,
@@ -27,6 +31,7 @@ from controller.plan import (
     run_spec_hash,
     wants_job_events,
 )
+from controller.projection import project_configmap
 from controller.render import child_name, desired_configmap, desired_workload
 from tests.unit.helpers import NOW, UID
 
@@ -460,3 +465,53 @@ def test_a_retry_between_attempts_keeps_the_run_running_and_warns_once() -> None
     assert out.status is not None
     assert (out.status.phase, out.status.reason) == ("Running", "Retrying")
     assert [(e.type, e.reason) for e in out.events] == [("Warning", "Retrying")]
+
+
+# --------------------------------------------- the config a contract came from
+
+
+def versioned_config(rv: str, generation: int, image: str = "runner:1") -> InferenceConfig:
+    config = make_config()
+    config.metadata.resource_version, config.metadata.generation = rv, generation
+    config.spec.image = image
+    return config
+
+
+def test_the_configmap_and_the_status_say_which_config_version_the_contract_came_from() -> None:
+    run = make_run()
+    config = versioned_config("41", 3)
+    created = plan(view(run, config=config, confirmed=True))
+    cm = created.writes[0].obj  # type: ignore[union-attr]
+    assert cm["metadata"]["annotations"][CONFIG_RESOURCE_VERSION_ANNOTATION] == "41"
+    assert cm["metadata"]["annotations"][CONFIG_GENERATION_ANNOTATION] == "3"
+    # The contract's bytes are upstream's: the version is beside them, not in them.
+    assert "41" not in cm["data"]["contract.json"]
+
+    configmap, job = existing(cm), existing(created.writes[1].obj)  # type: ignore[union-attr]
+    out = plan(view(run, config=config, configmaps=[configmap], jobs=[job]))
+    assert out.status is not None
+    assert (out.status.config_resource_version, out.status.config_generation) == ("41", 3)
+    api = out.status.to_api()
+    assert (api["configResourceVersion"], api["configGeneration"]) == ("41", 3)
+    # The controller's cache keeps the annotations (its ConfigMap projection).
+    cached = plan(view(run, config=config, configmaps=[project_configmap(configmap)], jobs=[job]))
+    assert cached.status is not None
+    assert (cached.status.config_resource_version, cached.status.config_generation) == ("41", 3)
+
+    # The config is edited afterwards: the Job keeps its contract, and so does the status.
+    ran = make_run(status=out.status.to_api())
+    edited = versioned_config("57", 4)
+    edited.spec.kserve.model_name = "edited"  # type: ignore[union-attr]
+    later = plan(view(ran, config=edited, configmaps=[configmap], jobs=[job]))
+    assert later.writes == []
+    assert later.status is not None
+    assert later.status.contract == out.status.contract
+    assert (later.status.config_resource_version, later.status.config_generation) == ("41", 3)
+
+
+def test_a_configmap_without_the_annotations_keeps_what_the_status_had() -> None:
+    run = make_run(status={"configResourceVersion": "9", "configGeneration": 2})
+    cm, job = children_of(run, make_config())  # no resourceVersion: no annotations
+    out = plan(view(run, configmaps=[cm], jobs=[job]))
+    assert out.status is not None
+    assert (out.status.config_resource_version, out.status.config_generation) == ("9", 2)
