@@ -26,6 +26,10 @@ The rules that keep a stale or partial view from doing harm:
   again from the live one (a config gone is a missing config). The ConfigMap
   says which config version its contract was rendered from (annotations), and
   the run's status repeats it.
+- **A scheduled run follows its config.** Its CronJob is suspended while the
+  config is missing (the run is ``Error``, reason ``ConfigNotFound``) and
+  resumed with a new contract when it is back, unless the run asks to be
+  suspended. Suspending and resuming are decided on a confirmed view too.
 - **Nothing is deleted by an edit.** Adding or removing ``spec.schedule`` on a
   run whose Job or CronJob exists is not applied (the CRD refuses it; older
   objects get an ``Error`` saying so). Other edits to a one-shot run whose Job
@@ -77,6 +81,7 @@ from controller.status import (
     Observed,
     derive_status,
     duplicate_output_warning,
+    kstatus_conditions,
     parse_time,
     queue_of,
 )
@@ -101,6 +106,7 @@ REASON_NAME_CONFLICT = "NameConflict"
 # "waiting", not an error with a Warning Event.
 CONFIG_GRACE = timedelta(seconds=10)
 WAITING = "WaitingForConfig"
+CONFIG_NOT_FOUND = "ConfigNotFound"
 
 
 @dataclass(frozen=True)
@@ -343,6 +349,8 @@ def _children(view: View) -> _Children:
         )
         return out
     if config is None or view.refusal is not None:
+        if run.spec.scheduled and view.refusal is None and config_gone(view):
+            _suspend_for_config(view, out)
         return out
     workload = workload_of(view)
     name = names_for(view)
@@ -404,8 +412,50 @@ def _children(view: View) -> _Children:
     if workload is None:
         out.writes.append(Create(resource, desired))
     elif _differs(workload, desired):
+        resumes = bool((workload.get("spec") or {}).get("suspend")) and not run.spec.suspend
+        if resumes and not view.confirmed:
+            # A CronJob that starts firing again (its config is back, or the
+            # run is resumed) acts on the contract as a new one would: confirm.
+            out.writes, out.confirm = [], True
+            return out
         out.writes.append(_update(resource, workload, desired))
     return out
+
+
+def config_gone(view: View) -> bool:
+    """Whether the run's config does not exist (as opposed to unusable or out of reach)."""
+    return view.config_problem is not None and view.config_problem[0] == CONFIG_NOT_FOUND
+
+
+def _suspend_for_config(view: View, out: _Children) -> None:
+    """Suspend a scheduled run's CronJob whose config is gone: it must not fire an old contract.
+
+    Its drift annotation goes too, so that when the config is back the
+    CronJob differs from what is rendered and is updated (``suspend`` as the
+    run asks, and the ConfigMap with the new contract). A CronJob suspended
+    already (the run asks for it, or done before) is left as it is.
+    """
+    cron = workload_of(view)
+    if cron is None or (cron.get("spec") or {}).get("suspend"):
+        return
+    if not view.confirmed:
+        out.confirm = True  # the config may only be missing from a lagging cache
+        return
+    meta = cron["metadata"]
+    out.writes.append(
+        Patch(
+            CRONJOBS,
+            meta["namespace"],
+            meta["name"],
+            {
+                "metadata": {
+                    "resourceVersion": meta["resourceVersion"],
+                    "annotations": {DESIRED_HASH_ANNOTATION: None},
+                },
+                "spec": {"suspend": True},
+            },
+        )
+    )
 
 
 def config_used(configmap: Obj | None) -> tuple[str | None, int | None]:
@@ -488,6 +538,13 @@ def plan(view: View) -> Plan:
         status.phase, status.reason = "Pending", WAITING
         status.message = view.config_problem[1]
         status.conditions = _waiting_conditions(status, view)
+    if (
+        run.spec.scheduled
+        and workload is not None
+        and config_gone(view)
+        and problem is view.config_problem
+    ):
+        _suspended_for_config(status, view, workload)
     used = config_used(_pick(view.configmaps, names_for(view)))
     if used[0] is not None or used[1] is not None:
         status.config_resource_version, status.config_generation = used
@@ -515,7 +572,7 @@ def plan(view: View) -> Plan:
 
 def _config_grace_left(view: View) -> float | None:
     """Seconds left of a new run's grace for a missing config, or None."""
-    if view.config_problem is None or view.config_problem[0] != "ConfigNotFound":
+    if not config_gone(view):
         return None
     if view.run.status.phase not in (None, "Pending"):
         return None  # it was past that already
@@ -524,6 +581,29 @@ def _config_grace_left(view: View) -> float | None:
         return None
     left = (created + CONFIG_GRACE - view.now).total_seconds()
     return left if left > 0 else None
+
+
+def _suspended_for_config(status: InferenceRunStatus, view: View, cron: Obj) -> None:
+    """A scheduled run whose config is gone: Error, its CronJob suspended until it is back."""
+    namespace, name = view.run.config_key
+    status.phase, status.reason = "Error", CONFIG_NOT_FOUND
+    status.message = (
+        f"InferenceConfig {namespace}/{name} not found: CronJob {cron['metadata']['name']} "
+        "is suspended until it exists (an execution under way goes on)"
+    )
+    status.next_schedule_time = None
+    generation = view.run.metadata.generation or None
+    ready = Condition(
+        type=CONDITION_READY,
+        status="False",
+        reason=CONFIG_NOT_FOUND,
+        message=status.message,
+        last_transition_time=view.now,
+        observed_generation=generation,
+    )
+    status.conditions = kstatus_conditions(
+        set_condition(status.conditions, ready), status, view.now, generation
+    )
 
 
 def _waiting_conditions(status: InferenceRunStatus, view: View) -> list[Condition]:

@@ -18,6 +18,7 @@ from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS
 from controller.naming import (
     CONFIG_GENERATION_ANNOTATION,
     CONFIG_RESOURCE_VERSION_ANNOTATION,
+    DESIRED_HASH_ANNOTATION,
     RUN_SPEC_HASH_ANNOTATION,
 )
 from controller.plan import (
@@ -515,3 +516,86 @@ def test_a_configmap_without_the_annotations_keeps_what_the_status_had() -> None
     out = plan(view(run, configmaps=[cm], jobs=[job]))
     assert out.status is not None
     assert (out.status.config_resource_version, out.status.config_generation) == ("9", 2)
+
+
+# ----------------------------------------- a scheduled run follows its config
+
+GONE = ("ConfigNotFound", "InferenceConfig ns/cfg not found; the run starts when it exists")
+
+
+def scheduled_with_children(**spec: Any) -> tuple[InferenceRun, Any, Any]:
+    run = make_run(schedule="* * * * *", status=recorded("x", "Scheduled"), **spec)
+    cm, cron = children_of(run, versioned_config("41", 3))
+    return run, cm, cron
+
+
+def test_a_scheduled_run_whose_config_is_gone_has_its_cronjob_suspended() -> None:
+    run, cm, cron = scheduled_with_children()
+    seen = {"config": None, "config_problem": GONE, "configmaps": [cm], "cronjobs": [cron]}
+    first = plan(view(run, **seen))
+    assert first.confirm  # the config may only be missing from a lagging cache
+    assert first.writes == []
+
+    out = plan(view(run, confirmed=True, **seen))
+    (patch,) = out.writes
+    assert isinstance(patch, Patch)
+    assert (patch.resource, patch.name) == (CRONJOBS, cron["metadata"]["name"])
+    assert patch.patch["spec"] == {"suspend": True}
+    assert patch.patch["metadata"]["annotations"] == {DESIRED_HASH_ANNOTATION: None}
+    assert patch.patch["metadata"]["resourceVersion"] == "7"
+    assert out.status is not None
+    assert (out.status.phase, out.status.reason) == ("Error", "ConfigNotFound")
+    assert out.status.message is not None
+    assert f"CronJob {cron['metadata']['name']} is suspended" in out.status.message
+    assert "starts when" not in out.status.message
+    assert out.status.next_schedule_time is None
+    ready = next(c for c in out.status.conditions if c.type == "Ready")
+    assert (ready.status, ready.reason) == ("False", "ConfigNotFound")
+    assert ("Warning", "ConfigNotFound") in {(e.type, e.reason) for e in out.events}
+
+
+def test_a_suspended_cronjob_of_a_missing_config_is_left_alone() -> None:
+    run, cm, cron = scheduled_with_children()
+    cron["spec"]["suspend"] = True
+    del cron["metadata"]["annotations"][DESIRED_HASH_ANNOTATION]
+    out = plan(view(run, config=None, config_problem=GONE, configmaps=[cm], cronjobs=[cron]))
+    assert not out.confirm
+    assert out.writes == []
+    assert out.status is not None
+    assert (out.status.phase, out.status.reason) == ("Error", "ConfigNotFound")
+
+
+def test_a_returning_config_resumes_the_cronjob_with_a_new_contract() -> None:
+    run, cm, cron = scheduled_with_children()
+    cron["spec"]["suspend"] = True
+    del cron["metadata"]["annotations"][DESIRED_HASH_ANNOTATION]
+    back = versioned_config("90", 1, image="runner:2")
+    back.spec.kserve.model_name = "returned"  # type: ignore[union-attr]
+    seen = {"config": back, "configmaps": [cm], "cronjobs": [cron]}
+    first = plan(view(run, **seen))
+    assert first.confirm  # starting to fire again needs the fresh view a create has
+    assert first.writes == []
+
+    out = plan(view(run, confirmed=True, **seen))
+    assert [(type(w), w.resource) for w in out.writes] == [(Patch, CONFIGMAPS), (Patch, CRONJOBS)]
+    configmap, cronjob = (w.patch for w in out.writes)  # type: ignore[union-attr]
+    assert '"modelName":"returned"' in configmap["data"]["contract.json"]
+    assert configmap["metadata"]["annotations"][CONFIG_RESOURCE_VERSION_ANNOTATION] == "90"
+    assert cronjob["spec"]["suspend"] is False
+    assert cronjob["metadata"]["annotations"][DESIRED_HASH_ANNOTATION]
+
+
+def test_a_run_the_user_suspended_stays_suspended_when_its_config_returns() -> None:
+    run, cm, cron = scheduled_with_children(suspend=True)
+    assert cron["spec"]["suspend"] is True
+    # Gone: already suspended, nothing to write.
+    gone = plan(view(run, config=None, config_problem=GONE, configmaps=[cm], cronjobs=[cron]))
+    assert gone.writes == []
+    # Back, edited: updated as the run asks, still suspended, no live read needed.
+    back = versioned_config("90", 4, image="runner:2")
+    out = plan(view(run, config=back, configmaps=[cm], cronjobs=[cron]))
+    assert not out.confirm
+    assert [w.resource for w in out.writes] == [CRONJOBS]
+    assert out.writes[0].patch["spec"]["suspend"] is True  # type: ignore[union-attr]
+    assert out.status is not None
+    assert out.status.phase == "Suspended"
