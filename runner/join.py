@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -157,7 +158,35 @@ class RowSplitter:
     def split(
         self, rows: Sequence[Any], first: int = 0, name: str = "row"
     ) -> tuple[list[Any], list[tuple[Any, ...]]]:
-        """``(features, carried)`` for ``rows``; row ``i`` is called ``f"{name} {first + i}"``."""
+        """``(features, carried)`` for ``rows``; row ``i`` is called ``f"{name} {first + i}"``.
+
+        Rows are taken apart by ``operator.itemgetter`` over the whole page (C loops,
+        not a Python loop per value); a page where that fails is walked row by row
+        for the precise message (:meth:`_split_rows`).
+        """
+        if not rows or not isinstance(rows[0], Mapping):
+            return self._split_rows(rows, first, name)
+        columns = self._columns_for(rows[0], f"{name} {first}")
+        carried_names = self.selection.carried
+        try:
+            picked = list(map(itemgetter(*columns), rows))
+            kept = list(map(itemgetter(*carried_names), rows)) if carried_names else []
+        except (KeyError, TypeError, IndexError):
+            return self._split_rows(rows, first, name)
+        if len(columns) == 1:
+            features = [value if isinstance(value, list) else [value] for value in picked]
+        else:
+            features = list(map(list, picked))
+        if len(carried_names) == 1:
+            kept = [(value,) for value in kept]
+        if self.selection.key_column is not None and any(k[0] is None for k in kept):
+            return self._split_rows(rows, first, name)
+        return features, kept
+
+    def _split_rows(
+        self, rows: Sequence[Any], first: int, name: str
+    ) -> tuple[list[Any], list[tuple[Any, ...]]]:
+        """:meth:`split`, one row at a time: the first row that cannot be split says why."""
         carried_names = self.selection.carried
         features: list[Any] = []
         carried: list[tuple[Any, ...]] = []

@@ -100,6 +100,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
+from psycopg.types.numeric import FloatLoader
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
@@ -300,11 +301,6 @@ def _comment_end(text: str, start: int) -> int:
 # -- values --------------------------------------------------------------------------
 
 
-def row_values(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A result row as the runner's rows are: numeric (``Decimal``) values made floats."""
-    return {k: float(v) if isinstance(v, Decimal) else v for k, v in row.items()}
-
-
 def column_type(value: Any) -> str:
     """The type ``createTable`` gives a column whose first value is ``value``."""
     if isinstance(value, bool):
@@ -446,6 +442,8 @@ class PostgresProvider:
                 row_factory=dict_row,
                 cursor_factory=psycopg.AsyncRawCursor,
             )
+            # numeric values arrive as floats (the runner's rows are JSON numbers).
+            self._connection.adapters.register_loader("numeric", FloatLoader)
         return self._connection
 
     async def _drop(self) -> None:
@@ -520,7 +518,7 @@ class PostgresProvider:
         async def read(connection: psycopg.AsyncConnection[dict[str, Any]]) -> list[Any]:
             cursor = connection.cursor()
             await cursor.execute(self.query, arguments)
-            return [row_values(row) for row in await cursor.fetchall()]
+            return await cursor.fetchall()
 
         return await self._run(ctx, "reading the query's rows", read)
 
@@ -580,7 +578,7 @@ class PostgresProvider:
             self._cursor = (start + len(rows), last)
         if len(rows) < fetch:
             self._end = start + len(rows)
-        return Page(offset, [row_values(row) for row in rows[:: part.count]], shard_total)
+        return Page(offset, rows[:: part.count] if part.count > 1 else rows, shard_total)
 
     def _count(
         self, arguments: list[str]
@@ -728,17 +726,17 @@ class PostgresProvider:
             raise StorageRejected(
                 f"{self.where}: the output rows' columns changed from {self._carried} to {carried}"
             )
-        rows = [
-            [ctx.job_id, part.index, part.position(offset + i), ctx.pod_uid, *row]
-            for i, row in enumerate(values)
-        ]
-        names = [*KEY_COLUMNS, POD_COLUMN, *carried, PREDICTION]
+        first, step = part.position(offset), part.count
 
         async def write(connection: psycopg.AsyncConnection[dict[str, Any]]) -> int:
             if not self._table_ready:
                 await self._ready_table(connection, carried, values[0])
-            used = names if self._has_pod_column else [n for n in names if n != POD_COLUMN]
-            keep = [i for i, n in enumerate(names) if n in used]
+            pod = [ctx.pod_uid] if self._has_pod_column else []
+            used = [*KEY_COLUMNS, *([POD_COLUMN] if pod else []), *carried, PREDICTION]
+            rows = [
+                (ctx.job_id, part.index, first + step * i, *pod, *row)
+                for i, row in enumerate(values)
+            ]
             listed = sql.SQL(", ").join(sql.Identifier(n) for n in used)
             staging = sql.Identifier(STAGING)
             cursor = connection.cursor()
@@ -753,7 +751,7 @@ class PostgresProvider:
                     sql.SQL("COPY {} ({}) FROM STDIN").format(staging, listed)
                 ) as copy:
                     for row in rows:
-                        await copy.write_row([row[i] for i in keep])
+                        await copy.write_row(row)
                 await cursor.execute(
                     sql.SQL(
                         "INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) DO NOTHING"
@@ -768,7 +766,7 @@ class PostgresProvider:
                 return max(cursor.rowcount, 0)
 
         stored = await self._run(ctx, f"storing the chunk at row {offset}", write)
-        return Stored(stored, len(rows) - stored)
+        return Stored(stored, len(values) - stored)
 
     async def store(self, ctx: StorageContext, predictions: list[Any]) -> None:
         """Every prediction of the shard (an unpaged run), ``chunkSize`` per transaction."""

@@ -183,6 +183,18 @@ async def test_parameters_are_bound_never_formatted_into_the_query(
     assert postgres.query("SELECT count(*) FROM samples")[0][0] == 200
 
 
+async def test_numeric_columns_reach_the_model_as_numbers(world: World, postgres: Database) -> None:
+    by_id = seed(postgres, 40)
+    features = ", ".join(f"{c}::numeric(6, 2) AS {c}" for c in IRIS_COLUMNS)
+    query = f"SELECT id, species, {features} FROM samples"
+    run = contract(world.model_server.infer_url(), postgres, query=query, page_size=None)
+
+    outcome = await world.run(run, secrets(postgres))
+
+    assert outcome.exit_code == ExitCode.DONE, outcome.termination
+    assert_stored_once(postgres, by_id)
+
+
 async def test_a_parameter_the_run_does_not_give_is_a_contract_error(
     world: World, postgres: Database
 ) -> None:

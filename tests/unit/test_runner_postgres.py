@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ from runner.storage.postgres import (
     column_type,
     failure,
     output_rows,
-    row_values,
 )
 
 pytestmark = pytest.mark.unit
@@ -114,10 +112,6 @@ def test_a_good_entry_parses_with_libpq_defaults() -> None:
     assert found.names == ["day"]
     assert found.where == "postgres db:5432/features"
     assert found.named_rows
-
-
-def test_numeric_values_become_floats() -> None:
-    assert row_values({"a": Decimal("1.5"), "b": 2, "c": "x"}) == {"a": 1.5, "b": 2, "c": "x"}
 
 
 @pytest.mark.parametrize(
