@@ -86,7 +86,7 @@ async def test_one_shot_success(
     created = await runs.create(inference_run("iris", "cfg", timeoutSeconds=60))
     done = await runs.wait_phase("iris", "Succeeded")
     st = status(done)
-    assert st["result"] == {"rows": 3, "predictions": 3, "durationSeconds": 0.1}
+    assert st["result"] == {"rows": 3, "predictions": 3, "durationSeconds": 0.1, "attempts": 1}
     assert st["jobStatus"]["kind"] == "Job"
     assert st["jobStatus"]["name"].startswith("inf-iris-")
     assert st["contract"]["jobId"] == created["metadata"]["uid"]
