@@ -84,6 +84,14 @@ STAND_IN_RUNNERS = {
         f'echo \'{{"event":"progress","rowsDone":3,"rowsTotal":3}}\'; '
         f"printf '%s' '{SUCCESS_MESSAGE}' > {_TERMINATION}",
     ],
+    # Succeeds after 8 s: a run that is under way and then ends while a test's fault lasts.
+    "test.local/fake-brief*": [
+        "sh",
+        "-c",
+        f'test -s "$NODE_AGENT_ROOT/tmp/contract.json" || exit 2; sleep 8; '
+        f'echo \'{{"event":"progress","rowsDone":3,"rowsTotal":3}}\'; '
+        f"printf '%s' '{SUCCESS_MESSAGE}' > {_TERMINATION}",
+    ],
     "test.local/fake-fail*": [
         "sh",
         "-c",
@@ -287,6 +295,7 @@ class LocalCluster:
     )
 
     etcd_port: int = 0
+    etcd_peer_port: int = 0
     api_port: int = 0
     kcm_port: int = 0
     node_port: int = 0
@@ -333,11 +342,11 @@ class LocalCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(exist_ok=True)
         self.pki = make_pki(self.workdir / "pki")
-        self.etcd_port, peer_port = free_port(), free_port()
+        self.etcd_port, self.etcd_peer_port = free_port(), free_port()
         self.api_port, self.kcm_port, self.node_port = free_port(), free_port(), free_port()
         self._write_auth_files()
         try:
-            self._start_etcd(peer_port)
+            self._start_etcd()
             self._start_apiserver()
             self._wait_ready(timeout)
             self._start_kcm()
@@ -373,6 +382,41 @@ class LocalCluster:
         self._start_apiserver()
         self._wait_ready(timeout)
         return time.monotonic() - started
+
+    def _process(self, name: str) -> subprocess.Popen[bytes] | None:
+        return next((proc for n, proc in self._procs if n == name), None)
+
+    def stop_etcd(self) -> None:
+        """Kill etcd outright (a crashed etcd); everything else stays up and sees it gone."""
+        proc = self._process("etcd")
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)  # a stopped process dies only once continued
+            stop_process(proc, grace=0.0)
+            self._procs.remove(("etcd", proc))
+
+    def start_etcd(self, timeout: float = 120.0) -> float:
+        """Start etcd again on its ports and data; seconds until kube-apiserver was ready again."""
+        if self._process("etcd") is not None:
+            raise RuntimeError("etcd is running already")
+        started = time.monotonic()
+        self._start_etcd()
+        self._procs.insert(0, self._procs.pop())  # stopped last, as when started first
+        self._wait_ready(timeout)
+        return time.monotonic() - started
+
+    def pause_etcd(self) -> None:
+        """SIGSTOP etcd: connections stay open and requests hang (a stalled disk or VM)."""
+        proc = self._process("etcd")
+        if proc is None:
+            raise RuntimeError("etcd is not running")
+        os.kill(proc.pid, signal.SIGSTOP)
+
+    def resume_etcd(self) -> None:
+        proc = self._process("etcd")
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)
 
     def __enter__(self) -> LocalCluster:
         self.start()
@@ -473,9 +517,9 @@ class LocalCluster:
         path.chmod(0o600)
         return path
 
-    def _start_etcd(self, peer_port: int) -> None:
+    def _start_etcd(self) -> None:
         client = f"http://127.0.0.1:{self.etcd_port}"
-        peer = f"http://127.0.0.1:{peer_port}"
+        peer = f"http://127.0.0.1:{self.etcd_peer_port}"
         args = [
             str(self.bin_dir / "etcd"),
             "--name=local",
@@ -519,6 +563,10 @@ class LocalCluster:
             f"--audit-log-path={self.audit_log}",
             "--audit-log-format=json",
             "--audit-log-mode=blocking",  # events are on disk before the response: exact counts
+            # Never rotate (the default rotates at 100 MiB): one file holds the whole
+            # record of a run, for every reader (tests.faults.invariants follows a
+            # rotation too, the benchmarks' counters do not). The workdir is throw-away.
+            "--audit-log-maxsize=0",
             # Two cores: no priority-and-fairness bookkeeping, nothing to protect against.
             "--enable-priority-and-fairness=false",
             "--profiling=false",

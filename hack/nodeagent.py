@@ -51,7 +51,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from hack.nodeagent_api import Api, ApiError, Json, now
+from hack.nodeagent_api import Api, ApiError, Json, now, until_landed
 from hack.nodeagent_logs import LogServer
 from hack.nodeagent_pod import PodRun, PodSetup, WaitingError
 from hack.nodeagent_status import StatusReporter
@@ -78,6 +78,7 @@ class NodeAgent:
         self.port = port
         self.pods: dict[str, PodRun] = {}  # by uid
         self._background: set[asyncio.Task[None]] = set()
+        self._binding: set[str] = set()  # uids of pods being bound
         self.setup = PodSetup(api, image_commands)
         self.status = StatusReporter(api)
         self.logs = LogServer(self.pods, port)
@@ -178,7 +179,7 @@ class NodeAgent:
         phase = pod.get("status", {}).get("phase")
         if not spec.get("nodeName"):
             if not meta.get("deletionTimestamp") and phase not in ("Succeeded", "Failed"):
-                await self.bind(pod)
+                self.bind_soon(pod)
             return
         if spec["nodeName"] != self.node:
             return
@@ -196,23 +197,67 @@ class NodeAgent:
             run = self.pods[uid] = PodRun(pod, self.work_dir / uid)
             run.task = asyncio.create_task(self.run_pod(run))
 
+    def bind_soon(self, pod: Json) -> None:
+        """Bind ``pod`` in the background (once at a time per pod): the watch goes on meanwhile."""
+        uid = pod["metadata"]["uid"]
+        if uid in self._binding:
+            return
+        self._binding.add(uid)
+        task = asyncio.create_task(self.bind(pod))
+        self._background.add(task)
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._background.discard(task)
+            self._binding.discard(uid)
+            if not task.cancelled() and task.exception() is not None:
+                name = pod["metadata"]["name"]
+                print(
+                    f"node agent: binding {name}: {task.exception()!r}", file=sys.stderr, flush=True
+                )
+
+        task.add_done_callback(done)
+
     async def bind(self, pod: Json) -> None:
+        """Bind ``pod`` to this node, however long the API server takes to store it.
+
+        A 409 is not proof that the pod is bound: while etcd goes away the
+        binding may conflict and leave the pod unbound (and the watch brings no
+        new event of it). So the pod is read again, and bound again until it
+        has a node or is gone.
+        """
         meta = pod["metadata"]
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
         binding = {
             "apiVersion": "v1",
             "kind": "Binding",
             "metadata": {"name": meta["name"], "uid": meta["uid"]},
             "target": {"apiVersion": "v1", "kind": "Node", "name": self.node},
         }
-        try:
-            await self.api.request(
-                "POST",
-                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding",
-                binding,
-            )
-        except ApiError as e:
-            if e.status not in (404, 409):
+
+        async def attempt() -> None:
+            try:
+                await self.api.request("POST", f"{path}/binding", binding)
+                return
+            except ApiError as e:
+                if e.status == 404:
+                    return  # gone
+                if e.status != 409:
+                    raise
+            try:
+                current = await self.api.request("GET", path)
+            except ApiError as e:
+                if e.status == 404:
+                    return
                 raise
+            if (
+                current["metadata"]["uid"] != meta["uid"]
+                or current["spec"].get("nodeName")
+                or current["metadata"].get("deletionTimestamp")
+            ):
+                return  # bound (by us or another), or going: nothing to do
+            raise ApiError(503, "the binding conflicted and the pod is still unbound")
+
+        await until_landed(attempt, f"binding of {meta['namespace']}/{meta['name']}")
 
     async def forget(self, uid: str) -> None:
         run = self.pods.pop(uid, None)
@@ -245,11 +290,16 @@ class NodeAgent:
         if run.task is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(run.task, 10)
-        # Like kubelet: confirm the deletion once nothing runs any more.
+        # Like kubelet: confirm the deletion once nothing runs any more, however
+        # long the API server takes to be able to store it (a pod left Terminating
+        # would hold its Job and its run up for ever).
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
         body = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
-        with contextlib.suppress(ApiError):
-            await self.api.request("DELETE", path, body)
+        with contextlib.suppress(ApiError):  # 404 gone, 409 another pod by now
+            await until_landed(
+                lambda: self.api.request("DELETE", path, body),
+                f"deletion of {meta['namespace']}/{meta['name']}",
+            )
 
     async def run_pod(self, run: PodRun) -> None:
         pod = run.pod

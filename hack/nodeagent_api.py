@@ -6,17 +6,25 @@ it tests.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import ssl
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import yaml
 
 Json = dict[str, Any]
+T = TypeVar("T")
+
+# Backoff of a write that must land (a pod's status, a deletion's confirmation):
+# doubling from RETRY_FIRST to RETRY_MAX seconds, for as long as it takes.
+RETRY_FIRST = 0.5
+RETRY_MAX = 10.0
 
 
 def now() -> str:
@@ -27,6 +35,47 @@ class ApiError(Exception):
     def __init__(self, status: int, body: str) -> None:
         super().__init__(f"{status}: {body[:500]}")
         self.status = status
+
+
+def transient(exc: BaseException) -> bool:
+    """An error that a later attempt may not meet: no connection, a timeout, 5xx, 429.
+
+    What the API server answers while etcd is down or stopped (500/503/504), or
+    while it restarts (connection refused).
+    """
+    if isinstance(exc, ApiError):
+        return exc.status >= 500 or exc.status == 429
+    return isinstance(exc, aiohttp.ClientError | TimeoutError | OSError)
+
+
+async def until_landed(
+    call: Callable[[], Awaitable[T]],
+    what: str,
+    *,
+    wanted: Callable[[], bool] = lambda: True,
+    first: float = RETRY_FIRST,
+    cap: float = RETRY_MAX,
+) -> T | None:
+    """``call()`` again, with backoff, until it is not refused for a transient reason.
+
+    A kubelet does not drop a status update because the API server could not
+    store it: neither does the node agent. Returns ``call()``'s answer, or None
+    once ``wanted()`` is false (a newer update replaced this one). Errors that
+    no retry can fix (4xx) are raised.
+    """
+    delay = first
+    while wanted():
+        try:
+            return await call()
+        except (ApiError, aiohttp.ClientError, TimeoutError, OSError) as exc:
+            if not transient(exc):
+                raise
+            print(
+                f"node agent: {what}: {exc!r}; again in {delay:.1f} s", file=sys.stderr, flush=True
+            )
+        await asyncio.sleep(delay)
+        delay = min(cap, delay * 2)
+    return None
 
 
 class Api:

@@ -7,10 +7,12 @@ termination message) and the pod's phase and conditions, patched onto
 
 from __future__ import annotations
 
+import asyncio
 import sys
+from collections import defaultdict
 from pathlib import Path
 
-from hack.nodeagent_api import Api, ApiError, Json, now
+from hack.nodeagent_api import Api, ApiError, Json, now, until_landed
 
 MAX_TERMINATION_MESSAGE = 4096
 FALLBACK_LOG_LINES = 80
@@ -22,6 +24,11 @@ class StatusReporter:
 
     def __init__(self, api: Api) -> None:
         self.api = api
+        # Per pod uid: the number of its newest report, and one sender at a time,
+        # so that a report retried across an outage never lands after a newer one.
+        self._newest: dict[str, int] = {}
+        self._sending: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._count = 0
 
     @staticmethod
     def termination_message(root: Path, container: Json, code: int, log_path: Path) -> str:
@@ -86,8 +93,16 @@ class StatusReporter:
         await self.report(pod, "Pending", statuses, now())
 
     async def report(self, pod: Json, phase: str, statuses: dict[str, Json], start: str) -> None:
-        """Patch the pod's status: ``phase``, conditions and the containers' ``statuses``."""
+        """Patch the pod's status: ``phase``, conditions and the containers' ``statuses``.
+
+        Retried with backoff until it lands (an API server without etcd answers
+        5xx, a restarting one refuses connections), the pod is gone (404), or a
+        newer report of the same pod replaces it. Returns once one of those is so.
+        """
         meta = pod["metadata"]
+        uid = meta["uid"]
+        self._count += 1
+        mine = self._newest[uid] = self._count
         ready = phase == "Running" and all(s.get("ready") for s in statuses.values())
         t = now()
         cond = [
@@ -108,10 +123,22 @@ class StatusReporter:
             ],
         }
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
-        try:
-            await self.api.request(
-                "PATCH", path, {"status": status}, content_type="application/merge-patch+json"
-            )
-        except ApiError as e:
-            if e.status != 404:
-                print(f"node agent: status of {meta['name']}: {e}", file=sys.stderr, flush=True)
+        async with self._sending[uid]:
+            try:
+                await until_landed(
+                    lambda: self.api.request(
+                        "PATCH",
+                        path,
+                        {"status": status},
+                        content_type="application/merge-patch+json",
+                    ),
+                    f"status {phase} of {meta['namespace']}/{meta['name']}",
+                    wanted=lambda: self._newest.get(uid) == mine,
+                )
+            except ApiError as e:
+                if e.status != 404:
+                    print(f"node agent: status of {meta['name']}: {e}", file=sys.stderr, flush=True)
+            finally:
+                if self._newest.get(uid) == mine:
+                    del self._newest[uid]
+                    self._sending.pop(uid, None)
