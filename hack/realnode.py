@@ -81,9 +81,13 @@ PAUSE_IMAGE = "ksc.local/pause:3.10"
 IMAGES = (CONTROLLER_IMAGE, RUNNER_IMAGE, PAUSE_IMAGE)
 
 # kube-controller-manager controllers a real node and the chart need beyond the
-# Job-orchestrating set: node health, and Deployments with their disruption budget.
+# Job-orchestrating set: node health, NoExecute taints (since 1.29 the taint
+# manager is its own controller: without it a NoExecute taint, including the
+# ``out-of-service`` one and the node lifecycle's ``unreachable``, evicts
+# nothing), and Deployments with their disruption budget.
 NODE_CONTROLLERS = (
     "node-lifecycle-controller",
+    "taint-eviction-controller",
     "deployment-controller",
     "replicaset-controller",
     "disruption-controller",
