@@ -138,4 +138,9 @@ async def test_an_inference_run_succeeds_on_a_kwok_node(
     pods = (await kube.list(PODS, namespace, label_selector=f"ai.krateo.io/run-uid={uid}"))["items"]
     assert [p["spec"]["nodeName"] in kwok_ok.node_names for p in pods] == [True]
     # The result the controller read from the simulated runner's termination message.
-    assert status(done)["result"] == {"rows": 3, "predictions": 3, "durationSeconds": 0.1, "attempts": 1}
+    assert status(done)["result"] == {
+        "rows": 3,
+        "predictions": 3,
+        "durationSeconds": 0.1,
+        "attempts": 1,
+    }
