@@ -27,7 +27,9 @@ When:
   deleted (``RunGone``). This catches what happened while no replica was
   leading;
 - a workload that appears for a run already handled (a create that raced the
-  delete) goes the same way.
+  delete) goes the same way: seen by a watch event, or by one more look
+  ``RECHECK_AFTER`` (1 s) after the run's workloads were deleted, for this
+  controller's own create, which enters its cache without an event.
 
 Each delete names the object's uid and the resourceVersion the cache saw as
 preconditions: an object that changed meanwhile (the garbage collector
@@ -79,6 +81,10 @@ REMEMBERED = 4096
 # A delete answered Conflict is read again and retried this many times.
 ATTEMPTS = 3
 WORKERS = 2
+# A run's workloads are looked at once more this long after they were deleted:
+# a create that raced the delete (decided on a live read just before it) lands
+# in this controller's cache without a watch event.
+RECHECK_AFTER = 1.0
 
 
 @dataclass(eq=False)
@@ -89,6 +95,7 @@ class Gone:
     reason: str
     # A Job such a CronJob creates late (its controller's cache lagging) is the run's too.
     crons: set[str] = field(default_factory=set)
+    rechecked: bool = False
 
 
 def _resource(obj: Obj) -> Resource:
@@ -273,6 +280,9 @@ class Cleanup:
                 await self._delete(job, gone, execution=True)
         for job in jobs:
             await self._delete(job, gone)
+        if not gone.rechecked:
+            gone.rechecked = True
+            return Result(requeue_after=RECHECK_AFTER)
         return Result()
 
     async def _delete(self, obj: Obj, gone: Gone, *, execution: bool = False) -> bool:

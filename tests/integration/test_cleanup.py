@@ -182,6 +182,30 @@ async def test_a_run_being_deleted_loses_its_workloads_and_only_them(harness: Ha
     assert harness.deleted("CronJob", "RunDeleting") == 1
 
 
+async def test_a_create_that_raced_the_delete_is_deleted_too(harness: Harness) -> None:
+    await harness.start()
+    run = await harness.run("raced")
+    await harness.child(JOBS, "inf-raced", run, label=uid(run))
+
+    async def cached() -> bool:
+        return harness.caches.jobs.get(harness.namespace, "inf-raced") is not None
+
+    await eventually(cached, within=30, what="the Job in the Jobs cache")
+    await harness.kube.delete(RUNS, harness.namespace, "raced")
+    workers = harness.cleanup.workers
+    await asyncio.wait_for(workers.process_next_item(), 30)
+    assert not await harness.exists(JOBS, "inf-raced")
+    # The reconciler's own create that landed after the delete enters the cache
+    # by assume(), which calls no handler; no watch event either (stopped here).
+    await harness.stop(harness.caches.jobs)
+    late = await harness.child(JOBS, "inf-raced-late", run, label=uid(run))
+    harness.caches.jobs.assume(late)
+    # The one more look a second later finds it.
+    await asyncio.wait_for(workers.process_next_item(), 30)
+    assert not await harness.exists(JOBS, "inf-raced-late")
+    assert await harness.exists(RUNS, "raced"), "held: not the garbage collector's doing"
+
+
 async def test_the_sweep_deletes_what_was_missed_and_reads_the_run_live_first(
     harness: Harness,
 ) -> None:
