@@ -29,7 +29,11 @@ When:
 - a workload that appears for a run already handled (a create that raced the
   delete) goes the same way: seen by a watch event, or by one more look
   ``RECHECK_AFTER`` (1 s) after the run's workloads were deleted, for this
-  controller's own create, which enters its cache without an event.
+  controller's own create, which enters its cache without an event;
+- a Job of ours controlled by a CronJob that neither this cache nor the API
+  server has (read live), for a run not alive in the cache: an execution a
+  lagging CronJob controller created late, for a CronJob deleted before
+  this replica could see it (the garbage collector would delete it, later).
 
 Each delete names the object's uid and the resourceVersion the cache saw as
 preconditions: an object that changed meanwhile (the garbage collector
@@ -63,6 +67,7 @@ from controller.orphans import (
     is_being_deleted,
     keeps_children,
     orphans,
+    owner_cronjob,
     owning_run,
     workloads_of,
 )
@@ -85,6 +90,8 @@ WORKERS = 2
 # a create that raced the delete (decided on a live read just before it) lands
 # in this controller's cache without a watch event.
 RECHECK_AFTER = 1.0
+# Queue keys of a stray execution Job to check (namespace/name after it); others are run uids.
+EXECUTION = "execution:"
 
 
 @dataclass(eq=False)
@@ -163,8 +170,25 @@ class Cleanup:
     def workload_changed(self, obj: Obj) -> None:
         """A Job or CronJob added or updated: one of a run already gone goes too."""
         uid = ((obj.get("metadata") or {}).get("labels") or {}).get(RUN_UID_LABEL)
-        if uid and uid in self._gone:
+        if not uid:
+            return
+        if uid in self._gone:
             self.queue.add(uid)
+        elif self._stray_execution(obj, uid):
+            self.queue.add(EXECUTION + object_key(obj))
+
+    def _stray_execution(self, job: Obj, uid: str) -> bool:
+        """A Job of a CronJob this cache does not have, for a run it does not have alive.
+
+        A CronJob controller whose cache lags (after an API server restart) can
+        create an execution for a CronJob already deleted, of a run this
+        replica never saw: such a Job is checked live (:meth:`_clean_execution`).
+        """
+        ref = owner_cronjob(job)
+        if job.get("kind") == CRONJOB_KIND or ref is None or self._alive(uid):
+            return False
+        namespace = job["metadata"].get("namespace")
+        return self.caches.cronjobs.get(namespace, str(ref.get("name"))) is None
 
     def _mark(self, run: Obj, reason: str) -> None:
         ref = _run_ref(run)
@@ -218,6 +242,11 @@ class Cleanup:
             return 0
         suspects = orphans([*self.caches.cronjobs.list(), *self.caches.jobs.list()], self._alive)
         found = 0
+        for job in self.caches.jobs.list():
+            uid = ((job["metadata"].get("labels") or {}).get(RUN_UID_LABEL)) or ""
+            if uid and uid not in self._gone and self._stray_execution(job, uid):
+                found += 1
+                self.queue.add(EXECUTION + object_key(job))
         for run, workloads in suspects.items():
             if run.uid in self._kept:
                 continue
@@ -255,6 +284,9 @@ class Cleanup:
 
     async def clean(self, uid: str) -> Result:
         """Delete the workloads of the run ``uid``, known to be gone (queue item)."""
+        if uid.startswith(EXECUTION):
+            await self._clean_execution(uid.removeprefix(EXECUTION))
+            return Result()
         gone = self._gone.get(uid)
         if gone is None or uid in self._kept:
             return Result()
@@ -274,16 +306,46 @@ class Cleanup:
             if await self._delete(cron, gone):
                 gone.crons.add(str(cron["metadata"].get("uid")))
         for job in labelled_jobs:
-            # Only under a CronJob deleted here: one left alone keeps its Jobs too.
+            # Only under a CronJob deleted here (one left alone keeps its Jobs
+            # too), or one that is gone, read live.
             owners = {r.get("uid") for r in job["metadata"].get("ownerReferences") or []}
-            if owning_run(job) is None and owners & gone.crons:
+            if owning_run(job) is not None:
+                continue
+            if owners & gone.crons:
                 await self._delete(job, gone, execution=True)
+            elif self._stray_execution(job, uid):
+                await self._delete_if_cron_gone(job, uid)
         for job in jobs:
             await self._delete(job, gone)
         if not gone.rechecked:
             gone.rechecked = True
             return Result(requeue_after=RECHECK_AFTER)
         return Result()
+
+    async def _clean_execution(self, key: str) -> None:
+        """Delete a stray execution (:meth:`_stray_execution`) whose CronJob is gone, read live."""
+        namespace, _, name = key.partition("/")
+        job = self.caches.jobs.get(namespace, name)
+        uid = ((job or {}).get("metadata", {}).get("labels") or {}).get(RUN_UID_LABEL)
+        if job is None or not uid or not self._stray_execution(job, uid):
+            return
+        await self._delete_if_cron_gone(job, uid)
+
+    async def _delete_if_cron_gone(self, job: Obj, uid: str) -> None:
+        namespace = job["metadata"]["namespace"]
+        ref = owner_cronjob(job)
+        assert ref is not None
+        try:
+            cron: Obj = await self.client.get(CRONJOBS, namespace, str(ref.get("name")))
+        except ApiError as exc:
+            if not exc.is_not_found:
+                raise
+        else:
+            if cron["metadata"].get("uid") == ref.get("uid"):
+                return  # its CronJob is there: the cache lags
+        # Its CronJob is gone: the garbage collector would delete it, later.
+        gone = Gone(RunRef(namespace, str(ref.get("name")), uid), RUN_GONE, {str(ref.get("uid"))})
+        await self._delete(job, gone, execution=True)
 
     async def _delete(self, obj: Obj, gone: Gone, *, execution: bool = False) -> bool:
         """Delete one workload if it is still the run's; whether this call deleted it."""

@@ -12,7 +12,7 @@ The label alone can be copied by anyone, and an owner reference alone names
 objects the controller did not make: nothing else is ever deleted. A scheduled
 run's executions (the Jobs its CronJob made) carry the run's label and are
 controlled by the CronJob: they are the run's too, found through a CronJob
-that is.
+that is (:func:`owner_cronjob`).
 
 :func:`workloads_of` answers "what must go now that this run is gone";
 :func:`orphans` answers the sweep's question, "which runs that own something
@@ -75,6 +75,14 @@ def owning_run(obj: Mapping[str, Any]) -> RunRef | None:
     if not name or not namespace:
         return None
     return RunRef(str(namespace), str(name), uid)
+
+
+def owner_cronjob(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The controlling owner reference of ``obj`` when it is a CronJob (an execution's)."""
+    ref = _controller_ref(obj)
+    if ref is None or ref.get("kind") != CRONJOB_KIND or not ref.get("name"):
+        return None
+    return ref
 
 
 def workloads_of(run_uid: str, jobs: Iterable[Obj], cronjobs: Iterable[Obj]) -> list[Obj]:

@@ -88,7 +88,13 @@ class Harness(NamespaceCaches):
         return created
 
     async def child(
-        self, resource: Resource, name: str, owner: Obj | None, *, label: str | None
+        self,
+        resource: Resource,
+        name: str,
+        owner: Obj | None,
+        *,
+        label: str | None,
+        finalizers: list[str] | None = None,
     ) -> Obj:
         """A suspended Job or CronJob as the controller makes them (or with parts missing)."""
         if resource is JOBS:
@@ -117,6 +123,8 @@ class Harness(NamespaceCaches):
         body["metadata"]["labels"] = labels
         if owner is not None:
             body["metadata"]["ownerReferences"] = [controller_ref(owner)]
+        if finalizers:
+            body["metadata"]["finalizers"] = finalizers
         created: Obj = await self.kube.create(resource, self.namespace, body)
         return created
 
@@ -204,6 +212,32 @@ async def test_a_create_that_raced_the_delete_is_deleted_too(harness: Harness) -
     await asyncio.wait_for(workers.process_next_item(), 30)
     assert not await harness.exists(JOBS, "inf-raced-late")
     assert await harness.exists(RUNS, "raced"), "held: not the garbage collector's doing"
+
+
+async def test_a_late_execution_of_a_cronjob_already_gone_is_deleted(harness: Harness) -> None:
+    """A lagging CronJob controller's Job for a CronJob deleted before this replica saw it."""
+    await harness.start()
+    # The runs and CronJobs caches lag: they see nothing below.
+    await harness.stop(harness.caches.runs, harness.caches.cronjobs)
+    run = await harness.run("late")
+    there = await harness.child(CRONJOBS, "inf-there", run, label=uid(run))
+    # An execution of a CronJob that is gone (a finalizer of the test's keeps the
+    # garbage collector from removing it before it is looked at), and one of a
+    # CronJob that is there.
+    gone_cron = {**there, "metadata": {**there["metadata"], "name": "inf-gone", "uid": "gone-uid"}}
+    stray = await harness.child(
+        JOBS, "inf-gone-29000000", gone_cron, label=uid(run), finalizers=[HOLD]
+    )
+    kept = await harness.child(JOBS, "inf-there-29000000", there, label=uid(run))
+    for _ in range(2):
+        await asyncio.wait_for(harness.cleanup.workers.process_next_item(), 30)
+    assert harness.deleted("Job", "RunGone") == 1
+    found = await harness.kube.get(JOBS, harness.namespace, stray["metadata"]["name"])
+    assert found["metadata"].get("deletionTimestamp")
+    release: Obj = {"metadata": {"finalizers": []}}
+    await harness.kube.patch(JOBS, harness.namespace, stray["metadata"]["name"], release)
+    kept_now = await harness.kube.get(JOBS, harness.namespace, kept["metadata"]["name"])
+    assert not kept_now["metadata"].get("deletionTimestamp")
 
 
 async def test_the_sweep_deletes_what_was_missed_and_reads_the_run_live_first(

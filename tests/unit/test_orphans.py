@@ -10,6 +10,7 @@ from controller.orphans import (
     is_being_deleted,
     keeps_children,
     orphans,
+    owner_cronjob,
     owning_run,
     workloads_of,
 )
@@ -98,3 +99,11 @@ def test_a_run_deleted_with_orphan_propagation_keeps_its_children_in_the_cache_t
     assert keeps_children(cached)
     run["metadata"]["finalizers"] = ["foregroundDeletion"]
     assert not keeps_children(project_custom(run))
+
+
+def test_an_executions_owner_is_its_controlling_cronjob() -> None:
+    execution = workload("Job", "inf-s-1", label=RUN, owners=[ref("CronJob", "inf-s", "c-uid")])
+    assert owner_cronjob(execution) == ref("CronJob", "inf-s", "c-uid")
+    assert owner_cronjob(job_of(RUN)) is None
+    loose = workload("Job", "x", label=RUN, owners=[ref("CronJob", "s", "c", controller=False)])
+    assert owner_cronjob(loose) is None
