@@ -449,9 +449,16 @@ class Reconciler:
             if not exc.is_not_found:
                 raise
             log.info("run is gone: nothing recreated", uid=meta.get("uid"))
-            self.caches.runs.assume_deleted(key)
+            # With the delete handlers: the cleanup must hear of it even if no
+            # DELETED event comes (a relist finds it gone from the cache already).
+            self.caches.runs.refresh_deleted(key)
             return None
-        self.caches.runs.assume(live)
+        live_meta = live["metadata"]
+        if live_meta.get("uid") != meta.get("uid") or live_meta.get("deletionTimestamp"):
+            # Replaced or being deleted: the handlers (the cleanup's) hear of it now.
+            self.caches.runs.refresh(live)
+        else:
+            self.caches.runs.assume(live)
         if live["metadata"].get("uid") != meta.get("uid"):
             # Deleted and created again under the same name: a new run, planned afresh.
             log.info("run was replaced", old_uid=meta.get("uid"), uid=live["metadata"].get("uid"))
@@ -580,7 +587,7 @@ class Reconciler:
             except ApiError as exc:
                 if exc.is_not_found:
                     log.info("run is gone: status not written", uid=meta.get("uid"))
-                    self.caches.runs.assume_deleted(key)
+                    self.caches.runs.refresh_deleted(key)
                     return False
                 if exc.is_conflict or attempt == "small" or not _too_large(exc):
                     raise

@@ -22,10 +22,11 @@ from controller.cleanup import Cleanup
 from controller.controller import BY_UID, _with_new
 from controller.kube.client import KubeClient
 from controller.kube.errors import NotFound
+from controller.kube.events import EventRecorder
 from controller.kube.resources import CRONJOBS, JOBS, Resource
 from controller.metrics import Metrics
 from controller.naming import MANAGED_BY_LABEL, MANAGED_BY_VALUE, RUN_UID_LABEL
-from controller.reconcile import RUNS
+from controller.reconcile import RUNS, Reconciler
 from tests.caches import NamespaceCaches
 from tests.kubehelpers import controller_ref, eventually, job_manifest
 from tests.runs import inference_run
@@ -238,6 +239,37 @@ async def test_a_late_execution_of_a_cronjob_already_gone_is_deleted(harness: Ha
     await harness.kube.patch(JOBS, harness.namespace, stray["metadata"]["name"], release)
     kept_now = await harness.kube.get(JOBS, harness.namespace, kept["metadata"]["name"])
     assert not kept_now["metadata"].get("deletionTimestamp")
+
+
+async def test_a_run_the_reconciler_finds_gone_live_is_cleaned_up(harness: Harness) -> None:
+    """No DELETED event needed: the reconciler's live read tells the cleanup."""
+    reconciler = Reconciler(
+        client=harness.kube, caches=harness.caches, events=EventRecorder(harness.kube)
+    )
+    await harness.start()
+    body = inference_run("stale", "no-such-config")
+    run: Obj = await harness.kube.create(RUNS, harness.namespace, body)
+    # Held by a finalizer so that the garbage collector cannot remove it first.
+    await harness.child(JOBS, "inf-stale", run, label=uid(run), finalizers=[HOLD])
+
+    async def cached() -> bool:
+        c = harness.caches
+        return bool(
+            c.runs.get(harness.namespace, "stale") and c.jobs.get(harness.namespace, "inf-stale")
+        )
+
+    await eventually(cached, within=30, what="the run and its Job cached")
+    # The runs cache lags: it never hears of the delete.
+    await harness.stop(harness.caches.runs)
+    await harness.kube.delete(RUNS, harness.namespace, "stale")
+    # Its status write is answered 404: the run is gone.
+    await reconciler.reconcile(f"{harness.namespace}/stale")
+    await asyncio.wait_for(harness.cleanup.workers.process_next_item(), 30)
+    assert harness.deleted("Job", "RunDeleted") == 1
+    found = await harness.kube.get(JOBS, harness.namespace, "inf-stale")
+    assert found["metadata"].get("deletionTimestamp")
+    release: Obj = {"metadata": {"finalizers": []}}
+    await harness.kube.patch(JOBS, harness.namespace, "inf-stale", release)
 
 
 async def test_the_sweep_deletes_what_was_missed_and_reads_the_run_live_first(
