@@ -55,6 +55,10 @@ REPO = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO / "hack" / "controlplane" / "build.sh"
 NODE_NAME = "local-node"
 
+# The garbage collector's user (kube-controller-manager runs each controller
+# under its own ServiceAccount).
+GARBAGE_COLLECTOR = "system:serviceaccount:kube-system:generic-garbage-collector"
+
 # kube-controller-manager controllers a Job-orchestrating controller relies on.
 KCM_CONTROLLERS = (
     "job-controller",
@@ -473,6 +477,14 @@ class LocalCluster:
             "kind": "Policy",
             "omitStages": ["RequestReceived"],
             "rules": [
+                # The garbage collector's deletes of Jobs and CronJobs: whether a deleted
+                # run's workload was already gone (tests/faults/invariants.py).
+                {
+                    "level": "Metadata",
+                    "users": [GARBAGE_COLLECTOR],
+                    "verbs": ["delete"],
+                    "resources": [{"group": "batch", "resources": ["jobs", "cronjobs"]}],
+                },
                 {"level": "None", "users": ["system:kube-controller-manager", "system:apiserver"]},
                 {"level": "None", "userGroups": ["system:serviceaccounts:kube-system"]},
                 # Real nodes and the scheduler (hack.realnode) heartbeat constantly.

@@ -80,6 +80,14 @@ def test_a_job_never_deleted_by_the_controller_fails() -> None:
     assert any("never deleted" in line for line in found)
 
 
+def test_a_job_the_garbage_collector_deleted_first_needs_no_delete_of_the_controller() -> None:
+    gc = "system:serviceaccount:kube-system:generic-garbage-collector"
+    requests = record(req(9.5, "delete", "jobs", JOB, user=gc))
+    assert late_executions(requests, USER, ledger(), {"r": at(12)}) == []
+    late_gc = record(req(14, "delete", "jobs", JOB, user=gc))
+    assert any("+2.0 s later" in v for v in late_executions(late_gc, USER, ledger(), {"r": at(12)}))
+
+
 def test_a_job_deleted_late_or_a_runner_started_late_fails() -> None:
     late_delete = record(req(13, "delete", "jobs", JOB))
     assert any(
