@@ -51,6 +51,7 @@ binaries:
 	bash hack/kstatus/build.sh >/dev/null
 	bash hack/promtool/build.sh >/dev/null
 	bash hack/kwok/build.sh >/dev/null
+	bash hack/versitygw/build.sh >/dev/null
 
 lint: $(STAMP)
 	$(PY) -m hack.lock check
