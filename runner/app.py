@@ -237,6 +237,11 @@ def plan(contract: Contract, env: RunnerEnv) -> Plan:
                 f"input.{input_provider.key}.paging needs an output provider that stores keyed "
                 f"chunks; {output_provider.key!r} does not"
             )
+    elif getattr(output_provider, "streams_only", False):
+        raise ContractError(
+            f"output.{output_provider.key} stores keyed chunks, so the input must stream: "
+            f"give input.{input_provider.key} paging"
+        )
     count = contract.sharding.count if contract.sharding else 1
     index = 0
     if count > 1:

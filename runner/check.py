@@ -17,11 +17,13 @@ one when asking again later may pass, the permanent one when it cannot):
    ``input`` 3 / ``output`` 5 when the API server cannot be reached or the
    Secret is unusable; 6 / 8 when it is missing (404) or forbidden (403);
 3. storage: each provider's ``probe`` (:mod:`runner.storage.krateo`,
-   :mod:`runner.storage.http`, :mod:`runner.storage.postgres`, "Probe" in each;
-   ``postgres`` connects in step 2, then ``PREPARE``s the query and checks the
-   output table's conflict key), a read that moves no data:
+   :mod:`runner.storage.http`, :mod:`runner.storage.postgres`,
+   :mod:`runner.storage.s3`, "Probe" in each; ``postgres`` connects in step 2,
+   then ``PREPARE``s the query and checks the output table's conflict key;
+   ``s3`` HEADs the input's objects or lists one page of a prefix), a read that
+   moves no data:
    3 / 5 without a connection, on a timeout or a 5xx; 6 / 8 on a 401/403 or an
-   answer saying the configuration is wrong;
+   answer saying the configuration is wrong (a missing bucket or object);
 4. ``inference`` (4, 7): the model's metadata (:func:`model_probe`: v2
    ``GET <base>/v2/models/<name>[/versions/<v>]``, v1 ``GET <base>/v1/models/<name>``,
    the base and name taken from ``kserve.modelUrl`` as a run takes them): 4

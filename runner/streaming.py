@@ -15,7 +15,9 @@ request and stores the predictions after the last batch, as upstream
    to finish), with at most ``paging.pagesInFlight`` (default 2) pages between
    "first batch sent" and "stored";
 3. the *writer* stores each page's predictions, in page order, as one keyed
-   chunk (:meth:`~runner.storage.base.KeyedOutput.store_keyed`).
+   chunk (:meth:`~runner.storage.base.KeyedOutput.store_keyed`), and, after the
+   last one, calls the output's ``finish_keyed`` if it has one (an ``s3``
+   output's manifest).
 
 So memory is bounded by the page size (about ``pagesInFlight + 2`` pages of
 rows and predictions) and the batch size times the concurrency, never by the
@@ -112,6 +114,16 @@ def missing_part(stats: StreamStats, part: Partition) -> str:
         f"(stored: rows 0..{stats.stored_next - 1} of {where}; "
         f"missing from row {stats.stored_next})"
     )
+
+
+async def _finish(
+    sink: KeyedOutput, ctx: StorageContext, part: Partition, stats: StreamStats
+) -> None:
+    """Every chunk of the shard is stored: an output that marks it (a manifest) does it now."""
+    finish = getattr(sink, "finish_keyed", None)
+    if finish is not None:
+        with storage_failures("output"):
+            await finish(ctx, part, stats.stored_next)
 
 
 @dataclass
@@ -238,6 +250,7 @@ async def stream(
     if not first.rows:
         if start == 0:
             log.warning("the input has no rows: nothing to predict")
+        await _finish(sink, ctx, part, stats)
         tracker.report()
         return stats
 
@@ -333,7 +346,9 @@ async def stream(
             if joiner is not None:
                 predictions = joiner.output(page, predictions)
             with storage_failures("output"):
-                answer = await sink.store_keyed(ctx, page.offset, predictions, part)
+                answer = await sink.store_keyed(
+                    ctx, page.offset, predictions, part, row_count=len(page.rows)
+                )
             stats.chunks += 1
             stats.predictions += len(predictions)
             stats.stored_next = page.offset + len(page.rows)
@@ -350,6 +365,7 @@ async def stream(
         errors: list[BaseException] = list(failures.exceptions)
         runner_errors = [e for e in errors if isinstance(e, RunnerError)]
         raise (runner_errors or errors)[0] from None
+    await _finish(sink, ctx, part, stats)
     tracker.rows_total = max(tracker.rows_total, tracker.rows_done)
     tracker.report()
     return stats

@@ -141,11 +141,23 @@ class PagedInput(Protocol):
 
 
 class KeyedOutput(Protocol):
-    """An output provider that stores keyed (idempotent) chunks and says what is stored."""
+    """An output provider that stores keyed (idempotent) chunks and says what is stored.
+
+    It may also define ``async finish_keyed(ctx, part, rows)``, called once when the
+    shard's ``rows`` rows are all stored (an ``s3`` output writes its manifest then),
+    and set ``streams_only = True`` when it cannot store a run that does not stream.
+    """
 
     async def store_keyed(
-        self, ctx: StorageContext, offset: int, predictions: list[Any], part: Partition
-    ) -> Stored: ...
+        self,
+        ctx: StorageContext,
+        offset: int,
+        predictions: list[Any],
+        part: Partition,
+        row_count: int | None = None,
+    ) -> Stored:
+        """The predictions of the shard's rows ``[offset, offset + row_count)``."""
+        ...
 
     async def stored_next(self, ctx: StorageContext, part: Partition) -> int | None:
         """The shard's first row number not stored yet; None when no resume is configured."""

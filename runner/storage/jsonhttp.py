@@ -205,7 +205,12 @@ class JsonHttpProvider:
                 self.chunk_stored(ctx, number, len(pieces))
 
     async def store_keyed(
-        self, ctx: StorageContext, offset: int, predictions: list[Any], part: Partition
+        self,
+        ctx: StorageContext,
+        offset: int,
+        predictions: list[Any],
+        part: Partition,
+        row_count: int | None = None,
     ) -> Stored:
         """One page's predictions, keyed: a write repeated is stored once, so it is retried."""
         stored = duplicates = 0

@@ -716,7 +716,12 @@ class PostgresProvider:
         self._table_ready = True
 
     async def store_keyed(
-        self, ctx: StorageContext, offset: int, predictions: list[Any], part: Partition
+        self,
+        ctx: StorageContext,
+        offset: int,
+        predictions: list[Any],
+        part: Partition,
+        row_count: int | None = None,
     ) -> Stored:
         """One chunk, keyed by its rows' input positions: stored once, retried like a read."""
         if not predictions:

@@ -1,0 +1,369 @@
+"""The ``s3`` provider's formats: CSV, JSON Lines and Parquet in, chunks out (pyarrow).
+
+No network here: the provider (:mod:`runner.storage.s3`) fetches bytes and hands
+them over. Readers never hold a whole object:
+
+- **Parquet** is read one row group at a time. The footer comes first
+  (:func:`footer_range`, :func:`parquet_metadata`); a row group's column chunks
+  are one byte range (:func:`row_group_range`), fetched and decoded alone
+  (:func:`decode_row_group`) through :class:`RangeFile`, a file made of the
+  ranges fetched so far.
+- **CSV and JSON Lines** (optionally gzip or zstd) are read by Arrow's
+  streaming readers in a worker thread, from :class:`StreamFile`, a blocking
+  file over the object's asynchronous byte stream: the thread waits for the
+  next piece while the event loop fetches it.
+
+Rows (:func:`records_of`) are objects with named columns: the runner's join
+(:mod:`runner.join`) takes the model's features from them (every column, in the
+file's order, without ``columns``; a single list column is the row itself) and
+the columns each output row carries.
+
+Output chunks (:func:`encode_chunk`) carry ``shard`` and ``row`` (the shard's row
+number) beside the prediction, so each row has a key; the bytes depend only on
+the chunk's content (Parquet with zstd, gzip without a timestamp).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import gzip
+import io
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+
+from runner.storage._s3layout import Compression, Encoding, Format
+
+# Arrow's codec names for a text object's compression.
+_ARROW_CODECS: dict[Compression, str] = {"gzip": "gzip", "zstd": "zstd"}
+# How much of a Parquet object's end is fetched first: the footer of most files.
+FOOTER_GUESS = 64 * 1024
+_PARQUET_MAGIC = b"PAR1"
+BLOCK_SIZE = 1 << 20
+# Column types a contract may give a CSV or JSON Lines object (columnTypes).
+COLUMN_TYPES: dict[str, pa.DataType] = {
+    "float64": pa.float64(),
+    "float32": pa.float32(),
+    "double": pa.float64(),
+    "float": pa.float32(),
+    "int64": pa.int64(),
+    "int32": pa.int32(),
+    "bool": pa.bool_(),
+    "string": pa.string(),
+}
+
+
+class FormatError(ValueError):
+    """The object's bytes are not what its format says: the input's fault."""
+
+
+# -- Parquet, by row group ----------------------------------------------------------
+
+
+def footer_range(size: int) -> tuple[int, int]:
+    """The byte range fetched first from a Parquet object of ``size`` bytes."""
+    return max(0, size - FOOTER_GUESS), size
+
+
+def footer_length(tail: bytes, size: int) -> int:
+    """The footer's length, read from the object's last 8 bytes; FormatError if not Parquet."""
+    if size < 12 or len(tail) < 8 or tail[-4:] != _PARQUET_MAGIC:
+        raise FormatError("not a Parquet file (no PAR1 at its end)")
+    length = int.from_bytes(tail[-8:-4], "little")
+    if length + 8 > size - 4:
+        raise FormatError(f"not a Parquet file (a footer of {length} bytes in {size})")
+    return length
+
+
+class RangeFile(io.RawIOBase):
+    """A read-only file of ``size`` bytes of which only some ranges are known.
+
+    pyarrow reads a Parquet footer or a row group through it; a read outside the
+    known ranges calls ``fetch(start, end)`` (a blocking read, allowed only in a
+    worker thread) or fails when there is none.
+    """
+
+    def __init__(
+        self, size: int, fetch: Callable[[int, int], bytes] | None = None, name: str = ""
+    ) -> None:
+        super().__init__()
+        self._size = size
+        self._ranges: list[tuple[int, bytes]] = []
+        self._position = 0
+        self._fetch = fetch
+        self._name = name
+
+    def add(self, start: int, data: bytes | memoryview) -> None:
+        self._ranges.append((start, bytes(data)))
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            self._position = offset
+        elif whence == io.SEEK_CUR:
+            self._position += offset
+        else:
+            self._position = self._size + offset
+        return self._position
+
+    def size(self) -> int:
+        return self._size
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        wanted = min(len(view), self._size - self._position)
+        if wanted <= 0:
+            return 0
+        start, end = self._position, self._position + wanted
+        for first, data in self._ranges:
+            if first <= start and end <= first + len(data):
+                view[:wanted] = data[start - first : end - first]
+                self._position = end
+                return wanted
+        if self._fetch is None:
+            raise OSError(f"{self._name}: bytes {start}-{end} were not fetched")
+        data = self._fetch(start, end)
+        self._ranges.append((start, data))
+        view[: len(data)] = data
+        self._position += len(data)
+        return len(data)
+
+
+def parquet_metadata(tail: bytes, size: int, name: str) -> pq.FileMetaData:
+    """The footer of a Parquet object whose last ``len(tail)`` bytes are ``tail``."""
+    footer_length(tail, size)
+    source = RangeFile(size, name=name)
+    source.add(size - len(tail), tail)
+    try:
+        return pq.read_metadata(source)
+    except (pa.ArrowException, OSError) as error:
+        raise FormatError(f"unreadable Parquet footer: {error}") from None
+
+
+def row_group_range(
+    metadata: pq.FileMetaData, index: int, columns: Sequence[int] | None = None
+) -> tuple[int, int]:
+    """The byte range holding row group ``index``'s column chunks (``columns``, or all)."""
+    group = metadata.row_group(index)
+    starts, ends = [], []
+    for column in columns if columns is not None else range(group.num_columns):
+        chunk = group.column(column)
+        first = chunk.data_page_offset
+        if chunk.has_dictionary_page and chunk.dictionary_page_offset:
+            first = min(first, chunk.dictionary_page_offset)
+        starts.append(first)
+        ends.append(first + chunk.total_compressed_size)
+    return min(starts), max(ends)
+
+
+def decode_row_group(
+    metadata: pq.FileMetaData, index: int, source: RangeFile, columns: Sequence[str] | None = None
+) -> pa.Table:
+    """Row group ``index``, from a :class:`RangeFile` holding its range (and the footer)."""
+    try:
+        reader = pq.ParquetFile(source, metadata=metadata)
+        return reader.read_row_group(index, columns=list(columns) if columns else None)
+    except (pa.ArrowException, OSError) as error:
+        raise FormatError(f"row group {index}: {error}") from None
+
+
+# -- CSV and JSON Lines, streamed ---------------------------------------------------
+
+
+class StreamFile(io.RawIOBase):
+    """A blocking, read-only file over an asynchronous stream of byte pieces.
+
+    Read from a worker thread while ``loop`` runs: each read that needs more waits
+    for the loop to fetch the next piece (``anext(pieces)``), so the loop stays
+    free and only one piece is held at a time. :meth:`abort` cancels a wait (the
+    run is being stopped). A failure of the stream is kept in :attr:`error`, so
+    the caller can tell it from a parse error.
+    """
+
+    def __init__(self, pieces: AsyncIterator[Any], loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._pieces = pieces
+        self._loop = loop
+        self._buffer = memoryview(b"")
+        self._done = False
+        self._waiting: concurrent.futures.Future[bytes | None] | None = None
+        self.error: BaseException | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    async def _next(self) -> bytes | None:
+        try:
+            piece = await anext(self._pieces)
+        except StopAsyncIteration:
+            return None
+        except Exception as error:
+            self.error = error
+            raise
+        return bytes(piece)
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        while not self._buffer:
+            if self._done:
+                return 0
+            self._waiting = asyncio.run_coroutine_threadsafe(self._next(), self._loop)
+            piece = self._waiting.result()
+            self._waiting = None
+            if piece is None:
+                self._done = True
+                return 0
+            self._buffer = memoryview(piece)
+        count = min(len(view), len(self._buffer))
+        view[:count] = self._buffer[:count]
+        self._buffer = self._buffer[count:]
+        return count
+
+    def abort(self) -> None:
+        waiting = self._waiting
+        if waiting is not None:
+            waiting.cancel()
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    """How text objects are parsed: the given column types, else Arrow's inference."""
+
+    column_types: Mapping[str, str] | None = None
+
+    def arrow_types(self) -> dict[str, pa.DataType]:
+        return {name: COLUMN_TYPES[kind] for name, kind in (self.column_types or {}).items()}
+
+
+def open_text(
+    source: io.RawIOBase, encoding: Encoding, options: TextOptions, expected: pa.Schema | None
+) -> Any:
+    """Arrow's streaming reader over ``source`` (blocking: call it in a worker thread).
+
+    ``expected`` is the first object's schema: later objects are read with its
+    column types, so every object of the input has the same ones.
+    """
+    stream: Any = pa.PythonFile(source, mode="r")
+    if encoding.compression != "none":
+        stream = pa.CompressedInputStream(stream, _ARROW_CODECS[encoding.compression])
+    types = options.arrow_types()
+    if expected is not None:
+        types = {field.name: field.type for field in expected} | types
+    if encoding.format == "csv":
+        return pa_csv.open_csv(
+            stream,
+            read_options=pa_csv.ReadOptions(use_threads=False, block_size=BLOCK_SIZE),
+            convert_options=pa_csv.ConvertOptions(column_types=types),
+        )
+    schema = pa.schema(list(types.items())) if types else None
+    return pa_json.open_json(
+        stream,
+        read_options=pa_json.ReadOptions(use_threads=False, block_size=BLOCK_SIZE),
+        parse_options=pa_json.ParseOptions(explicit_schema=schema),
+    )
+
+
+def describe_schema(schema: pa.Schema) -> str:
+    return ", ".join(f"{field.name}: {field.type}" for field in schema)
+
+
+def same_columns(schema: pa.Schema, expected: pa.Schema) -> bool:
+    """The same column names and types, in the same order (metadata aside)."""
+    same: bool = schema.remove_metadata().equals(expected.remove_metadata())
+    return same
+
+
+# -- rows for the model -------------------------------------------------------------
+
+
+def _list_type(kind: pa.DataType) -> bool:
+    types = pa.types
+    return bool(types.is_list(kind) or types.is_large_list(kind) or types.is_fixed_size_list(kind))
+
+
+def records_of(table: pa.Table | pa.RecordBatch) -> list[dict[str, Any]]:
+    """The table's rows as objects with named columns (:mod:`runner.join` picks the features)."""
+    records: list[dict[str, Any]] = table.to_pylist()
+    return records
+
+
+# -- output chunks ------------------------------------------------------------------
+
+
+def chunk_table(predictions: Sequence[Any], rows: int, start: int, shard: int) -> pa.Table:
+    """A chunk's table: ``shard``, ``row``, then the joined columns or ``prediction``.
+
+    ``predictions`` is the chunk's output: one object per row (predictions joined
+    to their input columns), or the rows' flat answers, ``k`` per row (a list of
+    ``k`` values per row when ``k`` > 1). FormatError when it fits neither.
+    """
+    keys = {
+        "shard": pa.array([shard] * rows, pa.int32()),
+        "row": pa.array(range(start, start + rows), pa.int64()),
+    }
+    if rows == 0:
+        return pa.table({**keys, "prediction": pa.array([], pa.float64())})
+    if predictions and isinstance(predictions[0], Mapping):
+        if len(predictions) != rows:
+            raise FormatError(f"{len(predictions)} output rows for {rows} input rows")
+        joined = pa.Table.from_pylist(list(predictions))
+        clash = sorted(set(joined.column_names) & set(keys))
+        if clash:
+            raise FormatError(f"output columns {clash} clash with the chunk's own")
+        table = pa.table(keys)
+        for name in joined.column_names:
+            table = table.append_column(name, joined.column(name))
+        return table
+    per_row, rest = divmod(len(predictions), rows)
+    if rest or per_row == 0:
+        raise FormatError(f"{len(predictions)} predictions for {rows} rows")
+    if per_row == 1:
+        values = pa.array(list(predictions))
+    else:
+        values = pa.array([list(predictions[i * per_row : (i + 1) * per_row]) for i in range(rows)])
+    return pa.table({**keys, "prediction": values})
+
+
+def encode_chunk(table: pa.Table, fmt: Format, compression: Compression) -> bytes:
+    """A chunk object's bytes: the same for the same table."""
+    if fmt == "parquet":
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, compression="zstd")
+        return bytes(sink.getvalue())
+    if fmt == "jsonl":
+        lines = [orjson.dumps(record) for record in table.to_pylist()]
+        data = b"\n".join(lines) + (b"\n" if lines else b"")
+    else:
+        flat = table
+        for index, field in enumerate(table.schema):
+            if not (_list_type(field.type) or pa.types.is_struct(field.type)):
+                continue
+            values = flat.column(index).to_pylist()
+            as_text = pa.array(
+                [None if v is None else orjson.dumps(v).decode() for v in values], pa.string()
+            )
+            flat = flat.set_column(index, field.name, as_text)
+        sink = pa.BufferOutputStream()
+        pa_csv.write_csv(flat, sink)
+        data = bytes(sink.getvalue())
+    if compression == "gzip":
+        return gzip.compress(data, mtime=0)
+    if compression == "zstd":
+        compressed: bytes = pa.compress(data, codec="zstd", asbytes=True)
+        return compressed
+    return data

@@ -1,0 +1,589 @@
+"""The ``s3`` provider against a real S3 server (versitygw's POSIX backend on loopback).
+
+Each test has its own bucket on the session's server (``s3_server``), and runs
+the real runner in-process (or as a process it kills) against KServe's model
+server: round trips in every format, shards, a kill mid-write and its resume,
+``--check``, and every kind of bad input with the exit code and message it gets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import io
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import obstore
+import orjson
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+import pytest
+from aiohttp import ClientSession, web
+from obstore.store import S3Store
+
+from hack.loopback import LoopbackApp
+from hack.s3server import REGION, ROOT_ACCESS_KEY, ROOT_SECRET_KEY, S3Server
+from runner.exitcodes import ExitCode
+from tests.runner.conftest import (
+    REPO,
+    InMemorySecrets,
+    Outcome,
+    World,
+    direct_iris,
+    random_iris_rows,
+    running,
+)
+
+S3_SECRET = "s3-credentials"
+NAMESPACE = "data"
+RUN = "9c0ffee0-s3-run"
+IRIS = ("sepal_length", "sepal_width", "petal_length", "petal_width")
+
+
+def s3_secrets(access: str = ROOT_ACCESS_KEY, secret: str = ROOT_SECRET_KEY) -> InMemorySecrets:
+    return InMemorySecrets(
+        {
+            (NAMESPACE, S3_SECRET): {
+                "AWS_ACCESS_KEY_ID": access,
+                "AWS_SECRET_ACCESS_KEY": secret,
+            }
+        }
+    )
+
+
+@dataclass
+class Bucket:
+    """One test's bucket, and a client of its own to seed and inspect it."""
+
+    server: S3Server
+    name: str
+    url: str = ""
+
+    def __post_init__(self) -> None:
+        self.url = self.url or self.server.url
+        self.client = S3Store(
+            self.name,
+            config={"endpoint": self.server.url, "region": REGION},
+            client_options={"allow_http": True},
+            credential_provider=lambda: {
+                "access_key_id": ROOT_ACCESS_KEY,
+                "secret_access_key": ROOT_SECRET_KEY,
+                "token": None,
+                "expires_at": None,
+            },
+        )
+
+    def entry(self, **settings: Any) -> dict[str, Any]:
+        return {
+            "s3": {
+                "bucket": self.name,
+                "endpointUrl": self.url,
+                "region": REGION,
+                "secretRef": {"name": S3_SECRET, "namespace": NAMESPACE},
+                **settings,
+            }
+        }
+
+    async def put(self, key: str, data: bytes) -> None:
+        await obstore.put_async(self.client, key, data)
+
+    async def get(self, key: str) -> bytes:
+        result = await obstore.get_async(self.client, key)
+        return bytes(await result.bytes_async())
+
+    async def keys(self, prefix: str = "") -> list[str]:
+        found: list[str] = []
+        async for batch in obstore.list(self.client, prefix or None, chunk_size=1000):
+            found.extend(meta["path"] for meta in batch)
+        return sorted(found)
+
+    async def put_parquet(self, key: str, rows: list[list[float]], row_group: int) -> None:
+        await self.put(key, parquet_bytes(iris_table(rows), row_group))
+
+    async def output(self, prefix: str = "out") -> pa.Table:
+        """Every chunk stored under ``prefix``, in (shard, row) order."""
+        tables = []
+        for key in await self.keys(prefix):
+            name = key.rsplit("/", 1)[-1]
+            if not name.startswith("part-"):
+                continue
+            data = await self.get(key)
+            if name.endswith(".parquet"):
+                tables.append(pq.read_table(io.BytesIO(data)))
+            elif ".jsonl" in name:
+                raw = gzip.decompress(data) if name.endswith(".gz") else data
+                tables.append(pa.Table.from_pylist([orjson.loads(x) for x in raw.splitlines()]))
+            else:
+                tables.append(pa_csv.read_csv(io.BytesIO(data)))
+        assert tables, f"no chunk under {prefix}"
+        return pa.concat_tables(tables).sort_by([("shard", "ascending"), ("row", "ascending")])
+
+
+@pytest.fixture
+def bucket(s3_server: S3Server) -> Bucket:
+    return Bucket(s3_server, s3_server.create_bucket())
+
+
+def iris_table(rows: list[list[float]]) -> pa.Table:
+    return pa.table({name: [row[i] for row in rows] for i, name in enumerate(IRIS)})
+
+
+def parquet_bytes(table: pa.Table, row_group: int) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=row_group)
+    return bytes(sink.getvalue())
+
+
+def csv_bytes(rows: list[list[float]]) -> bytes:
+    lines = [",".join(IRIS)] + [",".join(str(v) for v in row) for row in rows]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def s3_contract(
+    world: World, source: dict[str, Any], sink: dict[str, Any], **extra: Any
+) -> dict[str, Any]:
+    return {
+        "jobId": RUN,
+        "jobName": "inf-s3-9c0ffee0",
+        "kserve": {"modelUrl": world.model_server.infer_url()},
+        "input": source,
+        "output": sink,
+        "batching": {"batchSize": 64, "concurrency": 3},
+        **extra,
+    }
+
+
+async def run_s3(world: World, contract: dict[str, Any], **options: Any) -> Outcome:
+    secrets = options.pop("secrets", None) or s3_secrets()
+    return await world.run(contract, secrets, **options)
+
+
+async def run_shard(world: World, contract: dict[str, Any], index: int) -> Outcome:
+    """The run of shard ``index``: an Indexed Job's pod ``pod-<index>``."""
+    env = {"JOB_COMPLETION_INDEX": str(index), "pod_uid": f"pod-{index}"}
+    return await run_s3(world, contract, env=env)
+
+
+def assert_all_rows_once(table: pa.Table, shard_rows: dict[int, int]) -> None:
+    shards, numbers = table.column("shard").to_pylist(), table.column("row").to_pylist()
+    keys = list(zip(shards, numbers, strict=True))
+    assert len(keys) == len(set(keys)) == sum(shard_rows.values())
+    for shard, count in shard_rows.items():
+        assert sorted(r for s, r in keys if s == shard) == list(range(count))
+
+
+# -- round trips ----------------------------------------------------------------------
+
+
+async def test_parquet_prefix_in_parquet_out_with_manifests(world: World, bucket: Bucket) -> None:
+    rows = random_iris_rows(2500, seed=3)
+    await bucket.put_parquet("in/part-0.parquet", rows[:1500], row_group=400)
+    await bucket.put_parquet("in/part-1.parquet", rows[1500:], row_group=400)
+    await bucket.put("in/_SUCCESS", b"")  # skipped: a hidden name
+    contract = s3_contract(
+        world,
+        bucket.entry(prefix="in/", paging={"pageSize": 700}),
+        bucket.entry(prefix="out"),
+    )
+
+    outcome = await run_s3(world, contract)
+
+    assert outcome.exit_code == ExitCode.DONE, outcome.termination
+    assert (outcome.result["rows"], outcome.result["predictions"]) == (2500, 2500)
+    table = await bucket.output()
+    assert_all_rows_once(table, {0: 2500})
+    assert table.column("prediction").to_pylist() == direct_iris(rows)
+    keys = await bucket.keys("out")
+    chunks = [k for k in keys if "/part-" in k]
+    assert len(chunks) == 4  # pages of 700: 700, 700, 700, 400
+    assert chunks[0] == f"out/{RUN}/shard-00000-of-00001/part-000000000000-000000000700.parquet"
+    manifest = orjson.loads(await bucket.get(f"out/{RUN}/_manifest.json"))
+    assert manifest["runUid"] == RUN
+    assert manifest["rows"] == 2500
+    assert [p["rows"] for p in manifest["parts"]] == [700, 700, 700, 400]
+    assert [p["key"] for p in manifest["parts"]] == chunks
+    # The shard's progress knew the total from the Parquet footers before reading.
+    assert outcome.progress is not None
+    assert (outcome.progress.rows_done, outcome.progress.rows_total) == (2500, 2500)
+
+
+async def test_csv_gzip_and_json_lines_zstd_in_jsonl_out(world: World, bucket: Bucket) -> None:
+    rows = random_iris_rows(900, seed=5)
+    await bucket.put("in/a.csv.gz", gzip.compress(csv_bytes(rows[:500])))
+    jsonl = b"".join(orjson.dumps(dict(zip(IRIS, r, strict=True))) + b"\n" for r in rows[500:])
+    await bucket.put("in/b.jsonl.zst", pa.compress(jsonl, codec="zstd", asbytes=True))
+    contract = s3_contract(
+        world,
+        bucket.entry(keys=["in/a.csv.gz", "in/b.jsonl.zst"], paging={"pageSize": 300}),
+        bucket.entry(prefix="out", format="jsonl", compression="gzip"),
+    )
+
+    outcome = await run_s3(world, contract)
+
+    assert outcome.exit_code == ExitCode.DONE, outcome.termination
+    table = await bucket.output()
+    assert_all_rows_once(table, {0: 900})
+    assert table.column("prediction").to_pylist() == direct_iris(rows)
+    assert all(k.endswith(".jsonl.gz") for k in await bucket.keys("out") if "/part-" in k)
+
+
+async def test_csv_out_and_one_object_by_key(world: World, bucket: Bucket) -> None:
+    rows = random_iris_rows(120, seed=8)
+    await bucket.put("one.csv", csv_bytes(rows))
+    contract = s3_contract(
+        world, bucket.entry(key="one.csv"), bucket.entry(prefix="results/iris/", format="csv")
+    )
+
+    outcome = await run_s3(world, contract)
+
+    assert outcome.exit_code == ExitCode.DONE, outcome.termination
+    table = await bucket.output("results/iris")
+    assert table.column("prediction").to_pylist() == direct_iris(rows)
+
+
+async def test_the_same_run_again_rewrites_the_same_bytes(world: World, bucket: Bucket) -> None:
+    rows = random_iris_rows(600, seed=9)
+    await bucket.put_parquet("in.parquet", rows, row_group=250)
+    contract = s3_contract(
+        world, bucket.entry(key="in.parquet", paging={"pageSize": 250}), bucket.entry(prefix="o")
+    )
+    assert (await run_s3(world, contract)).exit_code == ExitCode.DONE
+    keys = await bucket.keys("o")
+    first = {key: await bucket.get(key) for key in keys}
+    # As if the pod had been killed after its last chunk, before its manifests.
+    for name in (f"o/{RUN}/_manifest.json", f"o/{RUN}/shard-00000-of-00001/_manifest.json"):
+        await obstore.delete_async(bucket.client, name)
+    # A retried pod of a finished shard resumes at its end: nothing to predict again,
+    # and it writes the manifests.
+    again = await run_s3(world, contract, env={"pod_uid": "pod-again"})
+
+    assert again.exit_code == ExitCode.DONE, again.termination
+    assert again.result["resumedRows"] == 600
+    assert await bucket.keys("o") == keys
+    assert {key: await bucket.get(key) for key in keys} == first
+
+
+# -- shards ---------------------------------------------------------------------------
+
+
+async def test_shards_read_disjoint_row_groups_and_the_last_writes_the_run_manifest(
+    world: World, bucket: Bucket
+) -> None:
+    rows = random_iris_rows(1000, seed=12)
+    await bucket.put_parquet("in/x.parquet", rows[:600], row_group=100)
+    await bucket.put_parquet("in/y.parquet", rows[600:], row_group=100)
+    contract = s3_contract(
+        world,
+        bucket.entry(prefix="in", paging={"pageSize": 150}),
+        bucket.entry(prefix="out"),
+        sharding={"count": 3},
+    )
+
+    outcomes = [await run_shard(world, contract, i) for i in (2, 0)]
+    assert all(o.exit_code == ExitCode.DONE for o in outcomes), [o.termination for o in outcomes]
+    # Two shards of three done: no run manifest yet.
+    assert f"out/{RUN}/_manifest.json" not in await bucket.keys("out")
+    last = await run_shard(world, contract, 1)
+    assert last.exit_code == ExitCode.DONE, last.termination
+
+    table = await bucket.output()
+    # Ten row groups of 100, dealt round-robin: shard 0 gets groups 0, 3, 6, 9.
+    assert_all_rows_once(table, {0: 400, 1: 300, 2: 300})
+    by_shard: dict[int, list[float]] = {0: [], 1: [], 2: []}
+    for group in range(10):
+        by_shard[group % 3].extend(direct_iris(rows[group * 100 : (group + 1) * 100]))
+    for shard, expected in by_shard.items():
+        got = table.filter(pa.compute.equal(table.column("shard"), shard))
+        assert got.column("prediction").to_pylist() == expected
+    manifest = orjson.loads(await bucket.get(f"out/{RUN}/_manifest.json"))
+    assert manifest["rows"] == 1000
+    assert [s["rows"] for s in manifest["shards"]] == [400, 300, 300]
+
+
+async def test_shards_of_text_objects_take_whole_objects(world: World, bucket: Bucket) -> None:
+    rows = random_iris_rows(300, seed=13)
+    for i in range(3):
+        await bucket.put(f"in/{i}.csv", csv_bytes(rows[i * 100 : (i + 1) * 100]))
+    contract = s3_contract(
+        world, bucket.entry(prefix="in"), bucket.entry(prefix="out"), sharding={"count": 2}
+    )
+    for index in (0, 1):
+        outcome = await run_shard(world, contract, index)
+        assert outcome.exit_code == ExitCode.DONE, outcome.termination
+    table = await bucket.output()
+    assert_all_rows_once(table, {0: 200, 1: 100})
+    shard1 = table.filter(pa.compute.equal(table.column("shard"), 1))
+    assert shard1.column("prediction").to_pylist() == direct_iris(rows[100:200])
+
+
+# -- a kill mid-write, and the resume -----------------------------------------------------
+
+
+class HoldingS3Proxy(LoopbackApp):
+    """Forwards S3 requests untouched (signatures stay valid); holds chunk PUTs after ``n``."""
+
+    HOP = frozenset({"connection", "content-length", "transfer-encoding", "keep-alive"})
+
+    def __init__(self, target: str, hold_after: int) -> None:
+        super().__init__()
+        self.target = target
+        self.hold_after = hold_after
+        self.chunk_puts = 0
+        self.held = asyncio.Event()
+        self._session: ClientSession | None = None
+
+    def application(self) -> web.Application:
+        app = web.Application(client_max_size=1 << 30)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    async def start(self) -> str:
+        self._session = ClientSession(auto_decompress=False)
+        return await super().start()
+
+    async def stop(self) -> None:
+        await super().stop()
+        if self._session is not None:
+            await self._session.close()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        assert self._session is not None
+        body = await request.read()
+        if request.method == "PUT" and "/part-" in request.path:
+            self.chunk_puts += 1
+            if self.chunk_puts > self.hold_after:
+                self.held.set()
+                await asyncio.Event().wait()  # until the runner is killed
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in self.HOP}
+        async with self._session.request(
+            request.method,
+            f"{self.target}{request.path_qs}",
+            data=body,
+            headers=headers,
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+        ) as answer:
+            payload = await answer.read()
+            kept = {k: v for k, v in answer.headers.items() if k.lower() not in self.HOP}
+            if request.method == "HEAD" and "Content-Length" in answer.headers:
+                # A HEAD's answer has no body but says how long the object is.
+                kept["Content-Length"] = answer.headers["Content-Length"]
+        return web.Response(status=answer.status, body=payload, headers=kept)
+
+
+CHILD = """
+import asyncio, os, sys
+import orjson
+from runner import app, logs
+
+class Secrets:
+    async def read(self, namespace, name):
+        return orjson.loads(os.environ["TEST_SECRETS"])
+
+logs.configure("info")
+sys.exit(asyncio.run(app.run(os.environ, secrets=Secrets())))
+"""
+
+
+async def test_a_runner_killed_mid_write_is_resumed_with_every_row_stored_once(
+    world: World, bucket: Bucket
+) -> None:
+    rows = random_iris_rows(3000, seed=21)
+    await bucket.put_parquet("in.parquet", rows, row_group=500)
+    async with running(HoldingS3Proxy(bucket.server.url, hold_after=4)) as proxy:
+        through_proxy = Bucket(bucket.server, bucket.name, url=proxy.url)
+        contract = s3_contract(
+            world,
+            through_proxy.entry(key="in.parquet", paging={"pageSize": 250}),
+            through_proxy.entry(prefix="out"),
+        )
+        contract_file = world.tmp_path / "killed.json"
+        contract_file.write_bytes(orjson.dumps(contract))
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            CHILD,
+            cwd=REPO,
+            env={
+                "PATH": os.environ.get("PATH", ""),
+                "CONTRACT_PATH": str(contract_file),
+                "TERMINATION_LOG_PATH": str(world.tmp_path / "killed-termination"),
+                "pod_uid": "pod-killed",
+                "TEST_SECRETS": orjson.dumps(s3_secrets().secrets[(NAMESPACE, S3_SECRET)]).decode(),
+            },
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        exited = asyncio.ensure_future(process.wait())
+        held = asyncio.ensure_future(proxy.held.wait())
+        try:
+            # The 5th chunk's PUT is held: the runner is killed while it writes.
+            await asyncio.wait({exited, held}, timeout=120, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if process.returncode is None:
+                process.send_signal(signal.SIGKILL)
+            await exited
+            held.cancel()
+        assert process.stderr is not None
+        said = (await process.stderr.read()).decode(errors="replace")[-2000:]
+        assert process.returncode == -signal.SIGKILL, said
+    stored = [k for k in await bucket.keys("out") if "/part-" in k]
+    assert len(stored) == 4
+    assert f"out/{RUN}/_manifest.json" not in await bucket.keys("out")
+
+    contract = s3_contract(
+        world, bucket.entry(key="in.parquet", paging={"pageSize": 250}), bucket.entry(prefix="out")
+    )
+    outcome = await run_s3(world, contract, env={"pod_uid": "pod-retry"})
+
+    assert outcome.exit_code == ExitCode.DONE, outcome.termination
+    assert outcome.result["resumedRows"] == 1000
+    assert (outcome.result["rows"], outcome.result["predictions"]) == (3000, 3000)
+    table = await bucket.output()
+    assert_all_rows_once(table, {0: 3000})
+    assert table.column("prediction").to_pylist() == direct_iris(rows)
+    manifest = orjson.loads(await bucket.get(f"out/{RUN}/_manifest.json"))
+    assert manifest["rows"] == 3000
+
+
+# -- --check --------------------------------------------------------------------------
+
+
+async def test_check_passes_without_reading_or_writing(world: World, bucket: Bucket) -> None:
+    await bucket.put_parquet("in/a.parquet", random_iris_rows(50), row_group=50)
+    contract = s3_contract(world, bucket.entry(prefix="in"), bucket.entry(prefix="out"))
+    before = await bucket.keys()
+
+    outcome = await world.check(contract, s3_secrets())
+
+    assert outcome.exit_code == ExitCode.DONE, outcome.termination
+    assert outcome.result["check"] == "ok"
+    storage = next(e for e in outcome.events() if e.get("step") == "storage")
+    assert storage["input"] == f"s3://{bucket.name}/in listed"
+    assert await bucket.keys() == before
+
+
+@pytest.mark.parametrize(
+    ("change", "code", "says"),
+    [
+        ({"key": "missing.parquet"}, ExitCode.INPUT_REJECTED, "not found"),
+        ({"bucket": "no-such-bucket-7", "prefix": "in"}, ExitCode.INPUT_REJECTED, "not found"),
+        ({"prefix": "empty/"}, ExitCode.INPUT_REJECTED, "no objects under this prefix"),
+    ],
+)
+async def test_check_refuses_what_a_run_would_meet(
+    world: World, bucket: Bucket, change: dict[str, Any], code: ExitCode, says: str
+) -> None:
+    source = bucket.entry(prefix="in")
+    source["s3"].pop("prefix")
+    source["s3"].update(change)
+    contract = s3_contract(world, source, bucket.entry(prefix="out"))
+
+    outcome = await world.check(contract, s3_secrets())
+
+    assert outcome.exit_code == code, outcome.termination
+    assert outcome.termination.startswith("input: "), outcome.termination
+    assert says in outcome.termination
+
+
+# -- bad input ------------------------------------------------------------------------
+
+
+async def test_a_missing_object_is_rejected_by_name(world: World, bucket: Bucket) -> None:
+    contract = s3_contract(world, bucket.entry(key="nope/rows.csv"), bucket.entry(prefix="out"))
+    outcome = await run_s3(world, contract)
+    assert outcome.exit_code == ExitCode.INPUT_REJECTED, outcome.termination
+    assert f"s3://{bucket.name}/nope/rows.csv: not found" in outcome.termination
+    assert await bucket.keys("out") == []
+
+
+async def test_a_missing_bucket_is_rejected_by_name(world: World, bucket: Bucket) -> None:
+    source = bucket.entry(prefix="in")
+    source["s3"]["bucket"] = "no-such-bucket-3"
+    outcome = await run_s3(world, s3_contract(world, source, bucket.entry(prefix="out")))
+    assert outcome.exit_code == ExitCode.INPUT_REJECTED, outcome.termination
+    assert "s3://no-such-bucket-3/in" in outcome.termination
+    assert "not found" in outcome.termination
+
+
+async def test_a_missing_output_bucket_is_rejected_before_predicting(
+    world: World, bucket: Bucket
+) -> None:
+    await bucket.put("in.csv", csv_bytes(random_iris_rows(10)))
+    sink = bucket.entry(prefix="out")
+    sink["s3"]["bucket"] = "no-such-output-9"
+    outcome = await run_s3(world, s3_contract(world, bucket.entry(key="in.csv"), sink))
+    assert outcome.exit_code == ExitCode.OUTPUT_REJECTED, outcome.termination
+    assert "s3://no-such-output-9/" in outcome.termination
+
+
+async def test_a_wrong_secret_is_denied_and_its_value_shown_nowhere(
+    world: World, bucket: Bucket
+) -> None:
+    await bucket.put("in.csv", csv_bytes(random_iris_rows(10)))
+    wrong = "wrong-secret-value-4f2b9c"
+    contract = s3_contract(world, bucket.entry(key="in.csv"), bucket.entry(prefix="out"))
+
+    outcome = await run_s3(world, contract, secrets=s3_secrets(secret=wrong))
+    checked = await world.check(contract, s3_secrets(secret=wrong))
+
+    # A run asks the output what is stored before reading; the check probes the input first.
+    assert outcome.exit_code == ExitCode.OUTPUT_REJECTED, outcome.termination
+    assert outcome.termination.startswith(f"output: listing s3://{bucket.name}/out/")
+    assert "SignatureDoesNotMatch" in outcome.termination
+    assert checked.exit_code == ExitCode.INPUT_REJECTED, checked.termination
+    assert checked.termination.startswith(f"input: s3://{bucket.name}/in.csv: access denied")
+    for result in (outcome, checked):
+        assert "access denied (403)" in result.termination
+        for text in (result.termination, result.stdout, result.stderr):
+            assert wrong not in text
+    assert await bucket.keys("out") == []
+
+
+async def test_a_malformed_csv_row_names_the_object_and_row(world: World, bucket: Bucket) -> None:
+    good = csv_bytes(random_iris_rows(40))
+    await bucket.put("in/0.csv", good)
+    await bucket.put("in/1.csv", good + b"5.1,3.5,1.4\n")
+    contract = s3_contract(world, bucket.entry(prefix="in"), bucket.entry(prefix="out"))
+    outcome = await run_s3(world, contract)
+    assert outcome.exit_code == ExitCode.INPUT_REJECTED, outcome.termination
+    assert f"s3://{bucket.name}/in/1.csv (csv)" in outcome.termination
+    assert "Row #42" in outcome.termination
+    assert "Expected 4 columns, got 3" in outcome.termination
+
+
+async def test_a_parquet_object_with_other_columns_is_rejected(
+    world: World, bucket: Bucket
+) -> None:
+    await bucket.put_parquet("in/a.parquet", random_iris_rows(30), row_group=30)
+    other = pa.table({"sepal_length": [1.0], "petal": ["x"]})
+    await bucket.put("in/b.parquet", parquet_bytes(other, 1))
+    contract = s3_contract(world, bucket.entry(prefix="in"), bucket.entry(prefix="out"))
+    outcome = await run_s3(world, contract)
+    assert outcome.exit_code == ExitCode.INPUT_REJECTED, outcome.termination
+    assert (
+        f"s3://{bucket.name}/in/b.parquet has columns (sepal_length: double, petal: string)"
+        in outcome.termination
+    )
+    assert "every object of the input must have the same columns" in outcome.termination
+    assert await bucket.keys("out") == []
+
+
+async def test_an_object_that_is_not_what_its_name_says(world: World, bucket: Bucket) -> None:
+    await bucket.put("in/a.parquet", csv_bytes(random_iris_rows(3)))
+    contract = s3_contract(world, bucket.entry(prefix="in"), bucket.entry(prefix="out"))
+    outcome = await run_s3(world, contract)
+    assert outcome.exit_code == ExitCode.INPUT_REJECTED, outcome.termination
+    assert f"s3://{bucket.name}/in/a.parquet: not a Parquet file" in outcome.termination
+
+
+async def test_an_s3_output_needs_a_streaming_input(world: World, bucket: Bucket) -> None:
+    contract = s3_contract(world, bucket.entry(key="in.csv"), bucket.entry(prefix="out"))
+    contract["input"] = {"http": {"secretRef": {"name": "x"}, "path": "/rows"}}
+    outcome = await run_s3(world, contract)
+    assert outcome.exit_code == ExitCode.BAD_CONTRACT, outcome.termination
+    assert "output.s3 stores keyed chunks, so the input must stream" in outcome.termination
