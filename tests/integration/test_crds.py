@@ -26,12 +26,12 @@ from controller.api import (
     InferenceRunStatus,
     ObjectReference,
     Progress,
+    RunOutcome,
 )
 from controller.cron import CRON_DESCRIPTORS
 from controller.naming import RUN_UID_LABEL, managed_selector
 from controller.render import desired_configmap, desired_workload, render_contract
 from hack.cluster import LocalCluster
-from runner.termination import RunResult
 from tests.integration.crds_helpers import create, get_json, install_crds
 from tests.kubehelpers import eventually
 
@@ -455,7 +455,7 @@ async def test_full_status_round_trips_through_the_schema(
     status = status.model_copy(
         update={
             "progress": Progress(rows_done=5, rows_total=10),
-            "result": RunResult(rows=10, predictions=10, duration_seconds=2.25),
+            "result": RunOutcome(rows=10, predictions=10, duration_seconds=2.25, attempts=2),
             "reason": "OutputFailed",
             "message": "output: storage answered 200 with an error text",
             "last_execution": Execution(
