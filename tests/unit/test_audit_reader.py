@@ -32,7 +32,13 @@ T0 = datetime(2026, 11, 26, 3, 0, tzinfo=UTC)
 
 
 def event(
-    n: int, *, name: str = "", verb: str = "get", namespace: str = NS, user: str = USER
+    n: int,
+    *,
+    name: str = "",
+    verb: str = "get",
+    namespace: str = NS,
+    user: str = USER,
+    code: int | None = None,
 ) -> bytes:
     at = (T0 + timedelta(seconds=n)).isoformat().replace("+00:00", "Z")
     return (
@@ -49,7 +55,7 @@ def event(
                     "namespace": namespace,
                     "name": name or f"job-{n}",
                 },
-                "responseStatus": {"code": 201 if verb == "create" else 200},
+                "responseStatus": {"code": code or (201 if verb == "create" else 200)},
             }
         ).encode()
         + b"\n"
@@ -161,3 +167,22 @@ def test_checks_still_find_violations_in_a_real_record(tmp_path: Path) -> None:
     assert "created again" in found[0]
     assert duplicate_creates(requests[:1], USER, resources=("jobs",)) == []
     assert children_per_run(requests, USER, Ledger()), "jobs of no run are reported"
+
+
+def test_a_create_answered_504_may_be_the_runs_one_create(tmp_path: Path) -> None:
+    """A 504 create may have stored the Job: with no 2xx create it counts as the one."""
+    path = tmp_path / "audit.log"
+    log = AuditLog(path, NS)
+    runs = Ledger()
+    run = runs.add({"metadata": {"name": "once", "uid": "0123456789abcdef"}}, "Succeeded")
+    append(path, event(1, name="unrelated", verb="get"))
+    found = children_per_run(log.requests(), USER, runs)
+    assert found[:1] == [f"one-shot run once: its Job {run.child} created 0 times"]
+    append(path, event(2, name=run.child, verb="create", code=504))
+    assert children_per_run(log.requests(), USER, runs) == []
+    append(path, event(3, name=run.child, verb="create", code=201))
+    assert children_per_run(log.requests(), USER, runs) == [], "504 then 201 is one create"
+    append(path, event(4, name=run.child, verb="create", code=201))
+    found = children_per_run(log.requests(), USER, runs)
+    assert found
+    assert "created 2 times" in found[0]
