@@ -188,7 +188,7 @@ def test_http_provider_settings() -> None:
 
 
 def test_provider_keys_are_the_modules_of_the_package() -> None:
-    assert storage.provider_keys() == ["http", "krateo", "postgres"]
+    assert storage.provider_keys() == ["http", "krateo", "postgres", "s3"]
 
 
 def test_load_contract(tmp_path: Path) -> None:
