@@ -1,7 +1,8 @@
 """Observed state -> an InferenceRun's status. Pure: no I/O, the clock passed in.
 
 The outcome of a Job is read from its **conditions**, never guessed from its
-pod counters (upstream's mistake, ``upstream-behaviour.md`` §6.5):
+pod counters (the upstream Go controller counted pods and called a Job that was
+still retrying failed):
 
 =====================================  ===========  ==================================
 Job condition (status True)            run phase    reason

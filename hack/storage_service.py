@@ -2,7 +2,7 @@
 
 ``python -m hack.storage_service --port P --db PATH --user U --password PW [--seed-iris TABLE]``
 serves ``POST /compute/<notebook>`` as finops-database-handler does, with the
-behaviour that matters to a client (``reference/upstream-behaviour.md`` §4):
+behaviour that matters to a client of the upstream finops-database-handler:
 
 - **HTTP Basic** auth on every call (401 otherwise);
 - the JSON body becomes the notebook's ``key=value`` arguments: every value must

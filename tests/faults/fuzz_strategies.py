@@ -85,7 +85,7 @@ class _Delete:
 DELETE: Any = _Delete()
 
 # A credential written in clear: it must never come back in a status, a ConfigMap,
-# an Event or the controller's log (DESIGN.md §2, "The contract").
+# an Event or the controller's log: the contract carries Secret references, never values.
 SECRET = "s3cr3t-fuzz-9f1c"
 OTHER_NAMESPACE_MARK = "<own namespace>"
 
@@ -1298,7 +1298,7 @@ class FuzzEngine:
         ``ok``: a phase and a reason within STATUS_DEADLINE, and no
         ``ConfigNotFound`` left when the config it names exists (a status
         written before the config reached the controller's cache must be
-        corrected: DESIGN.md §1, the status is kept true).
+        corrected: a run's status always says what is true now).
         """
         if not sub.accepted or sub.verdict is not None:
             return

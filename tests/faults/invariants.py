@@ -15,7 +15,7 @@ request at all, or none of the user it checks. The reader follows the API
 server's log rotation (see :class:`AuditLog`), so a rotation during a test
 cannot empty the record either.
 
-The invariants (DESIGN.md §3 and §6):
+The invariants (each child is created once per run, and nothing after its run's delete):
 
 - :func:`duplicate_creates`: a child (Job, ConfigMap, CronJob) is created
   once in its lifetime: no create of a name that was created before, unless

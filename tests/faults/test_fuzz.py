@@ -6,7 +6,7 @@ zones, refused resource quantities, credentials in URLs, missing fields,
 unknown providers, configRefs to other namespaces, flat and nested model
 fields, mixed with valid fields). Each is created in this test's namespace,
 with the controller watching it under the chart's RBAC. The properties
-(DESIGN.md §2 "Validation", §6 fault tier):
+(every invalid spec is refused with a reason, and no input crashes the controller):
 
 1. **Refused or given a reason.** Each object is either refused by the API
    server (HTTP 400 or 422) with a message naming a field the case edited

@@ -7,7 +7,7 @@ from typing import Any
 
 from controller.api import InferenceConfig, InferenceRun
 
-# upstream-behaviour §2.3's worked example: its child names end in -5be07ada.
+# The upstream controller's own worked example: its child names end in -5be07ada.
 UID = "5be07ada-5fe0-4c9e-a8bc-aaae67d8d344"
 CONFIG_UID = "0f1e2d3c-aaaa-bbbb-cccc-000000000000"
 # "Now" for the pure planning tests: status derivation and planning take it as an argument.

@@ -27,7 +27,7 @@ LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 @pytest.mark.parametrize(
     ("name", "uid", "expected"),
     [
-        # upstream-behaviour §2.3, worked examples
+        # the upstream controller's worked examples of child names
         ("testdata-iris-schedule", UID, "inf-testdata-iris-schedule-5be07ada"),
         ("My_Run..v2", "ABCD-1234-5678-90ef-0000", "inf-my-run-v2-abcd1234"),
         # upstream README's example contract
