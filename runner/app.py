@@ -353,9 +353,14 @@ async def _execute(
 
 
 async def _prepare_output(work: Plan, ctx: StorageContext, state: RunState) -> None:
-    """Step 3: the output's Secret, before any prediction; any failure exits 5 (a refusal too)."""
+    """Step 3: the output's Secret and connection, before any prediction.
+
+    Exits as the input's would: 5 when another attempt may get through (a Secret
+    not there yet, no connection), 8 when the storage refused the credentials
+    (a wrong password), like 6 for the same refusal of the input.
+    """
     state.stage = "output"
-    with storage_failures("output", rejections=False):
+    with storage_failures("output"):
         await work.output.prepare(ctx)
 
 

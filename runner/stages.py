@@ -42,16 +42,13 @@ STORAGE_ERRORS: dict[Role, tuple[type[RunnerError], type[RunnerError]]] = {
 
 
 @contextmanager
-def storage_failures(role: Role, *, rejections: bool = True) -> Iterator[None]:
-    """A storage failure inside, as the ``role``'s error: exit 6/8 when rejected, else 3/5.
-
-    ``rejections=False`` makes a rejection retryable too (3/5).
-    """
+def storage_failures(role: Role) -> Iterator[None]:
+    """A storage failure inside, as the ``role``'s error: exit 6/8 when rejected, else 3/5."""
     transient, rejected = STORAGE_ERRORS[role]
     try:
         yield
     except StorageRejected as error:
-        raise (rejected if rejections else transient)(error.message) from None
+        raise rejected(error.message) from None
     except StorageError as error:
         raise transient(error.message) from None
 

@@ -329,9 +329,9 @@ async def test_a_wrong_password_is_a_clear_error_and_shows_nowhere(
 
     outcome = await world.run(run, given)
 
-    # The input refuses it (6); the output's credentials are read before any
-    # prediction and exit 5 (a fixed Secret lets the Job's next pod through).
-    code = ExitCode.INPUT_REJECTED if role == "input" else ExitCode.OUTPUT
+    # Refused credentials are permanent on either side: 6 for the input, 8 for the
+    # output (checked before any prediction), as --check says too.
+    code = ExitCode.INPUT_REJECTED if role == "input" else ExitCode.OUTPUT_REJECTED
     assert outcome.exit_code == code, outcome.termination
     assert outcome.termination.startswith(f"{role}: postgres 127.0.0.1:")
     assert 'password authentication failed for user "postgres"' in outcome.termination
