@@ -99,6 +99,9 @@ REASON_NODE_NOT_READY = "NodeNotReady"
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
 # How long past its grace period a deleted pod may wait for its kubelet's word.
 KUBELET_SLACK = timedelta(seconds=30)
+# The DisruptionTarget reason of the taint manager's eviction: on a node that
+# stopped reporting, the one of its ``unreachable``/``not-ready`` NoExecute taints.
+REASON_TAINT_MANAGER = "DeletionByTaintManager"
 # A Job in a Kueue queue, suspended until Kueue admits it.
 REASON_QUEUED = "Queued"
 
@@ -236,10 +239,17 @@ def pod_disruption(pods: Sequence[Json], now: datetime) -> tuple[str, str] | Non
     without a reason is on a node that is not ready. Then:
 
     - being deleted (the taint manager's eviction, a drain, a delete) on such a
-      node, or past its grace period with the runner not reported ended (no
+      node, or evicted by the taint manager (``DisruptionTarget``
+      ``DeletionByTaintManager``: how the pods of an ``unreachable`` node go,
+      the only sign left when the pod was not Ready yet) and past its grace
+      period plus :data:`KUBELET_SLACK` with the runner not reported ended (no
       kubelet confirms the deletion): ``NodeLost``. The pod stays Terminating
       until the node comes back or is tainted out of service, and the Job
-      makes no replacement meanwhile; the message names the node and the taint;
+      makes no replacement meanwhile; the message names the node and the taint.
+      A pod merely slow to terminate, on a node whose kubelet reports (Ready,
+      or not Ready with the kubelet's reason) and without the taint manager's
+      eviction, is not ``NodeLost``, however long it takes: the kubelet is
+      there to finish it, and the taint would be bad advice;
     - not being deleted: ``NodeNotReady`` (the node may come back; its pods
       are evicted after their toleration, 300 s by default);
     - a ``DisruptionTarget`` condition otherwise: its reason
@@ -262,7 +272,8 @@ def pod_disruption(pods: Sequence[Json], now: datetime) -> tuple[str, str] | Non
         if disruption is not None:
             why = f" ({disruption.get('reason') or DISRUPTION_TARGET}: "
             why += f"{disruption.get('message') or 'disrupted'})"
-        if node and deleting and (node_not_ready or _overdue(pod, now)):
+        taint_evicted = (disruption or {}).get("reason") == REASON_TAINT_MANAGER
+        if node and deleting and (node_not_ready or (taint_evicted and _overdue(pod, now))):
             return REASON_NODE_LOST, one_line(
                 f"runner pod {name} is being deleted{why} on node {node}, which does not "
                 "answer: the pod stays Terminating and the Job starts no other until the "

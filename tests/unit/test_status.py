@@ -495,16 +495,47 @@ def test_a_runner_pod_terminating_on_a_node_that_stopped_reporting_is_node_lost(
     assert cond(status, "Stalled").status == "False"
 
 
-def test_a_deleted_pod_whose_grace_period_is_long_over_is_node_lost_without_a_ready_mark() -> None:
-    # Deleted by hand (no DisruptionTarget) while the node was down: only the
-    # kubelet's silence tells, once the grace period and a slack are over.
-    stuck = on_node(RUNNING, deleting="2026-11-22T11:59:00Z")
+READY = {"type": "Ready", "status": "True"}
+# Deleted with a 30 s grace period at 11:58:30: past it, and past the 30 s slack, at NOW.
+LONG_OVERDUE = "2026-11-22T11:59:00Z"
+
+
+def test_a_taint_manager_eviction_past_its_grace_period_is_node_lost_without_a_ready_mark() -> None:
+    # A runner not Ready yet (still starting) when its node stopped reporting: the
+    # node lifecycle controller has no Ready mark to leave. The taint manager's
+    # eviction that no kubelet confirms, past the grace period and a slack, tells.
+    taint_manager = disruption_target("DeletionByTaintManager", "Taint manager: deleting")
+    stuck = on_node(RUNNING, KUBELET_NOT_READY, taint_manager, deleting=LONG_OVERDUE)
     status = derive(job=job(active=1), pods=[stuck])
     assert status.reason == "NodeLost"
     assert "worker-3" in status.message
-    # Within the slack, the kubelet may still be at it: an ordinary Running run.
-    fresh = on_node(RUNNING, deleting="2026-11-22T11:59:50Z")
-    assert derive(job=job(active=1), pods=[fresh]).reason == "Running"
+    # Within the slack, the kubelet may still be at it: the eviction's own reason.
+    fresh = on_node(RUNNING, KUBELET_NOT_READY, taint_manager, deleting="2026-11-22T11:59:50Z")
+    assert derive(job=job(active=1), pods=[fresh]).reason == "DeletionByTaintManager"
+
+
+@pytest.mark.parametrize(
+    ("conditions", "reason"),
+    [
+        # Deleted by hand, the kubelet slow to confirm: the node reports Ready pods.
+        ((READY,), "Running"),
+        ((KUBELET_NOT_READY,), "Running"),
+        ((), "Running"),
+        # Drained (the Eviction API), the kubelet slow to confirm: the drain's reason.
+        ((READY, disruption_target("EvictionByEvictionAPI")), "EvictionByEvictionAPI"),
+        ((READY, disruption_target("PreemptionByScheduler")), "PreemptionByScheduler"),
+    ],
+)
+def test_a_pod_terminating_long_on_a_healthy_node_is_not_node_lost(
+    conditions: tuple[dict[str, Any], ...], reason: str
+) -> None:
+    # Past its grace period and the slack, but nothing says the node stopped
+    # reporting: no Ready mark of the node lifecycle controller, no taint
+    # manager eviction. Not NodeLost, and no out-of-service taint to advise.
+    stuck = on_node(RUNNING, *conditions, deleting=LONG_OVERDUE)
+    status = derive(job=job(active=1), pods=[stuck])
+    assert (status.phase, status.reason) == ("Running", reason)
+    assert "out-of-service" not in (status.message or "")
 
 
 def test_a_runner_on_a_node_that_stopped_reporting_is_node_not_ready() -> None:
