@@ -27,9 +27,11 @@ The rules that keep a stale or partial view from doing harm:
   says which config version its contract was rendered from (annotations), and
   the run's status repeats it.
 - **A scheduled run follows its config.** Its CronJob is suspended while the
-  config is missing (the run is ``Error``, reason ``ConfigNotFound``) and
-  resumed with a new contract when it is back, unless the run asks to be
-  suspended. Suspending and resuming are decided on a confirmed view too.
+  config is missing (the run is ``Error``, reason ``ConfigNotFound``) or
+  unusable (invalid, out of the controller's reach: the reason says which),
+  since its last contract was rendered from a config that no longer stands,
+  and resumed with a new contract when the config is usable again, unless the
+  run asks to be suspended. Suspending and resuming are decided on a confirmed view too.
 - **Nothing is deleted by an edit.** Adding or removing ``spec.schedule`` on a
   run whose Job or CronJob exists is not applied (the CRD refuses it; older
   objects get an ``Error`` saying so). Other edits to a one-shot run whose Job
@@ -349,7 +351,7 @@ def _children(view: View) -> _Children:
         )
         return out
     if config is None or view.refusal is not None:
-        if run.spec.scheduled and view.refusal is None and config_gone(view):
+        if run.spec.scheduled and view.refusal is None and config_unusable(view):
             _suspend_for_config(view, out)
         return out
     workload = workload_of(view)
@@ -427,8 +429,13 @@ def config_gone(view: View) -> bool:
     return view.config_problem is not None and view.config_problem[0] == CONFIG_NOT_FOUND
 
 
+def config_unusable(view: View) -> bool:
+    """Whether no contract can be rendered for the run: its config is gone, invalid or out of reach."""
+    return view.config is None and view.config_problem is not None
+
+
 def _suspend_for_config(view: View, out: _Children) -> None:
-    """Suspend a scheduled run's CronJob whose config is gone: it must not fire an old contract.
+    """Suspend a scheduled run's CronJob whose config is unusable: it must not fire an old contract.
 
     Its drift annotation goes too, so that when the config is back the
     CronJob differs from what is rendered and is updated (``suspend`` as the
@@ -541,7 +548,7 @@ def plan(view: View) -> Plan:
     if (
         run.spec.scheduled
         and workload is not None
-        and config_gone(view)
+        and config_unusable(view)
         and problem is view.config_problem
     ):
         _suspended_for_config(status, view, workload)
@@ -584,19 +591,28 @@ def _config_grace_left(view: View) -> float | None:
 
 
 def _suspended_for_config(status: InferenceRunStatus, view: View, cron: Obj) -> None:
-    """A scheduled run whose config is gone: Error, its CronJob suspended until it is back."""
+    """A scheduled run whose config is unusable: Error, its CronJob suspended until it is usable."""
+    assert view.config_problem is not None
+    reason, problem = view.config_problem
     namespace, name = view.run.config_key
-    status.phase, status.reason = "Error", CONFIG_NOT_FOUND
-    status.message = (
-        f"InferenceConfig {namespace}/{name} not found: CronJob {cron['metadata']['name']} "
-        "is suspended until it exists (an execution under way goes on)"
-    )
+    cron_name = cron["metadata"]["name"]
+    status.phase, status.reason = "Error", reason
+    if reason == CONFIG_NOT_FOUND:
+        status.message = (
+            f"InferenceConfig {namespace}/{name} not found: CronJob {cron_name} "
+            "is suspended until it exists (an execution under way goes on)"
+        )
+    else:
+        status.message = (
+            f"{problem}; CronJob {cron_name} is suspended until the config is usable "
+            "(an execution under way goes on)"
+        )
     status.next_schedule_time = None
     generation = view.run.metadata.generation or None
     ready = Condition(
         type=CONDITION_READY,
         status="False",
-        reason=CONFIG_NOT_FOUND,
+        reason=reason,
         message=status.message,
         last_transition_time=view.now,
         observed_generation=generation,

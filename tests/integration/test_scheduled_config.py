@@ -90,3 +90,36 @@ async def test_a_scheduled_run_is_suspended_while_its_config_is_gone_and_resumed
         (await _configmap(api_client, namespace, paused_uid)).data["contract.json"]
     )
     assert paused_contract["kserve"]["modelName"] == "returned"
+
+
+@pytest.mark.timeout(240)
+async def test_a_scheduled_run_is_suspended_while_its_config_is_invalid_and_resumed_after(
+    api_client: client.ApiClient, runs: Runs, namespace: str, controller: ControllerProcess
+) -> None:
+    # The CronJob fires its last contract, rendered from the config before the
+    # bad edit: it used to go on firing that while the status said the config
+    # could not be used.
+    await runs.create(inference_config("cfg", OK))
+    tick = await runs.create(inference_run("tick", "cfg", schedule="0 0 1 1 *"))
+    uid = tick["metadata"]["uid"]
+    await runs.wait_phase("tick", "Scheduled")
+    assert (await _cronjob(api_client, namespace, uid)).spec.suspend is False
+
+    # modelUrl removed: the schema takes it, the controller cannot use it.
+    await runs.patch("cfg", {"spec": {"kserve": {"modelUrl": None}}}, CONFIGS)
+
+    async def suspended() -> bool:
+        return bool((await _cronjob(api_client, namespace, uid)).spec.suspend)
+
+    await eventually(suspended, within=30, what="the CronJob suspended once its config is invalid")
+    invalid = await runs.wait_reason("tick", "MissingModelUrl", within=30)
+    assert status(invalid)["phase"] == "Error"
+    assert "is suspended until the config is usable" in status(invalid)["message"]
+    assert "modelUrl" in status(invalid)["message"]
+
+    fixed = {"spec": {"kserve": {"modelUrl": "m:1/v2/models/fixed/infer"}}}
+    await runs.patch("cfg", fixed, CONFIGS)
+    await runs.wait_phase("tick", "Scheduled", within=30)
+    assert (await _cronjob(api_client, namespace, uid)).spec.suspend is False
+    contract = json.loads((await _configmap(api_client, namespace, uid)).data["contract.json"])
+    assert contract["kserve"]["modelUrl"] == "m:1/v2/models/fixed/infer"

@@ -554,6 +554,34 @@ def test_a_scheduled_run_whose_config_is_gone_has_its_cronjob_suspended() -> Non
     assert ("Warning", "ConfigNotFound") in {(e.type, e.reason) for e in out.events}
 
 
+INVALID = ("MissingModelUrl", "InferenceConfig ns/cfg: spec.kserve.modelUrl: Field required")
+OUT_OF_REACH = ("ConfigOutOfReach", "InferenceConfig ns/cfg is in a namespace the controller does not watch")
+
+
+@pytest.mark.parametrize("problem", [INVALID, OUT_OF_REACH], ids=["invalid", "out-of-reach"])
+def test_a_scheduled_run_whose_config_is_unusable_has_its_cronjob_suspended(
+    problem: tuple[str, str],
+) -> None:
+    # Its last contract came from a config that no longer stands: firing it
+    # would run what the user has since changed.
+    run, cm, cron = scheduled_with_children()
+    seen = {"config": None, "config_problem": problem, "configmaps": [cm], "cronjobs": [cron]}
+    assert plan(view(run, **seen)).confirm
+    out = plan(view(run, confirmed=True, **seen))
+    (patch,) = out.writes
+    assert isinstance(patch, Patch)
+    assert patch.patch["spec"] == {"suspend": True}
+    assert out.status is not None
+    assert (out.status.phase, out.status.reason) == ("Error", problem[0])
+    assert out.status.message is not None
+    assert out.status.message.startswith(problem[1])
+    assert f"CronJob {cron['metadata']['name']} is suspended until the config is usable" in (
+        out.status.message
+    )
+    ready = next(c for c in out.status.conditions if c.type == "Ready")
+    assert (ready.status, ready.reason) == ("False", problem[0])
+
+
 def test_a_suspended_cronjob_of_a_missing_config_is_left_alone() -> None:
     run, cm, cron = scheduled_with_children()
     cron["spec"]["suspend"] = True
