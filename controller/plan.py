@@ -430,7 +430,7 @@ def config_gone(view: View) -> bool:
 
 
 def config_unusable(view: View) -> bool:
-    """Whether no contract can be rendered for the run: its config is gone, invalid or out of reach."""
+    """Whether no contract can be rendered: the config is gone, invalid or out of reach."""
     return view.config is None and view.config_problem is not None
 
 

@@ -555,7 +555,7 @@ def test_a_scheduled_run_whose_config_is_gone_has_its_cronjob_suspended() -> Non
 
 
 INVALID = ("MissingModelUrl", "InferenceConfig ns/cfg: spec.kserve.modelUrl: Field required")
-OUT_OF_REACH = ("ConfigOutOfReach", "InferenceConfig ns/cfg is in a namespace the controller does not watch")
+OUT_OF_REACH = ("ConfigOutOfReach", "InferenceConfig ns/cfg is in a namespace not watched")
 
 
 @pytest.mark.parametrize("problem", [INVALID, OUT_OF_REACH], ids=["invalid", "out-of-reach"])
