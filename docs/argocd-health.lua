@@ -70,10 +70,33 @@ if obj.kind == "InferenceConfig" then
   return hs
 end
 
--- InferenceRun: the phase says it all.
+-- InferenceRun: the phase says it all, but for a runner on a lost node.
 local phase = status.phase
 local scheduled = obj.spec ~= nil and obj.spec.schedule ~= nil and obj.spec.schedule ~= ""
-if phase == nil then
+
+-- NodeLost: a runner pod stays Terminating on a node that stopped reporting,
+-- and the run goes no further until someone brings the node back or taints it
+-- out of service. A one-shot run says so in its reason, a scheduled one in
+-- the execution under way.
+local lost = nil
+if (phase == "Pending" or phase == "Running") and status.reason == "NodeLost" then
+  lost = status
+elseif scheduled and phase == "Running" and status.recentExecutions ~= nil then
+  for _, e in ipairs(status.recentExecutions) do
+    if e.reason == "NodeLost" and (e.phase == "Pending" or e.phase == "Running") then
+      lost = e
+      break
+    end
+  end
+end
+
+if lost ~= nil then
+  hs.status = "Degraded"
+  hs.message = words(lost, "A runner pod is on a lost node")
+  if lost ~= status then
+    hs.message = "Execution " .. tostring(lost.name) .. ": " .. hs.message
+  end
+elseif phase == nil then
   hs.status = "Progressing"
   hs.message = "Waiting for the controller to start the run"
 elseif phase == "Succeeded" then

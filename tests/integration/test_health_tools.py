@@ -294,6 +294,69 @@ async def test_a_run_before_the_controller_writes_its_status(
     assert kstatus(kstatus_check, live)["status"] == "Current"
 
 
+LOST = (
+    "runner pod inf-r-abc is being deleted on node worker-3, which does not answer: ... "
+    "kubectl taint node worker-3 node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
+)
+
+
+def _run_with(status_: Obj, schedule: str | None = None) -> Obj:
+    spec: Obj = {"configRef": {"name": "cfg"}}
+    if schedule is not None:
+        spec["schedule"] = schedule
+    return {
+        "apiVersion": "ai.krateo.io/v1",
+        "kind": "InferenceRun",
+        "metadata": {"name": "r", "generation": 1},
+        "spec": spec,
+        "status": {"observedGeneration": 1, **status_},
+    }
+
+
+@pytest.mark.parametrize(
+    ("run", "health", "says"),
+    [
+        # A runner on a lost node: nothing moves until someone acts. Degraded.
+        (_run_with({"phase": "Running", "reason": "NodeLost", "message": LOST}), "Degraded", LOST),
+        (_run_with({"phase": "Pending", "reason": "NodeLost", "message": LOST}), "Degraded", LOST),
+        (
+            _run_with(
+                {
+                    "phase": "Running",
+                    "reason": "Running",
+                    "recentExecutions": [
+                        {
+                            "name": "r-29000001",
+                            "phase": "Running",
+                            "reason": "NodeLost",
+                            "message": LOST,
+                        },
+                        {"name": "r-29000000", "phase": "Succeeded"},
+                    ],
+                },
+                schedule=EVERY_MINUTE,
+            ),
+            "Degraded",
+            f"Execution r-29000001: {LOST}",
+        ),
+        # Going by itself: the node may come back, an evicted pod is replaced.
+        (
+            _run_with({"phase": "Running", "reason": "NodeNotReady", "message": "node x"}),
+            "Progressing",
+            "The run is running",
+        ),
+        (
+            _run_with({"phase": "Running", "reason": "EvictionByEvictionAPI", "message": "x"}),
+            "Progressing",
+            "The run is running",
+        ),
+    ],
+    ids=["one-shot", "one-shot-pending", "scheduled", "node-not-ready", "evicted"],
+)
+def test_a_run_on_a_lost_node_is_degraded_in_argo_cd(run: Obj, health: str, says: str) -> None:
+    assert argo_health(run) == (health, says)
+
+
 # ----------------------------------------------------------------------------- configs
 
 

@@ -20,6 +20,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from hack.cluster import SUCCESS_MESSAGE, mutating_policy
 from tests.controllerproc import ControllerProcess
+from tests.integration.test_health_tools import argo_health
 from tests.kubehelpers import eventually, wait_for_events
 from tests.runs import Runs, condition, inference_config, inference_run, status
 
@@ -177,6 +178,8 @@ async def test_a_runner_on_a_lost_node_is_node_lost_until_the_out_of_service_tai
     assert f"kubectl taint node {lost_node} {OUT_OF_SERVICE}=nodeshutdown:NoExecute" in message
     ready = condition(lost, "Ready") or {}
     assert (ready.get("status"), ready.get("reason")) == ("False", "NodeLost")
+    # It needs someone to act: Argo CD shows it Degraded, with the message.
+    assert argo_health(lost) == ("Degraded", message)
     await wait_for_events(api_client, namespace, "r", "NodeLost", what="a NodeLost Event")
 
     # The operator marks the node out of service: the pod garbage collector deletes
