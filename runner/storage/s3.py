@@ -64,6 +64,7 @@ dependencies, about 15 MiB installed.
 from __future__ import annotations
 
 import asyncio
+import html
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -313,18 +314,30 @@ def _said(text: str) -> str:
     """What the store said: its S3 error code and message, else the client's first words."""
     code, message = _S3_CODE.search(text), _S3_MESSAGE.search(text)
     if code:
-        return f"{code.group(1)}: {message.group(1)}" if message else code.group(1)
+        said = f"{code.group(1)}: {message.group(1)}" if message else code.group(1)
+        return html.unescape(said)
     # obstore appends its debug representation: keep the sentence before it.
     return trim(" ".join(text.split("Debug source:")[0].split()), 300)
 
 
-def failure(error: BaseException, what: str) -> StorageError:
-    """An S3 call's failure as the runner's: rejected when asking again cannot help."""
+def failure(error: BaseException, what: str, region: str | None = None) -> StorageError:
+    """An S3 call's failure as the runner's: rejected when asking again cannot help.
+
+    ``region`` is the entry's (None: the default), named when a 400 comes
+    without a reason: the answer to a HEAD has no body, and a 400 there most
+    often means the request was signed for another region than the store's.
+    """
     if isinstance(error, FormatError):
         return StorageRejected(f"{what}: {error}")
     text = str(error)
     status = _status(text)
     said = _said(text)
+    if status == 400 and not _S3_CODE.search(text):
+        said = (
+            "the store gave no reason (a HEAD's answer has no body); a 400 here most often "
+            f"means a wrong region: requests are signed for {region or 'the default region'}"
+            ", so check the entry's region and endpointUrl"
+        )
     if isinstance(error, NotFoundError | FileNotFoundError) or status == 404:
         return StorageRejected(f"{what}: not found (no such bucket or object): {said}")
     if isinstance(error, PermissionDeniedError | UnauthenticatedError | PermissionError) or (
@@ -409,7 +422,7 @@ class S3Provider:
         try:
             return await call
         except Exception as error:
-            raise failure(error, what) from None
+            raise failure(error, what, self.settings.region) from None
 
     # -- input: which units -------------------------------------------------------------
 
@@ -425,7 +438,9 @@ class S3Provider:
                         (meta["path"], meta["size"]) for meta in batch if not hidden(meta["path"])
                     )
             except Exception as error:
-                raise failure(error, f"listing {self.where(prefix)}") from None
+                raise failure(
+                    error, f"listing {self.where(prefix)}", self.settings.region
+                ) from None
             if not found:
                 raise StorageRejected(f"{self.where(prefix)}: no objects under this prefix")
             return sorted(found)
@@ -547,7 +562,7 @@ class S3Provider:
                     yield pa.Table.from_batches([batch])
             except (pa.ArrowException, OSError) as error:
                 if source.error is not None:
-                    raise failure(source.error, what) from None
+                    raise failure(source.error, what, self.settings.region) from None
                 raise StorageRejected(
                     f"{what} ({encoding.format}"
                     f"{'' if encoding.compression == 'none' else ', ' + encoding.compression}): "
@@ -619,7 +634,7 @@ class S3Provider:
             async for batch in obstore.list(self.client, prefix.rstrip("/"), chunk_size=1000):
                 keys.extend(meta["path"] for meta in batch)
         except Exception as error:
-            raise failure(error, f"listing {self.where(prefix)}") from None
+            raise failure(error, f"listing {self.where(prefix)}", self.settings.region) from None
         return keys
 
     async def _stored(self, ctx: StorageContext, part: Partition) -> list[Chunk]:
@@ -705,7 +720,7 @@ class S3Provider:
             stream = obstore.list(self.client, prefix or None, chunk_size=100)
             first: Sequence[Any] = await anext(aiter(stream), [])
         except Exception as error:
-            raise failure(error, f"listing {self.where(prefix)}") from None
+            raise failure(error, f"listing {self.where(prefix)}", self.settings.region) from None
         if self.role == "input" and not [m for m in first if not hidden(m["path"])]:
             raise StorageRejected(f"{self.where(prefix)}: no objects under this prefix")
         return f"{self.where(prefix)} listed"

@@ -10,6 +10,8 @@
 - ``postgres_server``: a private PostgreSQL cluster (``hack.postgres``), started once
   per session as an unprivileged user; ``postgres``: a fresh database of it for one test.
 - ``InMemorySecrets``: the tests' Secret source, handed to the runner in code.
+- ``small_disk``: mounts size-limited filesystems (tmpfs, root only) for a store
+  that runs out of space, and resizes them to free it again.
 - ``world``: one test's storage and model server, and in-process runs of the runner
   (``runner.app.run``) or its check (``runner.check.run``) against them, each
   returning the exit code, the termination message and everything printed.
@@ -140,6 +142,50 @@ def postgres(postgres_server: PostgresServer, request: pytest.FixtureRequest) ->
     name = re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40]
     digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:8]
     return Database(postgres_server, postgres_server.create_database(f"t_{name}_{digest}"))
+
+
+class SmallDisk:
+    """tmpfs mounts of a fixed size: where a real server's writes fail with ENOSPC.
+
+    Needs root (``mount``); where that is missing the test skips saying so, and
+    under ``CI=true`` fails instead. Every mount is undone when the test ends.
+    """
+
+    def __init__(self) -> None:
+        self.mounts: list[Path] = []
+
+    def mount(self, path: Path, size: str, owner: tuple[int, int] | None = None) -> Path:
+        """A ``size`` (``64k``, ``8m``) tmpfs on ``path`` (made if missing), owned by ``owner``."""
+        if os.geteuid() != 0:
+            message = "a store out of space needs a small filesystem: mount needs root"
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"{message} (CI=true: it must run)", pytrace=False)
+            pytest.skip(message)
+        path.mkdir(parents=True, exist_ok=True)
+        options = f"size={size},mode=0700"
+        if owner is not None:
+            options += f",uid={owner[0]},gid={owner[1]}"
+        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], check=True)
+        self.mounts.append(path)
+        return path
+
+    def resize(self, path: Path, size: str) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(path)], check=True)
+
+    def unmount_all(self) -> None:
+        for path in reversed(self.mounts):
+            if subprocess.run(["umount", str(path)], capture_output=True).returncode:
+                subprocess.run(["umount", "-l", str(path)], check=False)
+        self.mounts.clear()
+
+
+@pytest.fixture
+def small_disk() -> Iterator[SmallDisk]:
+    disk = SmallDisk()
+    try:
+        yield disk
+    finally:
+        disk.unmount_all()
 
 
 class InMemorySecrets:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import signal
 import sys
 import tempfile
@@ -32,6 +33,7 @@ from tests.runner.conftest import (
     REPO,
     Database,
     InMemorySecrets,
+    SmallDisk,
     World,
     direct_iris,
     random_iris_rows,
@@ -403,6 +405,54 @@ async def test_a_server_restarted_mid_run_is_retried_and_every_row_stored_once(
     retries = [e for e in outcome.events() if e.get("event") == RETRY_EVENT]
     assert retries, outcome.stdout[-3000:]
     assert all(postgres.server.password not in str(e) for e in retries)
+
+
+async def test_a_full_disk_is_retried_until_there_is_room_and_every_row_stored_once(
+    world: World, postgres: Database, small_disk: SmallDisk
+) -> None:
+    """The output table lives on a 64 KiB filesystem: inserts fail with "No space left".
+
+    PostgreSQL says disk full (SQLSTATE 53100); the runner retries it with
+    backoff. Once a retry has failed the test grows the filesystem: the run goes
+    on from the chunk that failed and stores every row once.
+    """
+    by_id = seed(postgres, 1500)
+    space = f"small_{postgres.name[-8:]}"
+    location = postgres.server.root / space
+    owner = pwd.getpwnam("nobody") if os.geteuid() == 0 else pwd.getpwuid(os.geteuid())
+    small_disk.mount(location, "64k", owner=(owner.pw_uid, owner.pw_gid))
+    postgres.execute(f"CREATE TABLESPACE {space} LOCATION '{location}'")
+    try:
+        postgres.execute(
+            "CREATE TABLE predictions (run_uid text NOT NULL, shard int NOT NULL, "
+            "row_index bigint NOT NULL, pod_uid text, id bigint, species text, "
+            "prediction double precision, PRIMARY KEY (run_uid, shard, row_index)) "
+            f"TABLESPACE {space}"
+        )
+        log_start = postgres.server.log.stat().st_size
+        task = asyncio.create_task(
+            world.run(contract(world.model_server.infer_url(), postgres), secrets(postgres))
+        )
+        async with asyncio.timeout(180):
+            while b"No space left on device" not in postgres.server.log.read_bytes()[log_start:]:
+                assert not task.done(), (await task).termination
+                await asyncio.sleep(0.1)
+        stored_when_full = int(str(postgres.query("SELECT count(*) FROM predictions")[0][0]))
+        small_disk.resize(location, "16m")
+        outcome = await task
+
+        assert outcome.exit_code == ExitCode.DONE, outcome.termination
+        assert 0 < stored_when_full < len(by_id)
+        assert_stored_once(postgres, by_id)
+        retries = [e for e in outcome.events() if e.get("event") == RETRY_EVENT]
+        assert retries, outcome.stdout[-3000:]
+        said = str(retries[0])
+        assert "could not extend file" in said, said
+        assert "No space left on device" in said, said
+        assert "[SQLSTATE 53100]" in said, said
+    finally:
+        postgres.execute("DROP TABLE IF EXISTS predictions")
+        postgres.execute(f"DROP TABLESPACE IF EXISTS {space}")
 
 
 CHILD = """

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import obstore
@@ -33,6 +34,7 @@ from tests.runner.conftest import (
     REPO,
     InMemorySecrets,
     Outcome,
+    SmallDisk,
     World,
     direct_iris,
     random_iris_rows,
@@ -573,6 +575,19 @@ async def test_a_parquet_object_with_other_columns_is_rejected(
     assert await bucket.keys("out") == []
 
 
+async def test_a_column_named_in_columns_but_absent_is_rejected_by_name(
+    world: World, bucket: Bucket
+) -> None:
+    await bucket.put_parquet("in.parquet", random_iris_rows(30), row_group=30)
+    source = bucket.entry(key="in.parquet")
+    source["s3"]["columns"] = ["sepal_length", "sepal_width", "petal_length", "petal_wdth"]
+    contract = s3_contract(world, source, bucket.entry(prefix="out"))
+    outcome = await run_s3(world, contract)
+    assert outcome.exit_code == ExitCode.INPUT_REJECTED, outcome.termination
+    assert "row 0 has no column 'petal_wdth', which columns names" in outcome.termination
+    assert await bucket.keys("out") == []
+
+
 async def test_an_object_that_is_not_what_its_name_says(world: World, bucket: Bucket) -> None:
     await bucket.put("in/a.parquet", csv_bytes(random_iris_rows(3)))
     contract = s3_contract(world, bucket.entry(prefix="in"), bucket.entry(prefix="out"))
@@ -587,3 +602,79 @@ async def test_an_s3_output_needs_a_streaming_input(world: World, bucket: Bucket
     outcome = await run_s3(world, contract)
     assert outcome.exit_code == ExitCode.BAD_CONTRACT, outcome.termination
     assert "output.s3 stores keyed chunks, so the input must stream" in outcome.termination
+
+
+@pytest.mark.parametrize(("side", "entry"), [("input", "key"), ("input", "prefix"), ("output", "")])
+async def test_a_wrong_region_is_rejected_naming_the_region(
+    world: World, bucket: Bucket, side: str, entry: str
+) -> None:
+    """A request signed for another region is refused (400); the message says so."""
+    await bucket.put_parquet("in/a.parquet", random_iris_rows(20), row_group=20)
+    source = bucket.entry(key="in/a.parquet") if entry == "key" else bucket.entry(prefix="in")
+    contract = s3_contract(world, source, bucket.entry(prefix="out"))
+    contract[side]["s3"]["region"] = "eu-west-3"
+
+    outcome = await run_s3(world, contract)
+    checked = await world.check(contract, s3_secrets())
+
+    code = ExitCode.INPUT_REJECTED if side == "input" else ExitCode.OUTPUT_REJECTED
+    for result in (outcome, checked):
+        assert result.exit_code == code, result.termination
+        assert result.termination.startswith(f"{side}: "), result.termination
+        assert "refused (400)" in result.termination
+        assert "eu-west-3" in result.termination, result.termination
+    if entry == "key":
+        # A HEAD's answer has no body: the runner names the region it signed for.
+        assert "a 400 here most often means a wrong region" in outcome.termination
+    else:
+        # A listing's answer has the store's own words, unescaped.
+        assert (
+            "AuthorizationHeaderMalformed: The authorization header is malformed; the region "
+            '"eu-west-3" is wrong; expecting "us-east-1"'
+        ) in outcome.termination
+    assert await bucket.keys("out") == []
+
+
+async def test_a_store_out_of_space_fails_retryably_and_a_retry_resumes(
+    world: World, bucket: Bucket, small_disk: SmallDisk, tmp_path: Path
+) -> None:
+    """The output store's disk is 48 KiB: a chunk's PUT gets 507 InsufficientStorage.
+
+    The runner exits 5 (retryable) naming the chunk and the store's words, with
+    the chunks written so far kept; once there is room, the next attempt resumes
+    after them and every row is stored once.
+    """
+    rows = random_iris_rows(6000, seed=31)
+    await bucket.put_parquet("in.parquet", rows, row_group=500)
+    directory = tmp_path / "small-s3"
+    small_disk.mount(directory / "data", "48k")
+    server = S3Server(directory, log=tmp_path / "small-s3.log").start()
+    try:
+        full = Bucket(server, server.create_bucket())
+        contract = s3_contract(
+            world,
+            bucket.entry(key="in.parquet", paging={"pageSize": 500}),
+            full.entry(prefix="out", format="jsonl"),
+        )
+
+        failed = await run_s3(world, contract, env={"pod_uid": "pod-full"})
+
+        assert failed.exit_code == ExitCode.OUTPUT, failed.termination
+        assert failed.termination.startswith(
+            f"output: writing s3://{full.name}/out/{RUN}/shard-00000-of-00001/part-"
+        ), failed.termination
+        assert "InsufficientStorage: No space left on device." in failed.termination
+        kept = [k for k in await full.keys("out") if "/part-" in k]
+        assert 0 < len(kept) < 12, kept
+
+        small_disk.resize(directory / "data", "16m")
+        outcome = await run_s3(world, contract, env={"pod_uid": "pod-retry"})
+
+        assert outcome.exit_code == ExitCode.DONE, outcome.termination
+        assert outcome.result["resumedRows"] == 500 * len(kept)
+        table = await full.output()
+        assert_all_rows_once(table, {0: 6000})
+        assert table.column("prediction").to_pylist() == direct_iris(rows)
+        assert orjson.loads(await full.get(f"out/{RUN}/_manifest.json"))["rows"] == 6000
+    finally:
+        server.stop()
