@@ -60,7 +60,7 @@ from pydantic_core import PydanticCustomError
 
 from controller.cron import Schedule, TimeZone
 from runner.contract import Batching, KServe
-from runner.credentials import find_inline_credentials
+from runner.credentials import find_inline_credentials, is_credential_env, text_has_credential
 from runner.termination import RunResult
 
 GROUP = "ai.krateo.io"
@@ -138,8 +138,11 @@ _MODEL_URL_WITH_PASSWORD = re.compile(MODEL_URL_WITH_PASSWORD)
 
 
 def model_url_has_password(url: str | None) -> bool:
-    """Whether ``url`` carries ``user:password@`` before its host."""
-    return url is not None and _MODEL_URL_WITH_PASSWORD.match(url) is not None
+    """Whether ``url`` carries ``user:password@`` before its host, or any other
+    credential (``?api_key=...``, a JWT) that ``runner.credentials`` recognises."""
+    if url is None:
+        return False
+    return _MODEL_URL_WITH_PASSWORD.match(url) is not None or text_has_credential(url)
 
 
 # --------------------------------------------------------------------------------------------
@@ -469,6 +472,18 @@ RESERVED_ENV_NAMES = (
     "RUNNER_DEADLINE_SECONDS",
 )
 _QUALIFIED_NAME_RE = re.compile(QUALIFIED_NAME_PATTERN)
+# The CRD's CEL rule on runnerPod.env: a variable whose name says it holds a
+# credential (AWS_SECRET_ACCESS_KEY, HF_TOKEN, PGPASSWORD, API_KEY_B64) must take
+# it from a Secret, not a literal value. Names of separated upper- or lower-case
+# words only: the controller's check (runner.credentials.is_credential_env)
+# also reads camelCase and refuses credential-shaped values; a unit test checks
+# everything this pattern refuses, the controller refuses too. RE2 and `re`
+# read it alike.
+ENV_CREDENTIAL_PATTERN = (
+    "(?i)^([a-z0-9]+[-._])*[a-z0-9]*(password|passwd|passphrase|secret|token|api[-._]?key"
+    "|private[-._]?key|secret[-._]?key|secret[-._]?access[-._]?key|account[-._]?key"
+    "|client[-._]?key|credentials?)([-._](value|data|pem|b64|base64|json|text|string))?$"
+)
 _LABEL_VALUE_RE = re.compile(LABEL_VALUE_PATTERN)
 
 
@@ -595,6 +610,13 @@ class EnvVar(_Model):
         if self.value and self.value_from is not None:
             raise PydanticCustomError(
                 "InvalidRunnerPod", "env {name} has both value and valueFrom", {"name": self.name}
+            )
+        if self.value and (is_credential_env(self.name) or text_has_credential(self.value)):
+            raise PydanticCustomError(
+                "InlineCredentials",
+                "env {name} holds a credential in clear: the Job's pod template is readable by "
+                "whoever may read Jobs, so take it from a Secret (valueFrom.secretKeyRef)",
+                {"name": self.name},
             )
         return self
 
@@ -761,8 +783,9 @@ class InferenceConfigSpec(_Model):
         if urls:
             raise PydanticCustomError(
                 "InlineCredentials",
-                "{paths} carries a password (user:password@host): the model URL reaches the "
-                "contract, a ConfigMap and the run's status, so it must not hold a credential",
+                "{paths} carries a credential (user:password@host, or a token or key in the "
+                "URL): the model URL reaches the contract, a ConfigMap and the run's status, so "
+                "it must not hold one",
                 {"paths": " and ".join(urls)},
             )
         leaks = find_inline_credentials(self.storage.to_api(), "storage")

@@ -1,19 +1,33 @@
 """What a credential looks like: the one definition the runner and the controller share.
 
 Pure (``re`` only), so the controller may import it: its log redaction
-(``controller.logging``) and its admission scan of storage settings
+(``controller.logging``) and its admission scan of settings
 (:func:`find_inline_credentials`, used by ``controller.api``) use the same rules
-as the runner's redaction (:mod:`runner.redact`).
+as the runner's redaction (:mod:`runner.redact`). Whatever the scan refuses, the
+redaction hides: one rule, tested from one corpus (``tests/unit/test_credentials.py``).
 
-- **Keys** (:func:`is_credential_key`): compared lower-cased without ``-`` and
-  ``_``, a key names a credential if it is one of :data:`CREDENTIAL_KEYS` or
-  ends with one of :data:`CREDENTIAL_SUFFIXES` (``serviceAccountToken``,
-  ``client_secret``, ``x-api-key``). Keys that only *name* a secret
-  (``secretName``, ``secretRef``, ``tokens_used``) are not credentials: their
-  values are names, and hiding them hides what an operator needs to read.
+- **Keys** (:func:`is_credential_key`): a key is split into words (camelCase,
+  ``snake_case``, ``kebab-case``, ``dot.case``, ``UPPER_CASE`` alike), a last
+  word that only says how the value is written (``Value``, ``Data``, ``Pem``,
+  ``Json``, ``B64``, ...) is dropped, and the rest, joined and lower-cased,
+  names a credential if it is one of :data:`CREDENTIAL_KEYS` or ends with one
+  of :data:`CREDENTIAL_SUFFIXES`: ``awsSecretAccessKey``,
+  ``AWS_SECRET_ACCESS_KEY``, ``accountKey``, ``pwd``, ``apiKeyValue``,
+  ``privateKeyPem``, ``client_secret``, ``x-api-key``. Keys that only *name* or
+  *locate* a secret (``secretName``, ``secretKeyRef``, ``tokenUrl``,
+  ``passwordFile``, ``maxTokens``, ``signatureVersion``, ``accessKeyId``) are
+  not credentials: their values are names, and hiding them hides what an
+  operator needs to read.
+- **Shapes** (:data:`CREDENTIAL_SHAPES`): PEM private keys (a GCP service
+  account's ``private_key``), JWTs, AWS access key ids, and the token formats
+  of GitHub, GitLab, Slack, Google API keys and OpenAI-style ``sk-`` keys,
+  wherever they appear.
 - **Free text** (:func:`redact_text`): ``Bearer``/``Basic``/``token``
-  credentials, ``key=value`` (or ``key: value``) credentials, and the userinfo
-  of a URL (``https://user:password@host`` or ``https://token@host``).
+  credentials, ``key=value`` (or ``key: value``) assignments whose key names a
+  credential (which covers Azure connection strings' ``AccountKey=``, SAS
+  tokens' ``sig=``, libpq DSNs' ``password=`` and URL query parameters such as
+  ``?access_token=``), the userinfo of a URL (``https://user:password@host``
+  or ``https://token@host``), and the shapes.
 """
 
 from __future__ import annotations
@@ -24,22 +38,26 @@ from typing import Any
 
 REDACTED = "[REDACTED]"
 
-# Keys, compared after lower-casing and dropping "-" and "_".
+# Whole keys (words joined, lower-cased) that name a credential.
 CREDENTIAL_KEYS = frozenset(
     {
         "authorization",
         "proxyauthorization",
         "cookie",
         "setcookie",
-        "credential",
-        "credentials",
         "bearer",
+        "sig",
+        "pwd",
         "certificatekeydata",
         "clientkeydata",
-        "secretkey",
-        "secretaccesskey",
+        "serviceaccountjson",
+        "serviceaccountkey",
+        "sharedaccesskey",
+        "sharedaccesssignature",
+        "connectionpassword",
     }
 )
+# Endings (of the joined, lower-cased words) that name a credential.
 CREDENTIAL_SUFFIXES = (
     "token",
     "password",
@@ -48,7 +66,61 @@ CREDENTIAL_SUFFIXES = (
     "secret",
     "apikey",
     "privatekey",
+    "secretkey",
+    "secretaccesskey",
+    "accountkey",
     "clientkey",
+    "masterkey",
+    "signingkey",
+    "sharedkey",
+    "credential",
+    "credentials",
+    "signature",
+    "authorization",
+    "cookie",
+)
+# A last word that says how the value is written, not what it is: dropped
+# before the key is judged (apiKeyValue, privateKeyPem, clientKeyData).
+ENCODING_WORDS = frozenset(
+    {
+        "value",
+        "data",
+        "pem",
+        "der",
+        "b64",
+        "base64",
+        "json",
+        "text",
+        "string",
+        "str",
+        "bytes",
+        "raw",
+    }
+)
+# Environment variable names the system sets to things that are not credentials.
+NOT_CREDENTIAL_ENV = frozenset({"PWD", "OLDPWD"})
+
+_WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+
+# Shapes that are a credential wherever they appear.
+CREDENTIAL_SHAPES: tuple[re.Pattern[str], ...] = (
+    # A PEM private key (RSA, EC, OPENSSH, ENCRYPTED, or plain PKCS#8), to its
+    # END line or the end of the text; in JSON its newlines are "\n".
+    re.compile(
+        r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)",
+        re.DOTALL,
+    ),
+    # A JWT: base64url JSON header and payload, and a signature.
+    re.compile(r"\beyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*"),
+    # AWS access key ids (long-term and temporary).
+    re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
+    # GitHub, GitLab and Slack tokens, Google API keys, OpenAI-style keys.
+    re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}"),
+    re.compile(r"\bgithub_pat_[A-Za-z0-9_]{30,}"),
+    re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}"),
+    re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"),
+    re.compile(r"\bAIza[0-9A-Za-z_-]{35}"),
+    re.compile(r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}"),
 )
 
 _CHARS = r"[A-Za-z0-9._~+/=\-]"
@@ -57,43 +129,97 @@ _CHARS = r"[A-Za-z0-9._~+/=\-]"
 _SCHEME_CREDENTIAL = re.compile(
     rf"(?i)\b(?:(bearer|basic)\s+{_CHARS}+|(token)\s+{_CHARS}{{4,}})",
 )
-_ASSIGNED_CREDENTIAL = re.compile(
-    r"""(?ix)
-    (\b(?:authorization|proxy-authorization|x-api-key|api[-_]?key|access[-_]?token
-        |refresh[-_]?token|id[-_]?token|token|password|passwd|secret|client[-_]?secret)
-     ["']?\s*[:=]\s*["']?)
-    (?!\[REDACTED\]|(?:bearer|basic|token)\s+\[REDACTED\])
-    ([^\s"',;&}]+)
+# Any `key: value` or `key=value` (the key optionally quoted); the key decides.
+_ASSIGNMENT = re.compile(
+    r"""(?x)
+    (?P<quote>["']?)(?P<key>\b[A-Za-z][A-Za-z0-9_.\-]*)(?P=quote)
+    (?P<op>\s*[:=]\s*\[?\s*["']?)
+    (?!\[REDACTED\]|(?i:bearer|basic|token)\s+\[REDACTED\])
+    (?P<value>[^\s"',;&}]+)
     """
 )
+# `key=value` inside a settings string: a DSN (`host=db password=x`), a
+# connection string (`AccountKey=x;`), a URL's query (`?sig=x&`). No spaces
+# around `=`, so SQL such as `WHERE password = $1` is not taken for one.
+_PAIR = re.compile(r"(?:^|[\s;&?#,])(?P<key>[A-Za-z][A-Za-z0-9_.\-]*)=(?P<value>[^\s;&#,]+)")
 # The whole userinfo of a URL: "user:password@" and "token@" alike.
 _URL_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s\"']+@")
 # A password the userinfo pattern cannot take whole (one with a quote in it).
 _URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^/\s:@]+:)([^/\s@]+)(@)")
-# A value that is a URL with "user:password@" (the admission scan's check).
-_URL_WITH_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]*:[^/@\s]*@")
+# A URL with "user:password@" anywhere in a string (the admission scan's check).
+_URL_WITH_PASSWORD = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]*:[^/@\s]*@")
 # A header line's name ("X-Api-Key" in "X-Api-Key: 123"): no spaces, no slashes.
 _HEADER_NAME = re.compile(r"[A-Za-z0-9_-]+")
 # Nested structures deeper than this are left as they are (a cycle guard).
 _MAX_DEPTH = 32
 
 
-def _normal(key: str) -> str:
-    return key.lower().replace("-", "").replace("_", "")
+def key_words(key: str) -> list[str]:
+    """``key`` split into lower-cased words: ``AWS_SECRET_ACCESS_KEY`` and
+    ``awsSecretAccessKey`` both give ``aws secret access key``."""
+    words: list[str] = []
+    for word in _WORDS.findall(key):
+        if word.isdigit() and words:
+            words[-1] += word  # base64, b64, sha256: one word
+        else:
+            words.append(word.lower())
+    return words
 
 
 def is_credential_key(key: str) -> bool:
-    """Whether a mapping key (or a header name) names a credential value."""
-    normal = _normal(key)
-    return normal in CREDENTIAL_KEYS or normal.endswith(CREDENTIAL_SUFFIXES)
+    """Whether a mapping key, header name or variable name names a credential value."""
+    words = key_words(key)
+    if len(words) > 1 and words[-1] in ENCODING_WORDS:
+        words = words[:-1]
+    joined = "".join(words)
+    return joined in CREDENTIAL_KEYS or joined.endswith(CREDENTIAL_SUFFIXES)
+
+
+def is_credential_env(name: str) -> bool:
+    """Whether an environment variable's name says its value is a credential."""
+    return name not in NOT_CREDENTIAL_ENV and is_credential_key(name)
+
+
+def _redact_assignments(text: str) -> str:
+    out: list[str] = []
+    pos = 0
+    while (match := _ASSIGNMENT.search(text, pos)) is not None:
+        if is_credential_key(match["key"]):
+            out.append(text[pos : match.start("value")])
+            out.append(REDACTED)
+            pos = match.end("value")
+        else:
+            # Only the key is passed over: its value may hold an assignment
+            # of its own (`url=https://h/?token=x`).
+            out.append(text[pos : match.end("key")])
+            pos = match.end("key")
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def redact_text(text: str) -> str:
     """``text`` with every credential-shaped part replaced by :data:`REDACTED`."""
+    for shape in CREDENTIAL_SHAPES:
+        text = shape.sub(REDACTED, text)
     text = _SCHEME_CREDENTIAL.sub(lambda m: f"{m.group(1) or m.group(2)} {REDACTED}", text)
-    text = _ASSIGNED_CREDENTIAL.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
+    text = _redact_assignments(text)
     text = _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
     return _URL_PASSWORD.sub(lambda m: f"{m.group(1)}{REDACTED}{m.group(3)}", text)
+
+
+def text_has_credential(text: str) -> bool:
+    """Whether a settings string carries a credential in clear.
+
+    A header line naming one (``Authorization: ...``, ``X-Api-Key: ...``), a
+    URL with a password, a ``key=value`` pair whose key names one, or one of
+    the :data:`CREDENTIAL_SHAPES`.
+    """
+    stripped = text.strip()
+    if _is_credential_header(stripped) or _URL_WITH_PASSWORD.search(stripped):
+        return True
+    if any(shape.search(stripped) for shape in CREDENTIAL_SHAPES):
+        return True
+    return any(is_credential_key(m["key"]) for m in _PAIR.finditer(stripped))
 
 
 def redact_structure(value: Any, text: Callable[[str], str] = redact_text, _depth: int = 0) -> Any:
@@ -132,27 +258,36 @@ def _is_credential_header(line: str) -> bool:
     return bool(colon) and _HEADER_NAME.fullmatch(name) is not None and is_credential_key(name)
 
 
+def _is_clear_value(value: Any) -> bool:
+    # YAML reads `password: 123456` as a number: still a password in clear.
+    if isinstance(value, bool) or value is None:
+        return False
+    return isinstance(value, int | float) or (isinstance(value, str) and value != "")
+
+
 def find_inline_credentials(value: Any, path: str = "") -> list[str]:
     """Paths inside ``value`` that look like a credential written in clear.
 
-    Deliberately narrow, so references stay legal: only non-empty *strings* are
-    flagged (``token: {secretKeyRef: ...}`` is fine), under keys that name a
-    credential, in header lines that carry one (``Authorization: ...``), or in
-    URLs with a password.
+    Narrow where it must be, so references stay legal: under a key that names
+    a credential, a non-empty string or a number (or a list of them) is
+    flagged, while a mapping (``token: {secretKeyRef: ...}``) is walked like
+    any other. Any string anywhere is flagged when
+    :func:`text_has_credential` says it carries one.
     """
     found: list[str] = []
     if isinstance(value, Mapping):
         for key, item in value.items():
             child = f"{path}.{key}" if path else str(key)
-            if is_credential_key(str(key)) and isinstance(item, str) and item:
+            clear = _is_clear_value(item) or (
+                isinstance(item, list) and any(_is_clear_value(i) for i in item)
+            )
+            if clear and is_credential_key(str(key)):
                 found.append(child)
             else:
                 found.extend(find_inline_credentials(item, child))
     elif isinstance(value, list):
         for i, item in enumerate(value):
             found.extend(find_inline_credentials(item, f"{path}[{i}]"))
-    elif isinstance(value, str):
-        stripped = value.strip()
-        if _is_credential_header(stripped) or _URL_WITH_PASSWORD.match(stripped):
-            found.append(path)
+    elif isinstance(value, str) and text_has_credential(value):
+        found.append(path)
     return found

@@ -10,11 +10,13 @@ message and the termination message:
    :data:`MIN_SECRET_LENGTH` are not registered: replacing every ``"1"`` in a log
    would hide more than it protects.
 2. **Credential keys.** A mapping key that names a credential (``authorization``,
-   ``password``, ``token``, ``client_secret``, ``cookie``, ``api-key``, ...) has its
-   whole value replaced, whatever it is (unless empty).
-3. **Shapes.** ``user:password@`` in URLs, ``Basic``/``Bearer`` credentials and
-   ``password=...``-style assignments are replaced wherever they appear, even if
-   nobody registered them.
+   ``password``, ``token``, ``client_secret``, ``awsSecretAccessKey``,
+   ``accountKey``, ``api-key``, ...) has its whole value replaced, whatever it is
+   (unless empty).
+3. **Shapes.** ``user:password@`` in URLs, ``Basic``/``Bearer`` credentials,
+   ``password=...``-style assignments (connection strings' ``AccountKey=`` too),
+   PEM private keys, JWTs and well-known token formats are replaced wherever
+   they appear, even if nobody registered them.
 
 Nets 2 and 3 are :mod:`runner.credentials`, the definition the controller's log
 redaction shares.

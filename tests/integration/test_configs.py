@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from kubernetes_asyncio import client
 
 from hack.cluster import LocalCluster
@@ -109,3 +111,52 @@ async def test_a_probe_that_fails_says_why_on_the_config_and_its_runs(
         what="a ConfigProbeFailed warning on the run",
     )
     assert "model answered 503" in (condition(warned, "Warning") or {})["message"]
+
+
+# A cloud key planted in storage settings: upstream-style configs name it
+# awsSecretAccessKey, and before the one credential rule it was accepted
+# (Ready) and copied into the run's status and its contract ConfigMap.
+PLANTED = "wJalrXUtnFEMIK7MDENGbPxRfiCYzEXAMPLEKEY"
+
+
+async def test_a_planted_cloud_key_is_refused_and_never_copied(
+    api_client: client.ApiClient, runs: Runs, namespace: str, controller: ControllerProcess
+) -> None:
+    storage = {
+        "input": {"s3": {"bucket": "in", "awsSecretAccessKey": PLANTED}},
+        "output": {"s3": {"bucket": "out", "connectionString": f"AccountKey={PLANTED};"}},
+    }
+    await runs.create(inference_config("cfg", OK, storage=storage))
+    ready = await runs.wait_condition(
+        "cfg",
+        "Ready",
+        lambda c: c["status"] == "False",
+        plural=CONFIGS,
+        within=30,
+        what="Ready=False on the config",
+    )
+    assert ready["reason"] == "InlineCredentials"
+    assert "storage.input.s3.awsSecretAccessKey" in ready["message"]
+    assert "storage.output.s3.connectionString" in ready["message"]
+    errored = await runs.create_and_wait(inference_run("r", "cfg"), "Error")
+    assert status(errored)["reason"] == "InlineCredentials"
+    assert "contract" not in status(errored)
+    # Nowhere the controller writes: statuses, ConfigMaps, Events, its log.
+    core = client.CoreV1Api(api_client)
+    config_maps = (await core.list_namespaced_config_map(namespace)).items
+    events = (await core.list_namespaced_event(namespace)).items
+    config = await runs.get("cfg", CONFIGS)
+    assert config is not None
+    written = [
+        json.dumps(status(config)),
+        json.dumps(errored),
+        *(json.dumps(cm.data or {}) for cm in config_maps),
+        *(f"{e.reason} {e.message}" for e in events),
+        controller.output(),
+    ]
+    assert events, "the controller recorded no Event"
+    assert "InlineCredentials" in controller.output() or any(
+        e.reason == "InlineCredentials" for e in events
+    )
+    for text in written:
+        assert PLANTED not in text

@@ -1084,6 +1084,29 @@ async def test_model_url_password_is_not_echoed(crds: LocalCluster, scratch: str
         assert "s3cr3t" not in done.stderr
 
 
+async def test_a_credential_env_value_is_refused_and_not_echoed(
+    crds: LocalCluster, scratch: str
+) -> None:
+    secret = "wJalrXUtnFEMIK7MDENGbPxRfiCYzEXAMPLEKEY"
+    for name in ("AWS_SECRET_ACCESS_KEY", "HF_TOKEN", "db.password", "OPENAI_API_KEY"):
+        body = config_with(runnerPod={"env": [{"name": name, "value": secret}]})
+        done = create(crds, scratch, body, dry_run=True)
+        assert done.returncode != 0, f"{name} accepted: {done.stdout}"
+        assert "spec.runnerPod.env[0].value" in done.stderr
+        assert "holds a credential" in done.stderr
+        assert secret not in done.stderr
+    # From a Secret, or under a name that is not a credential's: accepted.
+    from_secret = {"secretKeyRef": {"name": "aws", "key": "secret"}}
+    for env in (
+        {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": from_secret},
+        {"name": "AWS_ACCESS_KEY_ID", "value": "my-access-key-id"},
+        {"name": "TOKENIZERS_PARALLELISM", "value": "false"},
+        {"name": "SECRET_NAME", "value": "aws"},
+    ):
+        done = create(crds, scratch, config_with(runnerPod={"env": [env]}), dry_run=True)
+        assert done.returncode == 0, done.stderr
+
+
 async def test_longest_deadline_is_one_a_job_accepts(crds: LocalCluster, scratch: str) -> None:
     longest = run_with(
         timeoutSeconds=MAX_DEADLINE_SECONDS,

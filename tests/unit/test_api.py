@@ -331,7 +331,7 @@ def test_ten_years_is_the_longest_deadline() -> None:
 def test_model_url_with_a_password_is_refused(spec: dict[str, Any]) -> None:
     reason, message = invalid(InferenceConfig, config_raw(**spec))
     assert reason == "InlineCredentials"
-    assert "modelUrl carries a password" in message
+    assert "modelUrl carries a credential" in message
     assert "s3cr3t" not in message
 
 
