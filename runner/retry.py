@@ -3,7 +3,8 @@
 A call that fails with a :class:`Transient` error (connection error, timeout,
 5xx, 429, 408) is retried by :func:`call_with_retries` with exponential backoff and
 jitter, or after the server's ``Retry-After`` when it sent one, at most
-``max_retries`` times and never past the run's :class:`Deadline`. Any other
+``max_retries`` times and never past the run's :class:`Deadline` (a policy with
+``rate_limit_retries`` counts 429s apart, up to that many). Any other
 error fails at once. When retries run out the stage exits with its retryable
 code (3, 4 or 5: a later pod may find the other side back); a refusal exits
 with its permanent one (6, 7 or 8, see :mod:`runner.exitcodes`). Each attempt
@@ -28,7 +29,6 @@ from tenacity import (
     AsyncRetrying,
     RetryCallState,
     retry_if_exception_type,
-    stop_after_attempt,
 )
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
@@ -39,10 +39,14 @@ T = TypeVar("T")
 class Transient(Exception):
     """A failure worth retrying; ``retry_after`` is the server's own hint in seconds."""
 
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
+    def __init__(
+        self, message: str, retry_after: float | None = None, *, rate_limited: bool = False
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.retry_after = retry_after
+        # A 429: the server is busy, not failing.
+        self.rate_limited = rate_limited
 
 
 class GaveUp(Exception):
@@ -76,6 +80,9 @@ class RetryPolicy:
     max_backoff: float = 10.0
     # A server's Retry-After is honoured up to this; beyond it, it is not a hint but a stall.
     max_retry_after: float = 300.0
+    # None: a 429 is a failure like any other. A number: 429s (``Transient.rate_limited``)
+    # do not count against max_retries, only against this many.
+    rate_limit_retries: int | None = None
 
     def backoff(self, retry_number: int, rng: random.Random) -> float:
         """Exponential backoff with "equal jitter": half fixed, half random."""
@@ -93,6 +100,27 @@ class _Wait(wait_base):
         if isinstance(error, Transient) and error.retry_after is not None:
             return min(max(0.0, error.retry_after), self._policy.max_retry_after)
         return self._policy.backoff(retry_state.attempt_number, self._rng)
+
+
+class _StopAfterRetries(stop_base):
+    """``max_retries`` failures, not counting rate limits when the policy says so."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self._policy = policy
+        self._failures = 0
+        self._rate_limited = 0
+        self.fired = False
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        error = retry_state.outcome.exception() if retry_state.outcome else None
+        limit = self._policy.rate_limit_retries
+        if limit is not None and isinstance(error, Transient) and error.rate_limited:
+            self._rate_limited += 1
+            self.fired = self._rate_limited > limit
+        else:
+            self._failures += 1
+            self.fired = self._failures > self._policy.max_retries
+        return self.fired
 
 
 class _StopAtDeadline(stop_base):
@@ -125,9 +153,10 @@ async def call_with_retries(
         if on_retry is not None and isinstance(error, Transient):
             on_retry(state.attempt_number, error, state.upcoming_sleep)
 
+    counted = _StopAfterRetries(policy)
     retrying = AsyncRetrying(
         retry=retry_if_exception_type(Transient),
-        stop=stop_after_attempt(policy.max_retries + 1) | _StopAtDeadline(deadline),
+        stop=counted | _StopAtDeadline(deadline),
         wait=_Wait(policy, rng or random.Random()),
         sleep=sleep,
         before_sleep=before_sleep,
@@ -143,7 +172,7 @@ async def call_with_retries(
                     raise GaveUp("the run's deadline passed", attempts, None)
                 return await call(timeout)
     except Transient as error:
-        if attempts > policy.max_retries:
+        if counted.fired:
             reason = f"gave up after {attempts} attempts"
         else:
             reason = f"the run's deadline stopped retries after {attempts} attempt(s)"

@@ -255,3 +255,46 @@ def test_deadline_without_seconds_never_expires() -> None:
     fake.now += 1e9
     assert deadline.remaining() == float("inf")
     assert deadline.cap(3.0) == 3.0
+
+
+async def test_rate_limits_do_not_count_against_max_retries_when_the_policy_says_so() -> None:
+    fake = FakeTime()
+    limited = [Transient("429", retry_after=1.0, rate_limited=True) for _ in range(20)]
+    call = scripted([*limited, Transient("503"), Transient("503"), "ok"])
+    policy = RetryPolicy(max_retries=2, rate_limit_retries=50)
+
+    assert await fake.retry(call, policy, rng=random.Random(2)) == "ok"
+    assert fake.sleeps[:20] == [1.0] * 20
+
+
+async def test_rate_limit_retries_have_their_own_bound() -> None:
+    fake = FakeTime()
+    call = scripted([Transient("429", rate_limited=True) for _ in range(5)])
+
+    with pytest.raises(GaveUp) as failure:
+        await fake.retry(call, RetryPolicy(max_retries=0, rate_limit_retries=3))
+
+    assert failure.value.attempts == 4
+    assert "gave up after 4 attempts" in failure.value.message
+
+
+async def test_without_a_rate_limit_bound_a_429_counts_like_any_failure() -> None:
+    fake = FakeTime()
+    call = scripted([Transient("429", rate_limited=True) for _ in range(5)])
+
+    with pytest.raises(GaveUp) as failure:
+        await fake.retry(call, RetryPolicy(max_retries=2))
+
+    assert failure.value.attempts == 3
+
+
+async def test_a_rate_limited_run_still_stops_at_the_deadline() -> None:
+    fake = FakeTime()
+    call = scripted([Transient("429", retry_after=10.0, rate_limited=True) for _ in range(50)])
+    policy = RetryPolicy(max_retries=0, rate_limit_retries=1000)
+
+    with pytest.raises(GaveUp) as failure:
+        await fake.retry(call, policy, deadline=Deadline(35.0, fake.clock))
+
+    assert failure.value.attempts == 4
+    assert "deadline stopped retries" in failure.value.message
