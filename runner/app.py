@@ -46,7 +46,7 @@ import aiohttp
 import orjson
 from pydantic import ValidationError
 
-from runner import paths, storage, streaming, termination
+from runner import openai, paths, storage, streaming, termination
 from runner.batching import shard
 from runner.contract import Contract
 from runner.exitcodes import (
@@ -184,7 +184,8 @@ class Plan:
     """A contract checked and turned into what the run needs."""
 
     contract: Contract
-    model: ModelEndpoint
+    # The Open Inference Protocol's endpoint; None for an OpenAI-compatible one (openai).
+    model: ModelEndpoint | None
     input: StorageProvider
     output: StorageProvider
     batches: BatchPlan
@@ -193,6 +194,8 @@ class Plan:
     parameters: dict[str, str] = field(default_factory=dict)
     # The input entry's join keys (runner.join); None without any.
     selection: Selection | None = None
+    # kserve.modelVersion "openai": the OpenAI-compatible API (runner.openai).
+    openai: openai.OpenAITarget | None = None
 
 
 def load_contract(path: Path) -> Contract:
@@ -214,13 +217,18 @@ def load_contract(path: Path) -> Contract:
 
 def plan(contract: Contract, env: RunnerEnv) -> Plan:
     """Everything that can be checked without I/O; :class:`ContractError` otherwise."""
-    model = endpoint_from_contract(contract.kserve)
+    target = (
+        openai.target_from_contract(contract.kserve) if openai.is_openai(contract.kserve) else None
+    )
+    model = None if target else endpoint_from_contract(contract.kserve)
     parameters = dict(contract.parameters or {})
     try:
         input_provider = storage.resolve(contract.input, "input", parameters)
         output_provider = storage.resolve(contract.output, "output", parameters)
         selection = storage.selection(contract.input)
-        if selection is None and getattr(input_provider, "named_rows", False):
+        if target is not None:
+            openai.check_selection(target.settings, selection)
+        elif selection is None and getattr(input_provider, "named_rows", False):
             # Rows with named columns and no join keys: every column is a feature.
             selection = Selection()
     except ValueError as error:
@@ -262,6 +270,7 @@ def plan(contract: Contract, env: RunnerEnv) -> Plan:
         shard_index=index,
         parameters=parameters,
         selection=selection,
+        openai=target,
     )
 
 
@@ -311,6 +320,11 @@ async def _execute(
     with storage_failures("input"):
         await work.input.prepare(ctx)
         rows = await work.input.load_rows(ctx)
+    if work.openai is not None:
+        return await _execute_openai(
+            work, work.openai, ctx, session, rows, deadline, state, log, clock, started
+        )
+    assert work.model is not None
     carried: list[tuple[Any, ...]] = []
     try:
         if work.selection is not None:
@@ -329,7 +343,8 @@ async def _execute(
 
     state.stage = "inference"
     state.rows_total = len(rows)
-    predictions = await _infer(work, ModelClient(session, work.model), rows, deadline, state, log)
+    client = ModelClient(session, work.model)
+    predictions = await _infer(work, client, rows, deadline, state, log)
     inference_done = clock()
     if work.selection is not None:
         try:
@@ -349,6 +364,79 @@ async def _execute(
     )
     return RunResult(
         rows=len(rows), predictions=len(predictions), duration_seconds=finished - started
+    )
+
+
+async def _execute_openai(
+    work: Plan,
+    target: openai.OpenAITarget,
+    ctx: StorageContext,
+    session: aiohttp.ClientSession,
+    rows: list[Any],
+    deadline: Deadline,
+    state: RunState,
+    log: Any,
+    clock: Callable[[], float],
+    started: float,
+) -> RunResult:
+    """:func:`_execute` from the rows read on, against an OpenAI-compatible API."""
+    reader = openai.RowReader(target.settings, work.selection)
+    try:
+        inputs, carried = reader.read(rows)
+    except SelectionError as error:
+        raise InputRejected(str(error)) from None
+    total = len(inputs)
+    inputs = shard(inputs, work.shard_count, work.shard_index)
+    carried = shard(carried, work.shard_count, work.shard_index)
+    log.info("input loaded", rows=total, shardRows=len(inputs), provider=work.input.key)
+    input_done = clock()
+    await _prepare_output(work, ctx, state)
+
+    state.stage = "inference"
+    state.rows_total = len(inputs)
+    predictor = openai.OpenAIPredictor(
+        openai.OpenAIClient(session, target),
+        openai.openai_plan(work.batches),
+        deadline,
+        work.contract.job_id,
+        on_retry=log_retries(log, MODEL_RETRY_EVENT),
+    )
+    shard_fields = (
+        {"shardIndex": work.shard_index, "shardCount": work.shard_count}
+        if work.shard_count > 1
+        else {}
+    )
+
+    def emit(progress: Progress) -> None:
+        state.rows_done = progress.rows_done
+        log.info(PROGRESS_EVENT, **progress.fields(), **shard_fields)
+
+    tracker = ProgressTracker(len(inputs), emit)
+    outputs: list[Any] = []
+    if not inputs:
+        log.warning("the input has no rows: nothing to predict")
+        tracker.report()
+    else:
+        predictor.started(log, **shard_fields)
+        with model_failures():
+            async with tracker.running():
+                outputs = await predictor.predict(inputs, on_row_done=tracker.advance)
+    inference_done = clock()
+    predictions = openai.join(target.settings, work.selection, carried, outputs)
+
+    state.stage = "output"
+    with storage_failures("output"):
+        await work.output.store(ctx, predictions)
+    finished = clock()
+    log.info(
+        "stage timings",
+        inputSeconds=round(input_done - started, 3),
+        inferenceSeconds=round(inference_done - input_done, 3),
+        outputSeconds=round(finished - inference_done, 3),
+        rowErrors=predictor.row_errors,
+    )
+    return RunResult(
+        rows=len(inputs), predictions=len(predictions), duration_seconds=finished - started
     )
 
 
@@ -388,12 +476,21 @@ async def _stream(
         state.rows_done, state.rows_total = done, total
 
     sink: KeyedOutput = work.output  # type: ignore[assignment]
+    predictor = None
+    if work.openai is not None:
+        predictor = openai.OpenAIPredictor(
+            openai.OpenAIClient(session, work.openai),
+            openai.openai_plan(work.batches),
+            deadline,
+            work.contract.job_id,
+            on_retry=log_retries(log, MODEL_RETRY_EVENT),
+        )
     try:
         await streaming.stream(
             source,
             sink,
             ctx,
-            ModelClient(session, work.model),
+            None if work.model is None else ModelClient(session, work.model),
             work.batches,
             work.contract.kserve.model_input_name,
             part,
@@ -402,6 +499,7 @@ async def _stream(
             log,
             on_progress,
             work.selection,
+            predictor=predictor,
         )
     except RunnerError as error:
         error.message = f"{error.message} {streaming.missing_part(stats, part)}"

@@ -21,9 +21,9 @@ the runner validates it. It must never carry a credential: storage entries only
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 CONTRACT_KEYS = ("jobId", "jobName", "kserve", "input", "output", "parameters")
@@ -33,6 +33,90 @@ class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
 
+OpenAIEndpoint = Literal["chat/completions", "completions", "embeddings"]
+# The request fields the runner fills itself from each row (or refuses).
+OPENAI_ROW_FIELDS: dict[str, str] = {
+    "chat/completions": "messages",
+    "completions": "prompt",
+    "embeddings": "input",
+}
+
+
+class OpenAIOutputColumns(_Model):
+    """The output columns that receive each answer's parts; ``null`` leaves one out."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+    text: str | None = Field(default="prediction", min_length=1, max_length=256)
+    finish_reason: str | None = Field(default="finish_reason", min_length=1, max_length=256)
+    usage: str | None = Field(default="usage", min_length=1, max_length=256)
+    error: str | None = Field(default="error", min_length=1, max_length=256)
+
+    def names(self) -> list[str]:
+        return [n for n in (self.text, self.finish_reason, self.usage, self.error) if n]
+
+    @model_validator(mode="after")
+    def _distinct(self) -> OpenAIOutputColumns:
+        names = self.names()
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"outputColumns name {repeated} more than once")
+        return self
+
+
+class OpenAI(_Model):
+    """``kserve.openai``: how rows become OpenAI-compatible requests (``modelVersion: openai``).
+
+    ``format: rows`` (the default): each input row's ``inputColumn`` is a prompt
+    (a string) or a chat's messages (a list), sent as one request built from the
+    ``request`` template; the answer's text, finish reason and token usage go to
+    the ``outputColumns``. ``format: batch``: each input row is a line of an
+    OpenAI Batch API file (``custom_id``, ``method``, ``url``, ``body``) and each
+    output row the matching output line. ``onRowError``: ``fail`` stops the run at
+    the first row the model refuses; ``record`` writes that row's error and goes
+    on (the default for ``format: batch``, as the Batch API does).
+    """
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+    endpoint: OpenAIEndpoint = "chat/completions"
+    format: Literal["rows", "batch"] = "rows"
+    request: dict[str, Any] = Field(default_factory=dict)
+    input_column: str = Field(default="prompt", min_length=1, max_length=256)
+    output_columns: OpenAIOutputColumns = Field(default_factory=OpenAIOutputColumns)
+    on_row_error: Literal["fail", "record"] | None = None
+
+    @field_validator("request")
+    @classmethod
+    def _request(cls, request: dict[str, Any]) -> dict[str, Any]:
+        if request.get("stream"):
+            raise ValueError("stream: true is not supported: the runner stores whole answers")
+        return request
+
+    @model_validator(mode="after")
+    def _template(self) -> OpenAI:
+        field = OPENAI_ROW_FIELDS[self.endpoint]
+        if self.format == "rows" and field != "messages" and field in self.request:
+            raise ValueError(
+                f"request.{field} comes from each row's {self.input_column!r} column: "
+                "leave it out of the template"
+            )
+        messages = self.request.get("messages")
+        if messages is not None and not isinstance(messages, list):
+            raise ValueError("request.messages must be a list (messages sent before each row's)")
+        return self
+
+    @property
+    def row_errors(self) -> Literal["fail", "record"]:
+        if self.on_row_error is not None:
+            return self.on_row_error
+        return "record" if self.format == "batch" else "fail"
+
+
 class KServe(_Model):
     """Where and how to call the model (upstream ``spec.kserve``)."""
 
@@ -40,6 +124,8 @@ class KServe(_Model):
     model_url: str | None = None
     model_version: str | None = None
     model_input_name: str | None = None
+    # With modelVersion "openai": the OpenAI-compatible request and answer (runner.openai).
+    openai: OpenAI | None = None
 
 
 class Batching(_Model):

@@ -69,6 +69,7 @@ from runner.inference import (
     start_inference,
 )
 from runner.join import RowSplitter, Selection, SelectionError, join
+from runner.openai import OpenAIPredictor, RowReader, openai_plan
 from runner.progress import EVENT as PROGRESS_EVENT
 from runner.progress import Progress, ProgressTracker
 from runner.retry import Deadline, log_retries
@@ -161,7 +162,7 @@ async def _read(
     ctx: StorageContext,
     offset: int,
     part: Partition,
-    joiner: Joiner | None = None,
+    joiner: Joiner | RowReader | None = None,
 ) -> Page:
     assert source.paging is not None
     limit = source.paging.page_size
@@ -197,7 +198,7 @@ async def stream(
     source: PagedInput,
     sink: KeyedOutput,
     ctx: StorageContext,
-    client: ModelClient,
+    client: ModelClient | None,
     plan: BatchPlan,
     input_name: str | None,
     part: Partition,
@@ -206,13 +207,19 @@ async def stream(
     log: Any,
     on_progress: Callable[[int, int], None],
     selection: Selection | None = None,
+    *,
+    predictor: OpenAIPredictor | None = None,
 ) -> StreamStats:
     """Predict and store the shard's rows as the module docstring says; fills ``stats``.
 
     With a ``selection`` (:mod:`runner.join`) each page is split into the model's
     features and the carried columns, and its output rows are joined to them.
+    With a ``predictor`` (an OpenAI-compatible model, :mod:`runner.openai`) rows
+    are requests, sent one per row, and ``client`` is not used.
     """
     assert source.paging is not None
+    if predictor is not None:
+        plan = openai_plan(plan)
     page_size = source.paging.page_size
     shard_fields = {"shardIndex": part.index, "shardCount": part.count} if part.count > 1 else {}
 
@@ -223,7 +230,9 @@ async def stream(
     if start:
         log.info("resuming", resumedRows=start, **shard_fields)
 
-    joiner = Joiner.of(selection, part)
+    joiner: Joiner | RowReader | None = Joiner.of(selection, part)
+    if predictor is not None:
+        joiner = RowReader(predictor.settings, selection, part)
     first = await _read(source, ctx, start, part, joiner)
     stats.pages += 1
     stats.rows_total = first.total
@@ -254,18 +263,20 @@ async def stream(
         tracker.report()
         return stats
 
-    spec = await start_inference(
-        client,
-        first.rows[0],
-        input_name,
-        plan,
-        deadline,
-        log,
-        pageSize=page_size,
-        pagesInFlight=source.paging.pages_in_flight,
-        startRow=start,
+    fields: dict[str, Any] = {
+        "pageSize": page_size,
+        "pagesInFlight": source.paging.pages_in_flight,
+        "startRow": start,
         **shard_fields,
-    )
+    }
+    spec: TensorSpec | None = None
+    if predictor is not None:
+        predictor.started(log, **fields)
+    else:
+        assert client is not None
+        spec = await start_inference(
+            client, first.rows[0], input_name, plan, deadline, log, **fields
+        )
     model_row = first.rows[0]
     on_retry = log_retries(log, MODEL_RETRY_EVENT)
 
@@ -277,7 +288,8 @@ async def stream(
     async def reader() -> None:
         page = first
         while True:
-            _check_page(page, model_row)
+            if predictor is None:
+                _check_page(page, model_row)
             await pages.put(page)
             pending_rows.remove(page)
             if len(page.rows) < page_size:
@@ -293,7 +305,7 @@ async def stream(
         await pages.put(None)
 
     async def one_batch(
-        spec: TensorSpec,
+        spec: TensorSpec | None,
         rows: list[Any],
         results: list[list[Any]],
         number: int,
@@ -302,7 +314,14 @@ async def stream(
     ) -> None:
         try:
             with model_failures():
-                answer = await infer_batch(client, spec, rows, plan, deadline, on_retry=on_retry)
+                if predictor is not None:
+                    answer: list[Any] = await predictor.infer_batch(rows)
+                else:
+                    assert client is not None
+                    assert spec is not None
+                    answer = await infer_batch(
+                        client, spec, rows, plan, deadline, on_retry=on_retry
+                    )
         finally:
             slots.release()
         results[number] = answer

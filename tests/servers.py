@@ -4,6 +4,10 @@
 iris and TTM models trained at start) in a subprocess, started once per test
 session (it needs seconds to start) and stopped with its whole process group.
 
+``openai_server``: an OpenAI-compatible server on KServe's OpenAI types
+(``python -m hack.openai_server``, the deterministic ``echo`` model), one per
+session; its faults are set per test over HTTP (:meth:`OpenAIServer.fault`).
+
 ``s3_server``: a real S3 server (versitygw's POSIX backend, :mod:`hack.s3server`)
 on a temporary directory, one per session; each test makes its own bucket
 (:meth:`hack.s3server.S3Server.create_bucket`).
@@ -15,7 +19,9 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 
 from hack.cluster import free_port, spawn, stop_process, wait_http
@@ -23,7 +29,15 @@ from hack.s3server import S3Server
 
 REPO = Path(__file__).resolve().parents[1]
 
-__all__ = ["ModelServer", "S3Server", "free_port", "model_server", "s3_server"]
+__all__ = [
+    "ModelServer",
+    "OpenAIServer",
+    "S3Server",
+    "free_port",
+    "model_server",
+    "openai_server",
+    "s3_server",
+]
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,65 @@ def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelServ
         yield ModelServer(url=url)
     finally:
         stop_process(process, grace=15)
+
+
+@dataclass(frozen=True)
+class OpenAIServer:
+    url: str
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI API's base, on KServe's route prefix."""
+        return f"{self.url}/openai/v1"
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{self.url}{path}", json=body) as response,
+        ):
+            response.raise_for_status()
+            answer: dict[str, Any] = await response.json()
+            return answer
+
+    async def fault(self, status: int, count: int, retry_after: str | None = None) -> None:
+        """Answer the next ``count`` model requests with ``status`` (and ``Retry-After``)."""
+        await self._post(
+            "/admin/faults", {"status": status, "count": count, "retryAfter": retry_after}
+        )
+
+    async def reset(self) -> None:
+        await self._post("/admin/reset", {})
+
+    async def stats(self) -> dict[str, int]:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{self.url}/admin/stats") as response,
+        ):
+            response.raise_for_status()
+            answer: dict[str, int] = await response.json()
+            return answer
+
+
+@pytest.fixture(scope="session")
+def openai_server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenAIServer]:
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("openai-server") / "server.log"
+    process = spawn(
+        [sys.executable, "-m", "hack.openai_server", "--port", str(port)], log_path, cwd=REPO
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/openai/v1/models", process, log_path, within=120)
+        yield OpenAIServer(url=url)
+    finally:
+        stop_process(process, grace=15)
+
+
+@pytest.fixture
+async def openai_server(openai_server_process: OpenAIServer) -> OpenAIServer:
+    """The session's OpenAI server, its faults and counters cleared for this test."""
+    await openai_server_process.reset()
+    return openai_server_process
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,15 @@ the columns each output row carries.
 Output chunks (:func:`encode_chunk`) carry ``shard`` and ``row`` (the shard's row
 number) beside the prediction, so each row has a key; the bytes depend only on
 the chunk's content (Parquet with zstd, gzip without a timestamp).
+
+**OpenAI Batch files** (``format: openai-batch``) are JSON Lines that Arrow must
+not type: a batch line's ``body`` differs from line to line (a message's
+``content`` a string here, a list of parts there), and Arrow's inference would
+unify them or add nulls for fields a line never had. :class:`LineReader` hands
+each line over as its own JSON text (checked to be a JSON object, with its line
+number), :func:`records_of` decodes it unchanged, and :func:`encode_lines`
+writes output lines as they are (the Batch API's output has no ``shard`` or
+``row``: a chunk's place in the output is its key).
 """
 
 from __future__ import annotations
@@ -250,6 +259,64 @@ class TextOptions:
         return {name: COLUMN_TYPES[kind] for name, kind in (self.column_types or {}).items()}
 
 
+# The one column of an openai-batch table: each line's JSON text.
+BATCH_LINE = "__openai_batch_line__"
+BATCH_SCHEMA = pa.schema([(BATCH_LINE, pa.string())])
+BATCH_LINES = 10_000
+
+
+class LineReader:
+    """JSON Lines as tables of whole lines (see "OpenAI Batch files"); Arrow's reader API."""
+
+    schema = BATCH_SCHEMA
+
+    def __init__(self, stream: Any, block_size: int = BLOCK_SIZE) -> None:
+        self._stream = stream
+        self._block_size = block_size
+        self._rest = b""
+        self._done = False
+        self._line = 0
+
+    def read_next_batch(self) -> pa.RecordBatch:
+        lines: list[str] = []
+        while len(lines) < BATCH_LINES:
+            newline = self._rest.find(b"\n")
+            if newline < 0:
+                if self._done:
+                    if self._rest.strip():
+                        lines.append(self._check(self._rest))
+                    self._rest = b""
+                    break
+                block = self._stream.read(self._block_size)
+                if not block:
+                    self._done = True
+                self._rest += bytes(block)
+                continue
+            line, self._rest = self._rest[:newline], self._rest[newline + 1 :]
+            if line.strip():
+                lines.append(self._check(line))
+            else:
+                self._line += 1
+        if not lines:
+            raise StopIteration
+        return pa.RecordBatch.from_arrays([pa.array(lines, pa.string())], schema=BATCH_SCHEMA)
+
+    def _check(self, line: bytes) -> str:
+        self._line += 1
+        try:
+            value = orjson.loads(line)
+        except orjson.JSONDecodeError as error:
+            raise pa.ArrowInvalid(f"line {self._line} is not JSON: {error}") from None
+        if not isinstance(value, dict):
+            raise pa.ArrowInvalid(f"line {self._line} is not a JSON object")
+        return line.decode()
+
+
+def encode_lines(rows: Sequence[Any]) -> bytes:
+    """Output lines (objects) as JSON Lines, each exactly as given."""
+    return b"".join(orjson.dumps(row) + b"\n" for row in rows)
+
+
 def open_text(
     source: io.RawIOBase, encoding: Encoding, options: TextOptions, expected: pa.Schema | None
 ) -> Any:
@@ -261,6 +328,8 @@ def open_text(
     stream: Any = pa.PythonFile(source, mode="r")
     if encoding.compression != "none":
         stream = pa.CompressedInputStream(stream, _ARROW_CODECS[encoding.compression])
+    if encoding.format == "openai-batch":
+        return LineReader(stream)
     types = options.arrow_types()
     if expected is not None:
         types = {field.name: field.type for field in expected} | types
@@ -297,7 +366,12 @@ def _list_type(kind: pa.DataType) -> bool:
 
 
 def records_of(table: pa.Table | pa.RecordBatch) -> list[dict[str, Any]]:
-    """The table's rows as objects with named columns (:mod:`runner.join` picks the features)."""
+    """The table's rows as objects with named columns (:mod:`runner.join` picks the features).
+
+    An openai-batch table's rows are its lines, decoded as they are.
+    """
+    if table.schema.names == [BATCH_LINE]:
+        return [orjson.loads(line) for line in table.column(0).to_pylist()]
     records: list[dict[str, Any]] = table.to_pylist()
     return records
 
@@ -339,6 +413,15 @@ def chunk_table(predictions: Sequence[Any], rows: int, start: int, shard: int) -
     return pa.table({**keys, "prediction": values})
 
 
+def compress(data: bytes, compression: Compression) -> bytes:
+    if compression == "gzip":
+        return gzip.compress(data, mtime=0)
+    if compression == "zstd":
+        compressed: bytes = pa.compress(data, codec="zstd", asbytes=True)
+        return compressed
+    return data
+
+
 def encode_chunk(table: pa.Table, fmt: Format, compression: Compression) -> bytes:
     """A chunk object's bytes: the same for the same table."""
     if fmt == "parquet":
@@ -361,9 +444,4 @@ def encode_chunk(table: pa.Table, fmt: Format, compression: Compression) -> byte
         sink = pa.BufferOutputStream()
         pa_csv.write_csv(flat, sink)
         data = bytes(sink.getvalue())
-    if compression == "gzip":
-        return gzip.compress(data, mtime=0)
-    if compression == "zstd":
-        compressed: bytes = pa.compress(data, codec="zstd", asbytes=True)
-        return compressed
-    return data
+    return compress(data, compression)

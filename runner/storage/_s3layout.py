@@ -37,9 +37,11 @@ import orjson
 
 from runner.storage.base import Partition
 
-Format = Literal["csv", "jsonl", "parquet"]
+# openai-batch: an OpenAI Batch API file, JSON Lines read and written line for line
+# (never typed by Arrow), named by the entry's format only (its extension is .jsonl).
+Format = Literal["csv", "jsonl", "parquet", "openai-batch"]
 Compression = Literal["none", "gzip", "zstd"]
-FORMATS: tuple[Format, ...] = ("csv", "jsonl", "parquet")
+FORMATS: tuple[Format, ...] = ("csv", "jsonl", "parquet", "openai-batch")
 
 _FORMAT_EXTENSIONS: dict[str, Format] = {
     ".csv": "csv",
@@ -56,7 +58,12 @@ _COMPRESSION_EXTENSIONS: dict[str, Compression] = {
     ".zstd": "zstd",
 }
 # What an output object's name ends with, per format (and text compression).
-OUTPUT_EXTENSIONS: dict[Format, str] = {"csv": ".csv", "jsonl": ".jsonl", "parquet": ".parquet"}
+OUTPUT_EXTENSIONS: dict[Format, str] = {
+    "csv": ".csv",
+    "jsonl": ".jsonl",
+    "parquet": ".parquet",
+    "openai-batch": ".jsonl",
+}
 COMPRESSED_EXTENSIONS: dict[Compression, str] = {"none": "", "gzip": ".gz", "zstd": ".zst"}
 
 MANIFEST = "_manifest.json"

@@ -13,13 +13,14 @@ Contract entry (keys marked *input* or *output* apply to that side only)::
       key: iris/part-0.parquet    # one object
       prefix: iris/2026-11/       # every object under it, in key order
       keys: [a.csv, b.csv.gz]     # these objects, in this order
-      format: parquet             # csv | jsonl | parquet; default: from each extension
+      format: parquet             # csv | jsonl | parquet | openai-batch; default: from
+                                  # each extension (openai-batch only when given)
       compression: gzip           # none | gzip | zstd; default: from the extension
       columnTypes: {id: string}   # input, CSV/JSON Lines: types instead of inference
       paging: {pageSize: 10000}   # input: rows per page (the default)
       # output
       prefix: predictions/iris    # where the chunks go (below)
-      format: parquet             # parquet (default) | jsonl | csv
+      format: parquet             # parquet (default) | jsonl | csv | openai-batch
       compression: none           # jsonl/csv: none (default) | gzip | zstd
 
 **Credentials.** With ``secretRef`` the Secret's ``AWS_ACCESS_KEY_ID``,
@@ -39,6 +40,13 @@ object must have the first one's columns and types. The run always streams
 (:mod:`runner.streaming`): ``paging.pageSize`` rows per page, each page's
 predictions one keyed chunk. Shards read disjoint parts: Parquet row groups, or
 whole objects for the text formats (:mod:`runner.storage._s3layout`).
+
+**OpenAI Batch files** (``format: openai-batch``, :mod:`runner.storage._s3formats`).
+An input of OpenAI Batch API input files, read line for line, each line a row
+as it is written; an output of Batch API output lines, as the runner makes them
+(``kserve.openai.format: batch``, :mod:`runner.openai`), without ``shard`` or
+``row``: the chunks' keys give their order, so the chunks of a shard, concatenated
+in key order, are the output file.
 
 **Output.** One object per chunk under ``prefix``, keyed by the run's uid, the
 shard and the chunk's rows, so a chunk written again replaces itself with the
@@ -94,9 +102,11 @@ from runner.storage._s3formats import (
     StreamFile,
     TextOptions,
     chunk_table,
+    compress,
     decode_row_group,
     describe_schema,
     encode_chunk,
+    encode_lines,
     footer_length,
     footer_range,
     open_text,
@@ -662,10 +672,15 @@ class S3Provider:
         """One chunk: the shard's rows ``[offset, offset + row_count)`` and their predictions."""
         count = len(predictions) if row_count is None else row_count
         try:
-            table = chunk_table(predictions, count, offset, part.index)
-            data = await asyncio.to_thread(
-                encode_chunk, table, self.out_format, self.out_compression
-            )
+            if self.out_format == "openai-batch":
+                if len(predictions) != count:
+                    raise FormatError(f"{len(predictions)} output lines for {count} input lines")
+                data = compress(encode_lines(predictions), self.out_compression)
+            else:
+                table = chunk_table(predictions, count, offset, part.index)
+                data = await asyncio.to_thread(
+                    encode_chunk, table, self.out_format, self.out_compression
+                )
         except (FormatError, pa.ArrowException) as error:
             raise StorageRejected(f"chunk at row {offset}: {error}") from None
         key = chunk_key(self.prefix, ctx.job_id, part, offset, count, self.suffix)
@@ -730,6 +745,7 @@ _CONTENT_TYPES: dict[Format, str] = {
     "parquet": "application/vnd.apache.parquet",
     "jsonl": "application/jsonl",
     "csv": "text/csv",
+    "openai-batch": "application/jsonl",
 }
 
 
