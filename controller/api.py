@@ -752,6 +752,7 @@ class InferenceConfigSpec(_Model):
             model_url=pick(nested.model_url, self.model_url),
             model_version=pick(nested.model_version, self.model_version),
             model_input_name=pick(nested.model_input_name, self.model_input_name),
+            openai=nested.openai,
         )
 
     @field_validator("image")
@@ -766,7 +767,14 @@ class InferenceConfigSpec(_Model):
 
     @model_validator(mode="after")
     def _usable(self) -> Self:
-        if not self.effective_kserve().model_url:
+        effective = self.effective_kserve()
+        if effective.openai is not None and (effective.model_version or "").lower() != "openai":
+            raise PydanticCustomError(
+                "InvalidSpec",
+                "kserve.openai applies only to an OpenAI-compatible model: set "
+                "kserve.modelVersion to openai, or remove the openai block",
+            )
+        if not effective.model_url:
             raise PydanticCustomError(
                 "MissingModelUrl",
                 "kserve.modelUrl (or the flat modelUrl) is required: "

@@ -21,9 +21,10 @@ from controller.render import (
     desired_job,
     desired_workload,
     go_json,
+    probe_contract,
     render_contract,
 )
-from runner.contract import Contract
+from runner.contract import Contract, OpenAI
 from tests.unit.helpers import UID
 
 # The example contract of upstream's README, in its own key order.
@@ -552,3 +553,33 @@ def test_unkeyed_output_retries_never_fails_the_run_on_its_first_failed_attempt(
 def test_unkeyed_output_retries_is_checked() -> None:
     with pytest.raises(ValidationError, match="unkeyedOutputRetries"):
         config(unkeyedOutputRetries="Sometimes")
+
+
+def test_an_openai_block_reaches_the_contract_as_the_runner_reads_it() -> None:
+    openai = {
+        "endpoint": "chat/completions",
+        "request": {"max_tokens": 64, "temperature": 0, "stop": ["\n\n"]},
+        "inputColumn": "question",
+        "outputColumns": {"text": "answer", "usage": None},
+        "onRowError": "record",
+    }
+    cfg = config(
+        kserve={
+            "modelName": "llama",
+            "modelUrl": "llm/openai/v1",
+            "modelVersion": "openai",
+            "openai": openai,
+        }
+    )
+    text = render_contract(run(), cfg)
+    contract = Contract.model_validate_json(text)
+    assert contract.kserve.openai == OpenAI.model_validate(openai)
+    assert contract.kserve.openai is not None
+    assert contract.kserve.openai.output_columns.usage is None
+    assert json.loads(text)["kserve"]["openai"]["request"] == openai["request"]
+    assert probe_contract(cfg, "probe")["kserve"]["openai"] == json.loads(text)["kserve"]["openai"]
+
+
+def test_an_openai_block_needs_model_version_openai() -> None:
+    with pytest.raises(ValidationError, match=r"kserve\.openai applies only"):
+        config(kserve={"modelUrl": "llm/openai/v1", "modelVersion": "v2", "openai": {}})
