@@ -24,7 +24,9 @@ one when asking again later may pass, the permanent one when it cannot):
    moves no data:
    3 / 5 without a connection, on a timeout or a 5xx; 6 / 8 on a 401/403 or an
    answer saying the configuration is wrong (a missing bucket or object);
-4. ``inference`` (4, 7): the model's metadata (:func:`model_probe`: v2
+4. ``inference`` (4, 7): the model's metadata (:func:`model_probe`; with
+   ``modelVersion: openai``, ``GET <modelUrl>/models``, which must list
+   ``modelName`` when it is set: :func:`check_openai`; v2
    ``GET <base>/v2/models/<name>[/versions/<v>]``, v1 ``GET <base>/v1/models/<name>``,
    the base and name taken from ``kserve.modelUrl`` as a run takes them): 4
    without a connection, on a timeout, a 5xx, 408 or 429; 7 on another 4xx (no
@@ -52,13 +54,13 @@ import asyncio
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import orjson
 
-from runner import storage
+from runner import openai, storage
 from runner.app import Invocation
 from runner.contract import Contract, KServe
 from runner.exitcodes import (
@@ -107,7 +109,7 @@ class ModelProbe:
     """What the check GETs of the model: its metadata, or (no name known) its URL."""
 
     url: str
-    protocol: Protocol
+    protocol: Protocol | Literal["openai"]
     model_name: str | None
 
     @property
@@ -117,6 +119,9 @@ class ModelProbe:
 
 def model_probe(kserve: KServe) -> ModelProbe:
     """The model's metadata URL, from ``modelUrl`` as a run reads it; ContractError if bad."""
+    if openai.is_openai(kserve):
+        target = openai.target_from_contract(kserve)
+        return ModelProbe(f"{target.base_url}/models", "openai", target.model)
     endpoint = endpoint_from_contract(kserve)
     if endpoint.protocol == "v2":
         if endpoint.metadata_url and endpoint.model_name:
@@ -282,6 +287,8 @@ async def check_model(
             f"{server_message(body)}"
         )
     name = probe.model_name or ""
+    if probe.protocol == "openai":
+        return check_openai(probe, document, f"{who}{what}")
     if probe.protocol == "v1":
         if document.get("ready") is False:
             raise InferenceError(f"{who}{what} says the model is not ready")
@@ -296,6 +303,22 @@ async def check_model(
             raise InferenceRejected(f"model {name!r} input {describe(declared)}: {problem}")
     chosen = declared.name if declared else (wanted or DEFAULT_INPUT_NAME)
     return success_message(probe, chosen, inputs)
+
+
+def check_openai(probe: ModelProbe, document: dict[str, Any], what: str) -> str:
+    """An OpenAI model list (``{"data": [{"id": ...}]}``) that has the model, if one is named."""
+    data = document.get("data")
+    if not isinstance(data, list):
+        raise InferenceRejected(f"{what} answered something that is not a model list")
+    served = [str(m.get("id")) for m in data if isinstance(m, dict) and m.get("id") is not None]
+    if probe.model_name is not None and probe.model_name not in served:
+        listed = ", ".join(repr(m) for m in served[:MAX_INPUTS_SHOWN]) or "none"
+        raise InferenceRejected(
+            f"model {probe.model_name!r} is not served there (kserve.modelName); "
+            f"the server lists: {listed}"
+        )
+    summary = {"check": "ok", "protocol": "openai", "model": probe.model_name, "models": served}
+    return orjson.dumps(summary).decode()
 
 
 @dataclass

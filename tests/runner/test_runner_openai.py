@@ -368,3 +368,32 @@ async def test_a_batch_line_that_is_not_a_request_fails_naming_it(
     outcome = await llm.run(batch_contract(openai_server, bucket), s3_secrets())
     assert outcome.exit_code == ExitCode.INPUT_REJECTED
     assert "line 2 is not JSON" in outcome.termination
+
+
+# -- the probe (python -m runner --check) ------------------------------------------------
+
+
+async def test_the_check_finds_the_model_in_the_servers_list(
+    llm: World, openai_server: OpenAIServer
+) -> None:
+    outcome = await llm.check(llm_contract(openai_server), secrets(llm.storage))
+    assert outcome.exit_code == ExitCode.DONE, outcome.termination
+    assert outcome.result == {
+        "check": "ok",
+        "protocol": "openai",
+        "model": "echo",
+        "models": ["echo"],
+    }
+    assert (await openai_server.stats())["requests"] == 0  # no request sent: no data moved
+
+
+async def test_the_check_names_a_model_the_server_does_not_serve(
+    llm: World, openai_server: OpenAIServer
+) -> None:
+    contract = llm_contract(openai_server)
+    contract["kserve"]["modelName"] = "gpt-4o"
+    outcome = await llm.check(contract, secrets(llm.storage))
+    assert outcome.exit_code == ExitCode.INFERENCE_REJECTED
+    assert "model 'gpt-4o' is not served there (kserve.modelName); the server lists: 'echo'" in (
+        outcome.termination
+    )
