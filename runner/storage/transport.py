@@ -28,6 +28,7 @@ from typing import Any, Literal
 import aiohttp
 import orjson
 
+from runner import decoding
 from runner.httputil import (
     RETRYABLE_4XX,
     retry_after_seconds,
@@ -64,7 +65,8 @@ class Answer:
         return trim(strip_data(self.body.decode(errors="replace")), limit) or "(empty body)"
 
     def json(self) -> Any:
-        return orjson.loads(self.body)
+        # Pages of rows: decoded without setting off the collector (runner.decoding).
+        return decoding.loads(self.body)
 
 
 class _Unsent(Transient):
@@ -261,7 +263,12 @@ def rows_from(answer: Answer, field: str) -> list[Any]:
     Anything else is :class:`StorageRejected`: asking again gets the same answer
     (finops-database-handler's error text for a missing table, say).
     """
-    value = _json(answer)
+    return _rows_in(answer, _json(answer), field)
+
+
+def _rows_in(answer: Answer, body: Any, field: str) -> list[Any]:
+    """:func:`rows_from` on the answer's ``body``, already decoded."""
+    value = body
     for part in field.split(".") if field else ():
         if not isinstance(value, dict) or part not in value:
             raise StorageRejected(
@@ -278,8 +285,10 @@ def rows_from(answer: Answer, field: str) -> list[Any]:
 
 
 def page_from(answer: Answer, rows_field: str, paging: Paging, offset: int) -> Page:
-    rows = rows_from(answer, rows_field)
-    total = _field(answer.json(), paging.total_field)
+    """One page: its rows and the shard's total, from one decode of the answer."""
+    body = _json(answer)
+    rows = _rows_in(answer, body, rows_field)
+    total = _field(body, paging.total_field)
     if not isinstance(total, int) or isinstance(total, bool) or total < 0:
         total = None
     return Page(offset=offset, rows=rows, total=total)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+import gc
+from typing import Any, ClassVar
 
 import orjson
 import pytest
 
-from runner import storage
+from runner import decoding, storage
 from runner.retry import Deadline
 from runner.storage.base import (
     Paging,
@@ -108,6 +109,53 @@ def test_a_page_answer_gives_rows_and_maybe_the_shards_total() -> None:
     assert (page.offset, page.rows, page.total) == (4, [[1.0], [2.0]], 7)
     assert page_from(answer({"result": []}), "result", paging, 0).total is None
     assert page_from(answer({"result": [], "total": "7"}), "result", paging, 0).total is None
+
+
+class CountingAnswer(Answer):
+    """An answer that counts how often its body is decoded."""
+
+    decodes: ClassVar[list[int]] = []
+
+    def json(self) -> Any:
+        self.decodes.append(1)
+        return super().json()
+
+
+def test_a_page_answer_is_decoded_once() -> None:
+    # Decoding a page of 10,000 rows is most of the runner's own cost per row.
+    CountingAnswer.decodes.clear()
+    body = orjson.dumps({"result": [[1.0, 2.0]] * 3, "total": 3})
+    page = page_from(
+        CountingAnswer("GET", "http://s/x", 200, "application/json", body),
+        "result",
+        Paging(page_size=3),
+        0,
+    )
+    assert (len(page.rows), page.total) == (3, 3)
+    assert CountingAnswer.decodes == [1]
+
+
+def test_decoding_a_page_sets_off_no_collection_and_leaves_the_collector_on() -> None:
+    body = orjson.dumps({"rows": [[float(i), 1.0, 2.0, 3.0] for i in range(20_000)]})
+    passes: list[str] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            passes.append(phase)
+
+    assert gc.isenabled()
+    gc.callbacks.append(seen)
+    try:
+        rows = decoding.loads(body)["rows"]
+    finally:
+        gc.callbacks.remove(seen)
+    # 20,000 new lists would set off ~28 young passes (threshold 700) with it on.
+    assert len(rows) == 20_000
+    assert passes == []
+    assert gc.isenabled()
+    with pytest.raises(orjson.JSONDecodeError):
+        decoding.loads(b"not json")
+    assert gc.isenabled()
 
 
 def test_a_write_answer_may_count_what_was_stored() -> None:
