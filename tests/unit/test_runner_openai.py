@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+import yaml
 from pydantic import ValidationError
 
+from controller.api import InferenceConfig
 from runner.app import RunnerEnv, plan
 from runner.contract import Contract, KServe, OpenAI
 from runner.exitcodes import ContractError
@@ -35,6 +38,8 @@ from runner.retry import Transient
 from runner.storage.base import Page, Partition
 
 pytestmark = pytest.mark.unit
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def kserve(url: str = "llm.models.svc/openai/v1", **openai: Any) -> KServe:
@@ -382,3 +387,30 @@ def test_the_plan_refuses_join_keys_an_openai_run_cannot_use() -> None:
         plan(contract(modelVersion="openai"), env)
     # The same contract with the Open Inference Protocol is fine.
     assert plan(contract(modelVersion="v2"), env).openai is None
+
+
+def test_the_llm_examples_plan_in_the_runner() -> None:
+    """examples/*.yaml with modelVersion openai: the contract they render, planned as a run."""
+    planned = []
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc["kind"] != "InferenceConfig":
+                continue
+            doc["metadata"].update(namespace="ns", uid="0000")
+            config = InferenceConfig.model_validate(doc)
+            kserve = config.spec.effective_kserve()
+            if kserve.model_version != "openai":
+                continue
+            contract = Contract(
+                job_id="job",
+                job_name="inf-job",
+                kserve=kserve,
+                input=config.spec.storage.input,
+                output=config.spec.storage.output,
+                parameters={"day": "2026-11-26"},
+                batching=config.spec.batching,
+            )
+            work = plan(contract, RunnerEnv.from_environ({}))
+            assert work.openai is not None
+            planned.append((path.name, work.openai.settings.format))
+    assert planned == [("llm-chat.yaml", "rows"), ("openai-batch.yaml", "batch")]
