@@ -36,10 +36,26 @@ from hack.cluster import LocalCluster, ensure_binaries, leftover_processes
 from hack.crds import install_crds
 from tests.controllerproc import ControllerProcess, controller_for, running
 from tests.runs import Runs
-from tests.servers import model_server, openai_server, openai_server_process, s3_server
+from tests.servers import (
+    model_server,
+    openai_server,
+    openai_server_process,
+    postgres,
+    postgres_pki,
+    postgres_server,
+    s3_server,
+)
 
 # Session fixtures shared by runner and end-to-end tests.
-__all__ = ["model_server", "openai_server", "openai_server_process", "s3_server"]
+__all__ = [
+    "model_server",
+    "openai_server",
+    "openai_server_process",
+    "postgres",
+    "postgres_pki",
+    "postgres_server",
+    "s3_server",
+]
 
 MARKER_ENV = "KSC_TEST_RUN"
 

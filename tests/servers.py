@@ -11,10 +11,16 @@ session; its faults are set per test over HTTP (:meth:`OpenAIServer.fault`).
 ``s3_server``: a real S3 server (versitygw's POSIX backend, :mod:`hack.s3server`)
 on a temporary directory, one per session; each test makes its own bucket
 (:meth:`hack.s3server.S3Server.create_bucket`).
+
+``postgres_server``: a private PostgreSQL cluster (:mod:`hack.postgres`), started
+once per session as an unprivileged user, TLS or not (``postgres_pki``);
+``postgres``: a fresh database of it for one test (:class:`Database`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,17 +31,23 @@ import aiohttp
 import pytest
 
 from hack.cluster import free_port, spawn, stop_process, wait_http
+from hack.pki import Pki, make_pki
+from hack.postgres import PostgresServer
 from hack.s3server import S3Server
 
 REPO = Path(__file__).resolve().parents[1]
 
 __all__ = [
+    "Database",
     "ModelServer",
     "OpenAIServer",
     "S3Server",
     "free_port",
     "model_server",
     "openai_server",
+    "postgres",
+    "postgres_pki",
+    "postgres_server",
     "s3_server",
 ]
 
@@ -130,3 +142,42 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A CA and certificates for 127.0.0.1 (``node_cert``: the PostgreSQL server's)."""
+    return make_pki(tmp_path_factory.mktemp("postgres-pki"))
+
+
+@pytest.fixture(scope="session")
+def postgres_server(postgres_pki: Pki) -> Iterator[PostgresServer]:
+    """One PostgreSQL server for the session (``initdb`` takes seconds), TLS or not."""
+    server = PostgresServer(tls=(postgres_pki.node_cert, postgres_pki.node_key))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+@dataclass(frozen=True)
+class Database:
+    """One test's database on the session's server."""
+
+    server: PostgresServer
+    name: str
+
+    def execute(self, statement: str, rows: Any = ()) -> None:
+        self.server.execute(self.name, statement, rows)
+
+    def query(self, statement: str) -> list[tuple[object, ...]]:
+        return self.server.query(self.name, statement)
+
+
+@pytest.fixture
+def postgres(postgres_server: PostgresServer, request: pytest.FixtureRequest) -> Database:
+    """A fresh database named after the test, on the session's server."""
+    name = re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40]
+    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:8]
+    return Database(postgres_server, postgres_server.create_database(f"t_{name}_{digest}"))

@@ -7,8 +7,8 @@
   on a fresh SQLite file, in the test's event loop (:func:`storage_service`).
 - ``fault_proxy``: a ``hack.loopback.FaultProxy`` in front of the model server that
   answers some requests itself with 500/503/429 (or any status) or a reset connection.
-- ``postgres_server``: a private PostgreSQL cluster (``hack.postgres``), started once
-  per session as an unprivileged user; ``postgres``: a fresh database of it for one test.
+- ``postgres_server``, ``postgres`` (:mod:`tests.servers`): a private PostgreSQL
+  cluster started once per session, and a fresh database of it for one test.
 - ``InMemorySecrets``: the tests' Secret source, handed to the runner in code.
 - ``small_disk``: mounts size-limited filesystems (tmpfs, root only) for a store
   that runs out of space, and resizes them to free it again.
@@ -20,9 +20,7 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
-import re
 import ssl
 import subprocess
 import sys
@@ -36,8 +34,6 @@ import orjson
 import pytest
 
 from hack.loopback import FaultProxy
-from hack.pki import Pki, make_pki
-from hack.postgres import PostgresServer
 from hack.storage_service import IRIS_COLUMNS, StorageService
 from runner import app, logs
 from runner import check as config_check
@@ -103,45 +99,6 @@ async def storage_service(
 async def storage(tmp_path: Path) -> AsyncIterator[StorageService]:
     async with storage_service(tmp_path / "storage.sqlite") as service:
         yield service
-
-
-@pytest.fixture(scope="session")
-def postgres_pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    """A CA and certificates for 127.0.0.1 (``node_cert``: the PostgreSQL server's)."""
-    return make_pki(tmp_path_factory.mktemp("postgres-pki"))
-
-
-@pytest.fixture(scope="session")
-def postgres_server(postgres_pki: Pki) -> Iterator[PostgresServer]:
-    """One PostgreSQL server for the session (``initdb`` takes seconds), TLS or not."""
-    server = PostgresServer(tls=(postgres_pki.node_cert, postgres_pki.node_key))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.remove()
-
-
-@dataclass(frozen=True)
-class Database:
-    """One test's database on the session's server."""
-
-    server: PostgresServer
-    name: str
-
-    def execute(self, statement: str, rows: Any = ()) -> None:
-        self.server.execute(self.name, statement, rows)
-
-    def query(self, statement: str) -> list[tuple[object, ...]]:
-        return self.server.query(self.name, statement)
-
-
-@pytest.fixture
-def postgres(postgres_server: PostgresServer, request: pytest.FixtureRequest) -> Database:
-    """A fresh database named after the test, on the session's server."""
-    name = re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40]
-    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:8]
-    return Database(postgres_server, postgres_server.create_database(f"t_{name}_{digest}"))
 
 
 class SmallDisk:

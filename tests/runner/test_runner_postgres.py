@@ -31,13 +31,13 @@ from runner.exitcodes import ExitCode
 from runner.storage.postgres import APPLICATION_NAME, RETRY_EVENT
 from tests.runner.conftest import (
     REPO,
-    Database,
     InMemorySecrets,
     SmallDisk,
     World,
     direct_iris,
     random_iris_rows,
 )
+from tests.servers import Database
 
 SECRET = "features-db"
 NAMESPACE = "data"

@@ -14,8 +14,9 @@ import pytest
 
 from runner.exitcodes import ExitCode
 from runner.storage.postgres import APPLICATION_NAME
-from tests.runner.conftest import Database, World
+from tests.runner.conftest import World
 from tests.runner.test_runner_postgres import contract, secrets, seed
+from tests.servers import Database
 
 # Parses and plans; fails with division_by_zero as soon as a row is read.
 EXPLOSIVE = "SELECT *, 1 / (sepal_length - sepal_length) AS boom FROM samples WHERE day = $day"
