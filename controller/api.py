@@ -711,10 +711,34 @@ def merge_runner_pod(
     )
 
 
+# InferenceServiceRef.preferAddress: the service's cluster-local address
+# (status.address.url) or its external URL (status.url).
+PreferAddress = Literal["internal", "external"]
+
+
+class InferenceServiceRef(_Model):
+    """``spec.kserve.inferenceServiceRef``: the KServe InferenceService whose model runs call.
+
+    The namespace defaults to the config's. The controller reads the service
+    (``serving.kserve.io/v1beta1``) and puts its URL, protocol and model name
+    into each run's contract (``controller.isvc``).
+    """
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    namespace: str | None = Field(default=None, max_length=63, pattern=DNS_LABEL_PATTERN)
+    prefer_address: PreferAddress = "internal"
+
+
+class KServeSpec(KServe):
+    """``spec.kserve``: the contract's model fields, or a reference to an InferenceService."""
+
+    inference_service_ref: InferenceServiceRef | None = None
+
+
 class InferenceConfigSpec(_Model):
     image: str = Field(min_length=1)
     auto_delete_policy: AutoDeletePolicy = "None"
-    kserve: KServe | None = None
+    kserve: KServeSpec | None = None
     # The upstream README's flat spelling; spec.kserve.* wins field by field.
     model_name: str | None = None
     model_url: str | None = None
@@ -742,10 +766,13 @@ class InferenceConfigSpec(_Model):
 
     def effective_kserve(self) -> KServe:
         """The model fields the contract gets: nested when non-empty, else flat."""
-        nested = self.kserve or KServe()
+        nested = self.kserve or KServeSpec()
 
         def pick(inner: str | None, flat: str | None) -> str | None:
-            return inner or flat or None
+            # A blank value is as good as none (a URL of spaces names no model).
+            return (inner if inner and inner.strip() else None) or (
+                flat if flat and flat.strip() else None
+            )
 
         return KServe(
             model_name=pick(nested.model_name, self.model_name),
@@ -765,6 +792,11 @@ class InferenceConfigSpec(_Model):
             )
         return value
 
+    @property
+    def inference_service_ref(self) -> InferenceServiceRef | None:
+        """``spec.kserve.inferenceServiceRef``, if the config names its model that way."""
+        return self.kserve.inference_service_ref if self.kserve is not None else None
+
     @model_validator(mode="after")
     def _usable(self) -> Self:
         effective = self.effective_kserve()
@@ -774,11 +806,18 @@ class InferenceConfigSpec(_Model):
                 "kserve.openai applies only to an OpenAI-compatible model: set "
                 "kserve.modelVersion to openai, or remove the openai block",
             )
-        if not effective.model_url:
+        url = effective.model_url
+        if self.inference_service_ref is not None and url:
+            raise PydanticCustomError(
+                "ConflictingModel",
+                "kserve.inferenceServiceRef and a modelUrl are both set: name the model one "
+                "way, by its InferenceService or by its URL",
+            )
+        if self.inference_service_ref is None and not url:
             raise PydanticCustomError(
                 "MissingModelUrl",
-                "kserve.modelUrl (or the flat modelUrl) is required: "
-                "the runner has no model to call without it",
+                "kserve.modelUrl (or the flat modelUrl) or kserve.inferenceServiceRef is "
+                "required: the runner has no model to call without one",
             )
         urls = [
             path
@@ -987,10 +1026,21 @@ class InferenceRunStatus(_Model):
         return value
 
 
+class ModelStatus(_Model):
+    """``status.model`` of a config whose model is an InferenceService: what runs call now."""
+
+    url: str | None = None
+    protocol: str | None = None
+    name: str | None = None
+    # namespace/name of the InferenceService it was resolved from.
+    inference_service: str | None = None
+
+
 class InferenceConfigStatus(_Model):
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = None
     last_probe_time: KubeTime | None = None
+    model: ModelStatus | None = None
 
 
 class _Object(_Model):

@@ -17,13 +17,14 @@ import structlog
 from pydantic import ValidationError
 
 from controller.api import InferenceConfig, ModelCache, RunnerPodDefaults, describe_invalid
+from controller.isvc_watch import ModelWatch
 from controller.kube.errors import ApiError
 from controller.kube.events import EventRecorder
 from controller.kube.resources import CONFIGMAPS, JOBS, Obj, Resource
 from controller.kube.workers import Result
 from controller.naming import CONFIG_UID_LABEL
 from controller.probe import ConfigView, plan_config
-from controller.reconcile import Caches
+from controller.reconcile import Caches, model_of
 
 log = structlog.stdlib.get_logger(__name__)
 
@@ -48,6 +49,9 @@ class ConfigReconciler:
     probe_interval: float = 0.0
     runner_service_account: str | None = None
     pod_defaults: RunnerPodDefaults | None = None
+    # InferenceServices (controller.isvc_watch), for configs that reference one.
+    models: ModelWatch | None = None
+    watch_namespaces: tuple[str, ...] = ()
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     # Parsed configs, reused while their resourceVersion is the same.
     _models: ModelCache[InferenceConfig] = field(
@@ -76,6 +80,7 @@ class ConfigReconciler:
             probe_pods=self.caches.pods.by_index(BY_CONFIG_UID, uid),
             runner_service_account=self.runner_service_account,
             pod_defaults=self.pod_defaults,
+            model=model_of(config, self.models, self.watch_namespaces),
         )
         plan = plan_config(view)
         try:

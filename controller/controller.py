@@ -46,6 +46,7 @@ import structlog
 from controller.api import Phase
 from controller.cleanup import Cleanup
 from controller.config_reconcile import BY_CONFIG_UID, ConfigReconciler, config_uid_index
+from controller.isvc_watch import ModelWatch
 from controller.kube.client import KubeClient
 from controller.kube.events import EventRecorder
 from controller.kube.informer import (
@@ -65,12 +66,14 @@ from controller.naming import managed_selector
 from controller.projection import projection
 from controller.reconcile import (
     BY_CONFIG,
+    BY_INFERENCESERVICE,
     BY_RUN_UID,
     CONFIGS,
     RUNS,
     Caches,
     Reconciler,
     config_index,
+    inferenceservice_index,
     run_uid_index,
 )
 from controller.server import Servers, start_servers
@@ -136,7 +139,11 @@ def build_caches(
     return Caches(
         runs=informer(RUNS, indexers={BY_CONFIG: config_index, BY_UID: _uid_index}),
         # Every shard's: a run may use a config of another namespace.
-        configs=informer(CONFIGS, all_shards=True, indexers={BY_UID: _uid_index}),
+        configs=informer(
+            CONFIGS,
+            all_shards=True,
+            indexers={BY_UID: _uid_index, BY_INFERENCESERVICE: inferenceservice_index},
+        ),
         jobs=informer(JOBS, label_selector=selector, indexers=children),
         cronjobs=informer(CRONJOBS, label_selector=selector, indexers=children),
         configmaps=informer(CONFIGMAPS, label_selector=selector, indexers=children),
@@ -176,16 +183,29 @@ class Controller:
             instance=self.identity,
             metrics=metrics,
         )
+        # InferenceServices, for configs that reference one: not a cache of the
+        # readiness gate (a cluster without KServe runs every other config).
+        self.models = ModelWatch(
+            client,
+            namespaces,
+            enabled=settings.inferenceservices,
+            metrics=metrics,
+            idle_timeout=settings.watch_idle_timeout,
+        )
+        self.models.on_service(self.enqueue_users_of_service)
+        self.models.on_state(self.enqueue_users_of_services)
         # What both reconcilers are given: the client, the caches, the one Event
         # recorder, and the controller's defaults for the runner pods they render.
         shared: dict[str, Any] = {
             "client": client,
             "caches": self.caches,
             "events": self.events,
+            "models": self.models,
             "runner_service_account": settings.runner_service_account,
             "pod_defaults": settings.runner_pod_defaults,
+            "watch_namespaces": tuple(namespaces),
         }
-        self.reconciler = Reconciler(**shared, watch_namespaces=tuple(namespaces), metrics=metrics)
+        self.reconciler = Reconciler(**shared, metrics=metrics)
         self.workers = Workers(
             self.queue,
             self.reconciler.reconcile,
@@ -294,6 +314,17 @@ class Controller:
         for run in self.caches.runs.by_index(BY_CONFIG, object_key(config)):
             self.queue.add(object_key(run))
 
+    def enqueue_users_of_service(self, key: str) -> None:
+        """An InferenceService changed: the configs that reference it, and their runs."""
+        for config in self.caches.configs.by_index(BY_INFERENCESERVICE, key):
+            self.enqueue_runs_of_config(config)
+
+    def enqueue_users_of_services(self) -> None:
+        """What the controller can read of InferenceServices changed: every config using one."""
+        for config in self.caches.configs.list():
+            if inferenceservice_index(config):
+                self.enqueue_runs_of_config(config)
+
     def enqueue_probed_config(self, obj: Obj) -> None:
         """A probe's child changed: enqueue the config named by its ``ai.krateo.io/config-uid``."""
         for uid in config_uid_index(obj):
@@ -334,6 +365,7 @@ class Controller:
                 for informer in self.informers:
                     tasks.create_task(informer.run(), name=f"informer {informer.name}")
                 tasks.create_task(self.events.run(), name="events")
+                tasks.create_task(self.models.run(), name="inferenceservices")
                 for informer in self.informers:  # the has-synced gate
                     await informer.wait_for_sync()
                 log.info("caches synced", runs=len(self.caches.runs.list()))

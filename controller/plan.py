@@ -64,6 +64,7 @@ from controller.api import (
     run_config_warnings,
     set_condition,
 )
+from controller.isvc import ModelProblem, Resolution, ResolvedModel, contract_model
 from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS, Obj, Resource
 from controller.naming import (
     CONFIG_GENERATION_ANNOTATION,
@@ -109,6 +110,9 @@ REASON_NAME_CONFLICT = "NameConflict"
 CONFIG_GRACE = timedelta(seconds=10)
 WAITING = "WaitingForConfig"
 CONFIG_NOT_FOUND = "ConfigNotFound"
+# While a run waits for its InferenceService (events of the service bring it
+# back sooner), look again after this long.
+MODEL_RECHECK = 30.0
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,17 @@ class View:
     pod_defaults: RunnerPodDefaults | None = None
     # How often a running run's progress is looked at again.
     progress_interval: float = 10.0
+    # The model of a config that names an InferenceService (controller.isvc.resolve):
+    # what it resolved to, or why it cannot be used now. None for a config with a modelUrl.
+    model: Resolution | None = None
+
+
+def resolved_model(view: View) -> ResolvedModel | None:
+    return view.model if isinstance(view.model, ResolvedModel) else None
+
+
+def model_problem(view: View) -> ModelProblem | None:
+    return view.model if isinstance(view.model, ModelProblem) else None
 
 
 @dataclass
@@ -222,10 +237,17 @@ _STATUSES = _Memo()
 _SPEC_HASHES = _Memo()
 
 
-def status_contract(run: InferenceRun, config: InferenceConfig, name: str) -> Any:
+def status_contract(
+    run: InferenceRun, config: InferenceConfig, name: str, model: ResolvedModel | None = None
+) -> Any:
     """The contract as the run's status shows it (long strings cut)."""
+    key = (name,) if model is None else (name, model.url, model.protocol, model.model_name)
     return _CONTRACTS.get(
-        (run, config), (name,), lambda: cap_strings(contract_document(run, config, name=name))
+        (run, config),
+        key,
+        lambda: cap_strings(
+            contract_document(run, config, name=name, kserve=contract_model(config, model))
+        ),
     )
 
 
@@ -389,6 +411,10 @@ def _children(view: View) -> _Children:
         return out
     if not run.spec.scheduled and run.status.phase in FINISHED:
         return out  # finished, and its Job collected or deleted since: never run again
+    if model_problem(view) is not None:
+        # The model's InferenceService is not Ready (or cannot be read): nothing
+        # is created, and a scheduled run's contract keeps the last URL resolved.
+        return out
     if (configmap is None or workload is None) and not view.confirmed:
         # Creating is irreversible (a Job runs), and the runs cache may lag:
         # the run may be gone (its children deleted by the garbage collector,
@@ -396,7 +422,9 @@ def _children(view: View) -> _Children:
         # rendered for a view that may be stale: it is rendered once confirmed).
         out.confirm = True
         return out
-    desired_cm = desired_configmap(run, config, name=name)
+    desired_cm = desired_configmap(
+        run, config, name=name, kserve=contract_model(config, resolved_model(view))
+    )
     if configmap is None:
         out.writes.append(Create(CONFIGMAPS, desired_cm))
     elif _differs(configmap, desired_cm):
@@ -509,10 +537,11 @@ def plan(view: View) -> Plan:
     workload = workload_of(view)
     contract = None
     fixed = not run.spec.scheduled and workload is not None and run.status.contract is not None
-    if view.config is not None and not fixed:
+    waiting_for_model = model_problem(view)
+    if view.config is not None and not fixed and waiting_for_model is None:
         # A one-shot run's contract is the one its Job was created with: a
         # later config or run edit does not reach it, nor the status.
-        contract = status_contract(run, view.config, names_for(view))
+        contract = status_contract(run, view.config, names_for(view), resolved_model(view))
     duplicates = duplicate_output_warning(
         run,
         contract if contract is not None else run.status.contract,
@@ -521,6 +550,13 @@ def plan(view: View) -> Plan:
     )
     if duplicates is not None:
         warnings.append(duplicates)
+    if waiting_for_model is not None and workload is not None and run.spec.scheduled:
+        warnings.append(
+            (
+                waiting_for_model.reason,
+                f"{waiting_for_model.message}; the CronJob keeps the model URL last resolved",
+            )
+        )
     problem = children.blocked or view.config_problem
     waiting = _config_grace_left(view)
     if waiting is not None and problem is view.config_problem:
@@ -545,6 +581,17 @@ def plan(view: View) -> Plan:
         status.phase, status.reason = "Pending", WAITING
         status.message = view.config_problem[1]
         status.conditions = _waiting_conditions(status, view)
+    elif (
+        waiting_for_model is not None
+        and problem is None
+        and workload is None
+        and status.phase == "Pending"
+    ):
+        # A run does not start while its model is not Ready: Pending, with
+        # KServe's own words (or why the service cannot be read).
+        status.phase, status.reason = "Pending", waiting_for_model.reason
+        status.message = waiting_for_model.message
+        status.conditions = _waiting_conditions(status, view, waiting_for_model.reason)
     if (
         run.spec.scheduled
         and workload is not None
@@ -574,6 +621,8 @@ def plan(view: View) -> Plan:
     out.requeue_after = _requeue_after(view, status, workload)
     if waiting is not None and view.config_problem is not None:
         out.requeue_after = waiting
+    elif waiting_for_model is not None and workload is None and problem is None:
+        out.requeue_after = MODEL_RECHECK
     return out
 
 
@@ -622,12 +671,14 @@ def _suspended_for_config(status: InferenceRunStatus, view: View, cron: Obj) -> 
     )
 
 
-def _waiting_conditions(status: InferenceRunStatus, view: View) -> list[Condition]:
+def _waiting_conditions(
+    status: InferenceRunStatus, view: View, why: str = WAITING
+) -> list[Condition]:
     generation = view.run.metadata.generation or None
     conditions = status.conditions
     for type_, value, reason in (
-        (CONDITION_READY, "False", WAITING),
-        (CONDITION_RECONCILING, "True", WAITING),
+        (CONDITION_READY, "False", why),
+        (CONDITION_RECONCILING, "True", why),
         (CONDITION_STALLED, "False", "Reconciled"),
     ):
         conditions = set_condition(

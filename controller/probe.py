@@ -37,6 +37,7 @@ from controller.api import (
     find_condition,
     set_condition,
 )
+from controller.isvc import ModelProblem, Resolution, ResolvedModel, contract_model
 from controller.kube.resources import Obj
 from controller.naming import PROBE_GENERATION_ANNOTATION, probe_name
 from controller.plan import Event
@@ -59,6 +60,8 @@ class ConfigView:
     probe_pods: Sequence[Obj] = ()
     runner_service_account: str | None = None
     pod_defaults: RunnerPodDefaults | None = None
+    # The model of a config that names an InferenceService (controller.isvc.resolve).
+    model: Resolution | None = None
 
 
 @dataclass
@@ -142,10 +145,20 @@ def plan_config(view: ConfigView) -> ConfigPlan:
     except ValueError:
         old = InferenceConfigStatus()
     conditions = list(old.conditions)
+    waiting = view.model if isinstance(view.model, ModelProblem) else None
+    resolved = view.model if isinstance(view.model, ResolvedModel) else None
     if view.invalid is not None:
         reason, message = view.invalid
         conditions = set_condition(
             conditions, _condition(CONDITION_READY, False, reason, message, view.now, generation)
+        )
+    elif waiting is not None:
+        # The config's Ready follows its InferenceService's.
+        conditions = set_condition(
+            conditions,
+            _condition(
+                CONDITION_READY, False, waiting.reason, waiting.message, view.now, generation
+            ),
         )
     else:
         conditions = set_condition(
@@ -165,11 +178,23 @@ def plan_config(view: ConfigView) -> ConfigPlan:
             generation,
         ),
     )
+    # Waiting for the model is kstatus' InProgress: it may resolve without an edit.
     conditions = set_condition(
-        conditions, _condition(CONDITION_RECONCILING, False, "Reconciled", "", view.now, generation)
+        conditions,
+        _condition(
+            CONDITION_RECONCILING,
+            waiting is not None and view.invalid is None,
+            waiting.reason if waiting is not None and view.invalid is None else "Reconciled",
+            waiting.message if waiting is not None and view.invalid is None else "",
+            view.now,
+            generation,
+        ),
     )
     status = InferenceConfigStatus(
-        conditions=conditions, observed_generation=generation, last_probe_time=old.last_probe_time
+        conditions=conditions,
+        observed_generation=generation,
+        last_probe_time=old.last_probe_time,
+        model=resolved.status() if resolved is not None and view.invalid is None else None,
     )
     out = ConfigPlan(status=status)
 
@@ -177,7 +202,12 @@ def plan_config(view: ConfigView) -> ConfigPlan:
     finished = [j for j in jobs if _finished(j) is not None]
     running = [j for j in jobs if _finished(j) is None]
     out.delete = finished
-    probing = view.config is not None and view.invalid is None and view.probe_interval > 0
+    probing = (
+        view.config is not None
+        and view.invalid is None
+        and waiting is None
+        and view.probe_interval > 0
+    )
     if not probing:
         status.conditions = [c for c in status.conditions if c.type != CONDITION_PROBED]
         status.last_probe_time = None
@@ -208,6 +238,7 @@ def plan_config(view: ConfigView) -> ConfigPlan:
                 name,
                 runner_service_account=view.runner_service_account,
                 pod_defaults=view.pod_defaults,
+                model=contract_model(view.config, resolved),
             )
             job["metadata"] = {
                 **job["metadata"],

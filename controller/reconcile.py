@@ -71,6 +71,8 @@ from controller.api import (
     describe_invalid,
     set_condition,
 )
+from controller.isvc import Access, AccessState, Resolution, resolve, service_key
+from controller.isvc_watch import ModelWatch
 from controller.kube.errors import ApiError
 from controller.kube.events import EventRecorder
 from controller.kube.informer import Informer
@@ -92,6 +94,7 @@ CONFIGS = Resource("ai.krateo.io", "v1", "inferenceconfigs", "InferenceConfig")
 # Index names shared with controller.controller, which registers them.
 BY_RUN_UID = "run-uid"
 BY_CONFIG = "config"
+BY_INFERENCESERVICE = "inferenceservice"
 
 PROGRESS_TAIL_LINES = 20
 # Observe -> plan -> apply rounds in one reconcile: children, then the status
@@ -141,6 +144,8 @@ class Reconciler:
     # The namespaces the controller watches (empty: all); a config elsewhere is out of reach.
     watch_namespaces: tuple[str, ...] = ()
     metrics: Metrics | None = None
+    # InferenceServices (controller.isvc_watch), for configs that reference one.
+    models: ModelWatch | None = None
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     # Per run: when the logs were last read, and the furthest progress per shard.
     _progress_seen: dict[str, tuple[float, dict[str, Progress]]] = field(default_factory=dict)
@@ -242,6 +247,7 @@ class Reconciler:
                 except ValidationError as exc:
                     raise _Requeue("the run was edited meanwhile") from exc
                 await self._confirm_config(run)
+                await self._confirm_model(run)
                 raw, confirmed = live, True
                 continue
             if not current.writes:
@@ -337,6 +343,7 @@ class Reconciler:
             now=now,
             config=config,
             config_problem=problem,
+            model=model_of(config, self.models, self.watch_namespaces),
             configmaps=owned(self.caches.configmaps),
             jobs=jobs,
             cronjobs=cronjobs,
@@ -501,6 +508,17 @@ class Reconciler:
             )
             self.caches.configs.refresh(live)
 
+    async def _confirm_model(self, run: InferenceRun) -> None:
+        """Bring the cache's copy of the config's InferenceService up to the API server's.
+
+        A new run's contract gets the service's URL as it is now: the
+        InferenceServices cache may not have seen the latest change yet.
+        """
+        config, _ = self._config(run)
+        key = service_key(config) if config is not None else None
+        if key is not None and self.models is not None:
+            await self.models.read_live(key)
+
     async def _apply_writes(self, run: InferenceRun, writes: list[Write]) -> Refusal | None:
         """Make the writes in order; the refusal that stopped them, if any."""
         for write in writes:
@@ -642,6 +660,20 @@ class Reconciler:
             self.events.warning(raw, reason, message)
 
 
+def model_of(
+    config: InferenceConfig | None,
+    models: ModelWatch | None,
+    watch_namespaces: tuple[str, ...] = (),
+) -> Resolution | None:
+    """The model a config's InferenceService resolves to now; None for a config without one."""
+    key = service_key(config) if config is not None else None
+    if config is None or key is None:
+        return None
+    if models is None:
+        return resolve(config, None, AccessState(Access.DISABLED), watch_namespaces)
+    return resolve(config, models.get(key), models.state(), watch_namespaces)
+
+
 def _refusal(exc: ApiError, kind: str, name: str, verb: str) -> Refusal:
     """A refused write as the run's status shows it; races and outages are raised on."""
     if exc.is_not_found or exc.is_conflict:
@@ -704,6 +736,15 @@ def run_uid_index(obj: Obj) -> list[str]:
     """Index function: the run a child belongs to (its ``ai.krateo.io/run-uid`` label)."""
     uid = (obj["metadata"].get("labels") or {}).get(RUN_UID_LABEL)
     return [uid] if uid else []
+
+
+def inferenceservice_index(obj: Obj) -> list[str]:
+    """Index function for configs: ``namespace/name`` of the InferenceService they reference."""
+    ref = ((obj.get("spec") or {}).get("kserve") or {}).get("inferenceServiceRef") or {}
+    name = ref.get("name") if isinstance(ref, dict) else None
+    if not name:
+        return []
+    return [f"{ref.get('namespace') or obj['metadata'].get('namespace')}/{name}"]
 
 
 def config_index(obj: Obj) -> list[str]:

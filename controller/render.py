@@ -64,7 +64,7 @@ from controller.naming import (
     job_name,
     probe_labels,
 )
-from runner.contract import Contract, Sharding
+from runner.contract import Contract, KServe, Sharding
 from runner.exitcodes import PERMANENT
 from runner.paths import CONTRACT, TERMINATION_LOG
 from runner.paths import CONTRACT_DIR as CONTRACT_DIR
@@ -183,12 +183,18 @@ def child_name(run: InferenceRun) -> str:
 
 
 def build_contract(
-    run: InferenceRun, config: InferenceConfig, *, name: str | None = None
+    run: InferenceRun,
+    config: InferenceConfig,
+    *,
+    name: str | None = None,
+    kserve: KServe | None = None,
 ) -> Contract:
     """The contract as the runner's model (validated the way the runner will).
 
     ``name`` is the children's name when it was decided earlier (see
-    ``controller.plan``); by default the name the run's spec gives.
+    ``controller.plan``); by default the name the run's spec gives. ``kserve``
+    is the model as resolved from the config's InferenceService
+    (``controller.isvc.contract_model``); by default the config's own fields.
     """
     if not run.metadata.uid:
         raise ValueError(f"run {run.metadata.name!r} has no uid yet: it must be read from the API")
@@ -196,7 +202,7 @@ def build_contract(
     return Contract(
         job_id=run.metadata.uid,
         job_name=name or child_name(run),
-        kserve=config.spec.effective_kserve(),
+        kserve=kserve if kserve is not None else config.spec.effective_kserve(),
         input=config.spec.storage.input,
         output=config.spec.storage.output,
         parameters=run.spec.parameters,
@@ -206,12 +212,16 @@ def build_contract(
 
 
 def contract_document(
-    run: InferenceRun, config: InferenceConfig, *, name: str | None = None
+    run: InferenceRun,
+    config: InferenceConfig,
+    *,
+    name: str | None = None,
+    kserve: KServe | None = None,
 ) -> dict[str, Any]:
     """The contract as an ordered dict: exactly the keys and order of the file."""
-    contract = build_contract(run, config, name=name)
-    kserve = {k: v for k, v in contract.kserve.model_dump(by_alias=True).items() if v}
-    doc: dict[str, Any] = {"jobId": contract.job_id, "jobName": contract.job_name, "kserve": kserve}
+    contract = build_contract(run, config, name=name, kserve=kserve)
+    model = {k: v for k, v in contract.kserve.model_dump(by_alias=True).items() if v}
+    doc: dict[str, Any] = {"jobId": contract.job_id, "jobName": contract.job_name, "kserve": model}
     if contract.input:
         doc["input"] = _sorted(contract.input)
     if contract.output:
@@ -225,9 +235,15 @@ def contract_document(
     return doc
 
 
-def render_contract(run: InferenceRun, config: InferenceConfig, *, name: str | None = None) -> str:
+def render_contract(
+    run: InferenceRun,
+    config: InferenceConfig,
+    *,
+    name: str | None = None,
+    kserve: KServe | None = None,
+) -> str:
     """The contract file's text (UTF-8), as upstream's controller would write it."""
-    return go_json(contract_document(run, config, name=name))
+    return go_json(contract_document(run, config, name=name, kserve=kserve))
 
 
 # --------------------------------------------------------------------------------------------
@@ -279,11 +295,15 @@ def _metadata(run: InferenceRun, name: str, payload: Any) -> dict[str, Any]:
 
 
 def desired_configmap(
-    run: InferenceRun, config: InferenceConfig, *, name: str | None = None
+    run: InferenceRun,
+    config: InferenceConfig,
+    *,
+    name: str | None = None,
+    kserve: KServe | None = None,
 ) -> dict[str, Any]:
     """The ConfigMap holding the contract, named like the Job/CronJob."""
     name = name or child_name(run)
-    data = {CONTRACT_KEY: render_contract(run, config, name=name)}
+    data = {CONTRACT_KEY: render_contract(run, config, name=name, kserve=kserve)}
     metadata = _metadata(run, name, data)
     # Which version of the config the contract was rendered from (outside the
     # drift hash: a config edit that leaves the contract as it is moves nothing).
@@ -447,6 +467,9 @@ def _job_spec(
 class RunnerOptions(TypedDict, total=False):
     """The controller's settings for runner pods, the same for every child it renders."""
 
+    # The model resolved from the config's InferenceService (a probe's contract).
+    model: KServe | None
+
     # Its default for configs that name none (``serviceAccountName`` in the config wins).
     runner_service_account: str | None
     # Its ``RUNNER_POD_DEFAULTS``, under the config's ``runnerPod``.
@@ -530,11 +553,13 @@ PROBE_DEADLINE_SECONDS = 120
 PROBE_ARGS = ["--check"]
 
 
-def probe_contract(config: InferenceConfig, name: str) -> dict[str, Any]:
-    """A run's contract without a run: the config's model and storage, no parameters."""
-    kserve = {
-        k: v for k, v in config.spec.effective_kserve().model_dump(by_alias=True).items() if v
-    }
+def probe_contract(
+    config: InferenceConfig, name: str, model: KServe | None = None
+) -> dict[str, Any]:
+    """A run's contract without a run: the config's model (``model`` when resolved from its
+    InferenceService) and storage, no parameters."""
+    fields = model if model is not None else config.spec.effective_kserve()
+    kserve = {k: v for k, v in fields.model_dump(by_alias=True).items() if v}
     doc: dict[str, Any] = {"jobId": config.metadata.uid, "jobName": name, "kserve": kserve}
     if config.spec.storage.input:
         doc["input"] = _sorted(config.spec.storage.input)
@@ -572,7 +597,7 @@ def desired_probe(
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": metadata,
-        "data": {CONTRACT_KEY: go_json(probe_contract(config, name))},
+        "data": {CONTRACT_KEY: go_json(probe_contract(config, name, options.get("model")))},
     }
     shape = runner_pod(config, options.get("pod_defaults"))
     pod = _pod_spec(config, name, options.get("runner_service_account"), shape)

@@ -314,6 +314,12 @@ class Settings(BaseSettings):
         "hash (the first 32 bits of the name's SHA-256) mod SHARD_COUNT is SHARD_INDEX, and "
         "elects its leader on the Lease <LEASE_NAME>-shard-<index>-of-<count>.",
     )
+    inferenceservices: bool = Field(
+        True,
+        description="Read KServe InferenceServices, for configs that name their model by "
+        "spec.kserve.inferenceServiceRef (needs get, list and watch on them); false: never "
+        "read, and such configs are not Ready.",
+    )
     kubeconfig: OptionalStr = Field(
         None, description="Path of a kubeconfig file (unset: in-cluster, else ~/.kube/config)."
     )

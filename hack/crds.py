@@ -3,6 +3,12 @@
 ``install_crds(cluster)`` applies ``crds/`` server-side, waits until both CRDs
 are Established and until kubectl can resolve them (discovery and the
 published OpenAPI lag the Established condition by a moment).
+
+``install_inferenceservice_crd(cluster)`` installs the **test stand-in** for
+KServe's InferenceService CRD (``hack/kserve/``: not KServe's own, only the
+fields the controller reads, with a status subresource the tests write as
+KServe's controller would); ``remove_inferenceservice_crd(cluster)`` deletes
+it again, for tests of a cluster without KServe.
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ from hack.cluster import LocalCluster
 REPO = Path(__file__).resolve().parents[1]
 CRD_DIR = REPO / "crds"
 CRD_NAMES = ("inferenceconfigs.ai.krateo.io", "inferenceruns.ai.krateo.io")
+# The test stand-in for KServe's InferenceService CRD.
+ISVC_CRD = REPO / "hack" / "kserve" / "inferenceservices.serving.kserve.io.yaml"
+ISVC_CRD_NAME = "inferenceservices.serving.kserve.io"
 
 _installed: set[str] = set()
 
@@ -41,3 +50,30 @@ def install_crds(cluster: LocalCluster, timeout: float = 60.0) -> None:
             raise AssertionError(f"CRDs not resolvable by kubectl: {probes[-1].stderr}")
         time.sleep(0.5)
     _installed.add(cluster.server)
+
+
+_isvc_installed: set[str] = set()
+
+
+def install_inferenceservice_crd(cluster: LocalCluster, timeout: float = 60.0) -> None:
+    """The test stand-in InferenceService CRD, Established and served (once per cluster)."""
+    if cluster.server in _isvc_installed:
+        return
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ISVC_CRD))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", f"--timeout={int(timeout)}s", f"crd/{ISVC_CRD_NAME}"
+    )
+    deadline = time.monotonic() + timeout
+    while cluster.kubectl("get", "inferenceservices", "-A", check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            raise AssertionError("the InferenceService CRD is not served")
+        time.sleep(0.5)
+    _isvc_installed.add(cluster.server)
+
+
+def remove_inferenceservice_crd(cluster: LocalCluster, timeout: float = 60.0) -> None:
+    """Delete the InferenceService CRD (and every InferenceService), waiting until it is gone."""
+    _isvc_installed.discard(cluster.server)
+    cluster.kubectl(
+        "delete", "crd", ISVC_CRD_NAME, "--ignore-not-found", "--wait", f"--timeout={int(timeout)}s"
+    )

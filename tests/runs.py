@@ -46,8 +46,12 @@ def inference_config(
 
 
 def without_model_url(config: Obj) -> Obj:
-    """``config`` without ``kserve.modelUrl``: valid by the schema, unusable by the controller."""
-    del config["spec"]["kserve"]["modelUrl"]
+    """``config`` with a blank ``kserve.modelUrl``: valid by the schema, unusable by the controller.
+
+    (The CRD refuses a config with no model at all; a URL of spaces names none either,
+    which only the controller sees: ``MissingModelUrl``.)
+    """
+    config["spec"]["kserve"]["modelUrl"] = " "
     return config
 
 

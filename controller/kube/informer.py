@@ -443,6 +443,9 @@ class Informer:
         self._resource_versions: dict[str | None, str | None] = {}
         self._listed_at: dict[str | None, float] = {}
         self.lists = 0  # lists completed, every scope counted
+        # Per scope: the API server's answer to its last list, while that failed
+        # (a 403 or a 404 says more than a log line to whoever reads it).
+        self.list_errors: dict[str | None, ApiError] = {}
         self._log = log.bind(informer=self.name)
 
     # ---------------------------------------------------------------- wiring
@@ -564,10 +567,13 @@ class Informer:
                 try:
                     rv = await self._list(namespace)
                 except (ApiError, ValueError) as exc:
+                    if isinstance(exc, ApiError):
+                        self.list_errors[namespace] = exc
                     self._count_error("list_" + _error_reason(exc))
                     await self._retry_after(retries, exc, scope_log, "list failed")
                     continue
                 retries.listed()
+                self.list_errors.pop(namespace, None)
                 self._resource_versions[namespace] = rv
             try:
                 rv = await self._watch(namespace, rv, retries)

@@ -664,6 +664,40 @@ INVALID: list[tuple[str, dict[str, Any], list[str], bool]] = [
         True,
     ),
     (
+        "model-url-and-inferenceservice",
+        config_with(
+            kserve={"modelUrl": "m.ns.svc/v2/models/m/infer", "inferenceServiceRef": {"name": "m"}}
+        ),
+        ["spec.kserve.inferenceServiceRef or a modelUrl", "not both"],
+        True,
+    ),
+    (
+        "flat-model-url-and-inferenceservice",
+        config_with(
+            kserve={"inferenceServiceRef": {"name": "m"}}, modelUrl="m.ns.svc/v2/models/m/infer"
+        ),
+        ["spec.kserve.inferenceServiceRef or a modelUrl", "not both"],
+        True,
+    ),
+    (
+        "no-model",
+        config_with(kserve={"modelName": "m"}),
+        ["a model is required", "inferenceServiceRef"],
+        True,
+    ),
+    (
+        "inferenceservice-no-name",
+        config_with(kserve={"inferenceServiceRef": {"namespace": "x"}}),
+        ["spec.kserve.inferenceServiceRef.name: Required value"],
+        True,
+    ),
+    (
+        "inferenceservice-bad-address",
+        config_with(kserve={"inferenceServiceRef": {"name": "m", "preferAddress": "public"}}),
+        ["spec.kserve.inferenceServiceRef.preferAddress: Unsupported value"],
+        True,
+    ),
+    (
         "flat-model-url-password",
         config_with(modelUrl="https://user:s3cr3t@model.ns.svc/v2/models/m/infer"),
         ["spec.modelUrl", "must not carry a password"],

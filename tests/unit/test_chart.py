@@ -64,6 +64,8 @@ EXPECTED_CONTROLLER_RULES: dict[tuple[str, str], set[str]] = {
     ("", "pods/log"): {"get"},
     ("", "events"): {"create", "patch", "list"},
     ("events.k8s.io", "events"): {"create", "patch"},
+    # spec.kserve.inferenceServiceRef (inferenceServices.enabled, the default).
+    ("serving.kserve.io", "inferenceservices"): {"get", "list", "watch"},
 }
 LEASE_RULES = {
     ("coordination.k8s.io", "leases"): {"create", "get", "update"},
@@ -344,6 +346,18 @@ def test_all_namespaces_mode_uses_one_cluster_role_with_exactly_the_needed_rules
     assert cluster_wide == EXPECTED_CONTROLLER_RULES
     namespaced = {(g, r): v for (scope, g, r), v in grants.items() if scope == NS}
     assert namespaced == LEASE_RULES
+
+
+def test_inference_services_value_turns_the_grant_and_the_reads_off() -> None:
+    objects = controller_rbac_objects(NS, values={"inferenceServices": {"enabled": False}})
+    grants = controller_rules(objects)
+    assert ("", "serving.kserve.io", "inferenceservices") not in grants
+    assert ("", "ai.krateo.io", "inferenceruns") in grants  # the rest is still there
+    off = render({"inferenceServices": {"enabled": False}}, namespace=NS)
+    settings = one(off, "ConfigMap", f"{FULLNAME}-settings")
+    assert settings["data"]["INFERENCESERVICES"] == "false"
+    default = one(render(namespace=NS), "ConfigMap", f"{FULLNAME}-settings")
+    assert default["data"]["INFERENCESERVICES"] == "true"
 
 
 def test_watch_namespaces_mode_has_no_cluster_wide_access() -> None:

@@ -153,6 +153,12 @@ controller never reads one (runners do, with their own identity).
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- if .Values.inferenceServices.enabled }}
+- apiGroups: ["serving.kserve.io"]
+  # spec.kserve.inferenceServiceRef: the model's URL, protocol and readiness.
+  resources: ["inferenceservices"]
+  verbs: ["get", "list", "watch"]
+{{- end }}
 {{- end }}
 
 {{/*

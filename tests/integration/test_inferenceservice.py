@@ -1,0 +1,175 @@
+"""Configs that name their model by an InferenceService: what the controller says when it cannot.
+
+The InferenceService CRD is the test stand-in of ``hack/kserve/`` (KServe's
+own is not installed here); the tests write each service's status as
+KServe's controller would. A run whose model cannot be resolved gets no
+child at all: these tests need no runner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import client
+
+from hack.cluster import LocalCluster
+from hack.crds import install_inferenceservice_crd, remove_inferenceservice_crd
+from tests.controllerproc import ControllerProcess, controller_for, running
+from tests.isvc import InferenceServices, inference_service, ready_status
+from tests.kubehelpers import eventually
+from tests.runs import Runs, inference_config, inference_run, status
+
+OK = "ghcr.io/krateoplatformops/kserve-krateo-runner:0.1.0"
+CONFIGS = "inferenceconfigs"
+
+
+def isvc_config(name: str, service: str) -> dict[str, object]:
+    config = inference_config(name, OK)
+    config["spec"]["kserve"] = {"inferenceServiceRef": {"name": service}}
+    return config
+
+
+@pytest.fixture
+def isvc_crd(cluster: LocalCluster) -> None:
+    install_inferenceservice_crd(cluster)
+
+
+@pytest.fixture
+def no_isvc_crd(cluster: LocalCluster) -> Iterator[None]:
+    remove_inferenceservice_crd(cluster)
+    yield
+    install_inferenceservice_crd(cluster)
+
+
+async def ready_reason(runs: Runs, name: str, reason: str, within: float = 60) -> dict[str, str]:
+    return await runs.wait_condition(
+        name,
+        "Ready",
+        lambda c: c["reason"] == reason,
+        plural=CONFIGS,
+        within=within,
+        what=f"config {name} Ready reason {reason}",
+    )
+
+
+async def no_jobs(api: client.ApiClient, namespace: str) -> bool:
+    jobs = await client.BatchV1Api(api).list_namespaced_job(namespace)
+    return not jobs.items
+
+
+@pytest.mark.usefixtures("isvc_crd", "controller")
+async def test_a_missing_service_is_a_condition_until_it_exists_then_the_url_shows(
+    runs: Runs, api_client: client.ApiClient, namespace: str, cluster: LocalCluster
+) -> None:
+    await runs.create(isvc_config("cfg", "iris"))
+    ready = await ready_reason(runs, "cfg", "InferenceServiceNotFound")
+    assert ready["status"] == "False"
+    assert ready["message"] == f"InferenceService {namespace}/iris not found"
+    await runs.create(inference_run("run", "cfg"))
+    waiting = await runs.wait_reason("run", "InferenceServiceNotFound")
+    assert status(waiting)["phase"] == "Pending"
+    assert await no_jobs(api_client, namespace)
+
+    services = InferenceServices(api_client, namespace)
+    await services.create(inference_service("iris"))
+    url = f"http://iris-predictor.{namespace}.svc.cluster.local"
+    await services.set_status("iris", ready_status(url))
+    await ready_reason(runs, "cfg", "Valid")
+    config = await runs.get("cfg", CONFIGS)
+    assert config is not None
+    assert status(config)["model"] == {
+        "url": f"{url}/v2/models/iris/infer",
+        "protocol": "v2",
+        "name": "iris",
+        "inferenceService": f"{namespace}/iris",
+    }
+    wide = cluster.kubectl("get", "infcfg", "cfg", "-n", namespace, "-o", "wide").stdout
+    header, row = wide.splitlines()[:2]
+    assert "MODEL" in header.split()
+    assert f"{url}/v2/models/iris/infer" in row.split()
+    # The run waited: now it gets its Job, with the URL in its contract.
+    started = await runs.wait(
+        "run", lambda r: status(r).get("contract") is not None, what="the run's contract"
+    )
+    assert status(started)["contract"]["kserve"]["modelUrl"] == f"{url}/v2/models/iris/infer"
+
+
+async def test_without_the_crd_there_is_no_informer_until_the_crd_exists(
+    cluster: LocalCluster, namespace: str, runs: Runs, tmp_path: Path, no_isvc_crd: None
+) -> None:
+    with running(controller_for(cluster, namespace, tmp_path)) as proc:
+        await runs.create(isvc_config("cfg", "iris"))
+        ready = await ready_reason(runs, "cfg", "InferenceServiceCRDMissing")
+        assert "no InferenceService CRD (serving.kserve.io/v1beta1)" in ready["message"]
+        assert "the cluster has no InferenceService CRD" in proc.output()
+        assert "watching InferenceServices" not in proc.output()
+        # The CRD arrives: the controller finds it, starts watching, and says what it sees.
+        install_inferenceservice_crd(cluster)
+        await ready_reason(runs, "cfg", "InferenceServiceNotFound", within=90)
+        assert "watching InferenceServices" in proc.output()
+
+
+async def test_a_missing_rbac_grant_is_a_condition_with_the_api_servers_words(
+    cluster: LocalCluster, namespace: str, runs: Runs, tmp_path: Path, isvc_crd: None
+) -> None:
+    omit = tuple(("inferenceservices", verb) for verb in ("get", "list", "watch"))
+    with running(controller_for(cluster, namespace, tmp_path, omit=omit)):
+        await runs.create(isvc_config("cfg", "iris"))
+        ready = await ready_reason(runs, "cfg", "InferenceServiceForbidden")
+        assert "may not list inferenceservices" in ready["message"]
+        assert "cannot list resource" in ready["message"]  # the API server's own words
+        await runs.create(inference_run("run", "cfg"))
+        await runs.wait_reason("run", "InferenceServiceForbidden")
+        # Everything else still works: the controller is ready and other configs are fine.
+        await runs.create(inference_config("plain", OK))
+        await ready_reason(runs, "plain", "Valid")
+
+
+async def test_turned_off_nothing_is_read_and_the_config_says_so(
+    cluster: LocalCluster, namespace: str, runs: Runs, tmp_path: Path
+) -> None:
+    env = {"INFERENCESERVICES": "false"}
+    proc: ControllerProcess
+    with running(controller_for(cluster, namespace, tmp_path, env=env)) as proc:
+        await runs.create(isvc_config("cfg", "iris"))
+        ready = await ready_reason(runs, "cfg", "InferenceServicesDisabled")
+        assert "inferenceServices.enabled" in ready["message"]
+        assert "watching InferenceServices" not in proc.output()
+
+
+async def test_kserves_words_reach_a_waiting_run(
+    cluster: LocalCluster,
+    namespace: str,
+    runs: Runs,
+    api_client: client.ApiClient,
+    tmp_path: Path,
+    isvc_crd: None,
+) -> None:
+    services = InferenceServices(api_client, namespace)
+    await services.create(inference_service("iris"))
+    said = "Revision iris-predictor-00001 failed with message: container exited with code 1"
+    await services.set_status(
+        "iris",
+        {
+            "conditions": [
+                {"type": "Ready", "status": "False", "reason": "RevisionFailed", "message": said}
+            ]
+        },
+    )
+    with running(controller_for(cluster, namespace, tmp_path)):
+        await runs.create(isvc_config("cfg", "iris"))
+        await runs.create(inference_run("run", "cfg"))
+        waiting = await runs.wait_reason("run", "ModelNotReady")
+        assert status(waiting)["phase"] == "Pending"
+        assert (
+            status(waiting)["message"] == f"InferenceService {namespace}/iris is not Ready: {said}"
+        )
+        config = await ready_reason(runs, "cfg", "ModelNotReady")
+        assert said in config["message"]
+
+        async def quiet() -> bool:
+            return await no_jobs(api_client, namespace)
+
+        assert await eventually(quiet, what="no Job while the model is not Ready")

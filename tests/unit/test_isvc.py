@@ -1,0 +1,314 @@
+"""A config's model named by an InferenceService: resolution, the run's wait, its status."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from controller.api import InferenceConfig, InferenceRun, describe_invalid
+from controller.isvc import (
+    Access,
+    AccessState,
+    ModelProblem,
+    ResolvedModel,
+    contract_model,
+    resolve,
+)
+from controller.kube.resources import CONFIGMAPS, JOBS
+from controller.plan import Create, View, plan
+from controller.probe import ConfigView, plan_config
+from controller.reconcile import inferenceservice_index
+from tests.unit.helpers import NOW, UID
+
+READY = AccessState(Access.READY)
+INTERNAL = "http://iris-predictor.models.svc.cluster.local"
+EXTERNAL = "http://iris-models.example.com"
+
+
+def config(kserve: dict[str, Any] | None = None, **spec: Any) -> InferenceConfig:
+    return InferenceConfig.model_validate(
+        {
+            "metadata": {"name": "cfg", "namespace": "ns", "uid": "cfg-uid", "generation": 3},
+            "spec": {
+                "image": "runner:1",
+                "kserve": kserve
+                if kserve is not None
+                else {"inferenceServiceRef": {"name": "iris", "namespace": "models"}},
+                "storage": {"input": {"http": {"url": "http://in"}}},
+                **spec,
+            },
+        }
+    )
+
+
+def isvc(
+    ready: str = "True",
+    message: str = "",
+    protocol: str | None = "v2",
+    framework: str = "model",
+    address: str | None = INTERNAL,
+    url: str | None = EXTERNAL,
+) -> dict[str, Any]:
+    predictor: dict[str, Any] = {framework: {"storageUri": "gs://x"}}
+    if protocol is not None:
+        predictor[framework]["protocolVersion"] = protocol
+    status: dict[str, Any] = {
+        "conditions": [{"type": "Ready", "status": ready, "message": message, "reason": "R"}]
+    }
+    if address is not None:
+        status["address"] = {"url": address}
+    if url is not None:
+        status["url"] = url
+    return {
+        "metadata": {"name": "iris", "namespace": "models"},
+        "spec": {"predictor": predictor},
+        "status": status,
+    }
+
+
+def test_a_ready_service_resolves_to_its_cluster_local_v2_url() -> None:
+    got = resolve(config(), isvc(), READY)
+    assert got == ResolvedModel(
+        service="models/iris",
+        url=f"{INTERNAL}/v2/models/iris/infer",
+        protocol="v2",
+        model_name="iris",
+    )
+    kserve = contract_model(config(), got)
+    assert (kserve.model_url, kserve.model_name, kserve.model_version) == (
+        f"{INTERNAL}/v2/models/iris/infer",
+        "iris",
+        "v2",
+    )
+
+
+def test_prefer_external_takes_status_url_and_v1_is_predict() -> None:
+    cfg = config(
+        {
+            "inferenceServiceRef": {
+                "name": "iris",
+                "namespace": "models",
+                "preferAddress": "external",
+            }
+        }
+    )
+    got = resolve(cfg, isvc(protocol=None, framework="sklearn"), READY)
+    assert isinstance(got, ResolvedModel)
+    # KServe's default protocol is v1.
+    assert got.url == f"{EXTERNAL}/v1/models/iris:predict"
+    assert got.protocol == "v1"
+
+
+def test_internal_falls_back_to_the_url_and_external_does_not_fall_back() -> None:
+    got = resolve(config(), isvc(address=None), READY)
+    assert isinstance(got, ResolvedModel)
+    assert got.url.startswith(EXTERNAL)
+    cfg = config(
+        {
+            "inferenceServiceRef": {
+                "name": "iris",
+                "namespace": "models",
+                "preferAddress": "external",
+            }
+        }
+    )
+    missing = resolve(cfg, isvc(url=None), READY)
+    assert missing == ModelProblem(
+        "ModelNotReady", "InferenceService models/iris is Ready but has no status.url yet"
+    )
+
+
+def test_the_configs_model_name_and_version_override_the_services() -> None:
+    cfg = config(
+        {
+            "inferenceServiceRef": {"name": "iris", "namespace": "models"},
+            "modelName": "sklearn-iris",
+            "modelVersion": "v1",
+            "modelInputName": "input-0",
+        }
+    )
+    got = resolve(cfg, isvc(protocol="v2"), READY)
+    assert isinstance(got, ResolvedModel)
+    assert got.url == f"{INTERNAL}/v1/models/sklearn-iris:predict"
+    assert contract_model(cfg, got).model_input_name == "input-0"
+
+
+def test_a_service_not_ready_is_kserves_own_words() -> None:
+    said = "Revision iris-predictor-00001 failed with message: container exited"
+    got = resolve(config(), isvc(ready="False", message=said), READY)
+    assert got == ModelProblem(
+        "ModelNotReady", f"InferenceService models/iris is not Ready: {said}"
+    )
+    no_conditions = isvc()
+    no_conditions["status"] = {}
+    got = resolve(config(), no_conditions, READY)
+    assert isinstance(got, ModelProblem)
+    assert got.message == "InferenceService models/iris is not Ready yet"
+
+
+@pytest.mark.parametrize(
+    ("state", "found", "reason", "words"),
+    [
+        (READY, None, "InferenceServiceNotFound", "not found"),
+        (
+            AccessState(Access.CRD_MISSING),
+            None,
+            "InferenceServiceCRDMissing",
+            "no InferenceService CRD",
+        ),
+        (
+            AccessState(Access.FORBIDDEN, 'inferenceservices is forbidden: User "x" cannot list'),
+            None,
+            "InferenceServiceForbidden",
+            "cannot list",
+        ),
+        (AccessState(Access.DISABLED), None, "InferenceServicesDisabled", "support is off"),
+        (AccessState(Access.SYNCING), None, "ModelNotReady", "still reading"),
+    ],
+)
+def test_what_cannot_be_read_says_why(
+    state: AccessState, found: Any, reason: str, words: str
+) -> None:
+    got = resolve(config(), found, state)
+    assert isinstance(got, ModelProblem)
+    assert got.reason == reason
+    assert words in got.message
+    assert "models/iris" in got.message
+
+
+def test_a_service_outside_the_watched_namespaces_is_out_of_reach() -> None:
+    got = resolve(config(), isvc(), READY, ("ns", "other"))
+    assert isinstance(got, ModelProblem)
+    assert got.reason == "InferenceServiceOutOfReach"
+
+
+def test_grpc_is_not_a_protocol_the_runner_speaks() -> None:
+    got = resolve(config(), isvc(protocol="grpc-v2"), READY)
+    assert isinstance(got, ModelProblem)
+    assert got.reason == "UnsupportedProtocol"
+
+
+def test_the_namespace_defaults_to_the_configs() -> None:
+    cfg = config({"inferenceServiceRef": {"name": "iris"}})
+    raw = {"metadata": {"name": "cfg", "namespace": "ns"}, "spec": cfg.spec.to_api()}
+    assert inferenceservice_index(raw) == ["ns/iris"]
+    got = resolve(cfg, isvc(), READY)
+    assert isinstance(got, ResolvedModel)
+    assert got.service == "ns/iris"
+
+
+@pytest.mark.parametrize(
+    ("kserve", "flat", "reason"),
+    [
+        (
+            {"inferenceServiceRef": {"name": "iris"}, "modelUrl": "m:1/v2/models/m/infer"},
+            {},
+            "ConflictingModel",
+        ),
+        (
+            {"inferenceServiceRef": {"name": "iris"}},
+            {"modelUrl": "m:1/v2/models/m/infer"},
+            "ConflictingModel",
+        ),
+        ({"modelName": "m"}, {}, "MissingModelUrl"),
+        ({"modelUrl": "  "}, {}, "MissingModelUrl"),
+    ],
+)
+def test_a_config_names_its_model_exactly_one_way(
+    kserve: dict[str, Any], flat: dict[str, Any], reason: str
+) -> None:
+    with pytest.raises(ValidationError) as caught:
+        config(kserve, **flat)
+    assert describe_invalid(caught.value)[0] == reason
+
+
+# ----------------------------------------------------------------------- runs
+
+
+def run() -> InferenceRun:
+    return InferenceRun.model_validate(
+        {
+            "metadata": {"name": "r", "namespace": "ns", "uid": UID, "generation": 1},
+            "spec": {"configRef": {"name": "cfg"}},
+        }
+    )
+
+
+def test_a_run_waits_while_its_model_is_not_ready_and_creates_nothing() -> None:
+    said = "InferenceService models/iris is not Ready: predictor is scaling up"
+    out = plan(
+        View(
+            run=run(),
+            now=NOW,
+            config=config(),
+            model=ModelProblem("ModelNotReady", said),
+            confirmed=True,
+        )
+    )
+    assert out.writes == []
+    assert out.status is not None
+    assert (out.status.phase, out.status.reason, out.status.message) == (
+        "Pending",
+        "ModelNotReady",
+        said,
+    )
+    ready = next(c for c in out.status.conditions if c.type == "Ready")
+    assert (ready.status, ready.reason, ready.message) == ("False", "ModelNotReady", said)
+    assert out.status.contract is None
+    assert [(e.type, e.reason) for e in out.events] == [("Warning", "ModelNotReady")]
+    assert out.requeue_after is not None
+
+
+def test_a_ready_model_reaches_the_contract() -> None:
+    model = resolve(config(), isvc(), READY)
+    out = plan(View(run=run(), now=NOW, config=config(), model=model, confirmed=True))
+    assert [(type(w), w.resource) for w in out.writes] == [(Create, CONFIGMAPS), (Create, JOBS)]
+    contract = json.loads(out.writes[0].obj["data"]["contract.json"])  # type: ignore[union-attr]
+    assert contract["kserve"] == {
+        "modelName": "iris",
+        "modelUrl": f"{INTERNAL}/v2/models/iris/infer",
+        "modelVersion": "v2",
+    }
+    assert out.status is not None
+    assert out.status.contract is not None
+    assert out.status.contract["kserve"]["modelUrl"] == f"{INTERNAL}/v2/models/iris/infer"
+
+
+# -------------------------------------------------------------------- configs
+
+
+def config_view(model: Any) -> ConfigView:
+    cfg = config()
+    raw = {"metadata": cfg.metadata.to_api(), "spec": cfg.spec.to_api()}
+    return ConfigView(raw=raw, now=NOW, config=cfg, model=model, probe_interval=600)
+
+
+def test_the_configs_ready_follows_its_model_and_status_shows_the_url() -> None:
+    waiting = plan_config(config_view(ModelProblem("ModelNotReady", "not Ready: scaling")))
+    ready = next(c for c in waiting.status.conditions if c.type == "Ready")
+    assert (ready.status, ready.reason, ready.message) == (
+        "False",
+        "ModelNotReady",
+        "not Ready: scaling",
+    )
+    stalled = next(c for c in waiting.status.conditions if c.type == "Stalled")
+    assert stalled.status == "False"  # it may resolve without an edit
+    assert waiting.status.model is None
+    assert waiting.create is None  # no probe of a model that is not there
+
+    model = resolve(config(), isvc(), READY)
+    done = plan_config(config_view(model))
+    ready = next(c for c in done.status.conditions if c.type == "Ready")
+    assert ready.status == "True"
+    assert done.status.to_api()["model"] == {
+        "url": f"{INTERNAL}/v2/models/iris/infer",
+        "protocol": "v2",
+        "name": "iris",
+        "inferenceService": "models/iris",
+    }
+    assert done.create is not None  # the probe, with the resolved URL
+    probe_contract = json.loads(done.create[0]["data"]["contract.json"])
+    assert probe_contract["kserve"]["modelUrl"] == f"{INTERNAL}/v2/models/iris/infer"
