@@ -170,6 +170,12 @@ async def create_runs(setup: Setup, count: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.controller_memory")
     parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument(
+        "--kubeconfig-mode",
+        action="store_true",
+        help="connect through a kubeconfig (as `python -m controller` in development) "
+        "instead of as a pod (the service account's token and CA, as the chart runs it)",
+    )
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
@@ -181,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         # them takes longer than the default 5 minutes, and the resyncs would
         # keep the controller from ever settling.
         quiet = {"POLLING_INTERVAL": "1h"}
-        first = Controller(setup, WORKERS, name="controller-1", extra_env=quiet)
-        second = Controller(setup, WORKERS, name="controller-2", extra_env=quiet)
+        in_cluster = not args.kubeconfig_mode
+        first = Controller(setup, WORKERS, "controller-1", quiet, in_cluster=in_cluster)
+        second = Controller(setup, WORKERS, "controller-2", quiet, in_cluster=in_cluster)
         try:
             first.start()
             first.wait_quiet()
@@ -226,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         f"machine: {machine()}",
         f"load average (1/5/15 min) at start, middle, end: {' | '.join(loads)}",
         f"runs: {args.runs} (suspended one-shot runs, each with a ConfigMap and a Job)",
+        "controller connected "
+        + ("through a kubeconfig" if args.kubeconfig_mode else "as a pod (service account)"),
         "",
         "| controller | runs cached | RSS MiB | peak (VmHWM) MiB |",
         "|---|---|---|---|",

@@ -199,6 +199,33 @@ class Setup:
     user: str
 
 
+def as_a_pod(setup: Setup, mount: Path, command: list[str]) -> list[str]:
+    """``command`` run with the controller's service account mounted where a pod has it.
+
+    A private mount namespace (root only) with a tmpfs over ``/run`` holds the
+    token and CA at ``/var/run/secrets/kubernetes.io/serviceaccount``; the
+    host's own ``/run`` is untouched. ``exec`` keeps the controller's pid the
+    one :func:`spawn` returns.
+    """
+    chart.service_account_mount(setup.cluster, NAMESPACE, directory=mount)
+    script = (
+        "mount -t tmpfs tmpfs /run && mkdir -p /run/secrets/kubernetes.io/serviceaccount"
+        ' && cp "$0/token" "$0/ca.crt" /run/secrets/kubernetes.io/serviceaccount/'
+        ' && exec "$@"'
+    )
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        script,
+        str(mount),
+        *command,
+    ]
+
+
 def prepare(cluster: LocalCluster, workdir: Path, namespaces: Sequence[str] = ()) -> Setup:
     """CRDs, the watched namespace with the chart's RBAC, extra namespaces, the config."""
     install_crds(cluster)
@@ -218,6 +245,10 @@ class Controller:
     workers: int
     name: str = "controller"
     extra_env: dict[str, str] = field(default_factory=dict)
+    # Connect as a pod does (the service account's token and CA at the
+    # kubelet's path, KUBERNETES_SERVICE_*), not through a kubeconfig: how the
+    # chart runs it, and the only way that never loads kubernetes_asyncio.
+    in_cluster: bool = False
     health_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     proc: Any = None
@@ -247,7 +278,13 @@ class Controller:
             "LOG_LEVEL": "WARNING",
             **self.extra_env,
         }
-        self.proc = spawn([sys.executable, "-m", "controller"], self.log, env=env, cwd=REPO)
+        command = [sys.executable, "-m", "controller"]
+        if self.in_cluster:
+            del env["KUBECONFIG"]
+            env["KUBERNETES_SERVICE_HOST"] = "127.0.0.1"
+            env["KUBERNETES_SERVICE_PORT"] = str(self.setup.cluster.api_port)
+            command = as_a_pod(self.setup, self.setup.workdir / f"{self.name}-sa", command)
+        self.proc = spawn(command, self.log, env=env, cwd=REPO)
         deadline = time.monotonic() + within
         while self._get(self.health_port, "/readyz")[0] != 200:
             if self.proc.poll() is not None:

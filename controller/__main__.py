@@ -25,12 +25,12 @@ from typing import Any
 
 import structlog
 import yaml
-from kubernetes_asyncio.config import ConfigException
 
 from controller import selfcheck
 from controller.controller import Controller
 from controller.kube.client import KubeClient
 from controller.kube.leaderelection import LeadershipLost
+from controller.kube.transport import ConfigurationError
 from controller.logging import configure_logging
 from controller.metrics import Metrics
 from controller.settings import Settings, SettingsError, load_settings
@@ -188,8 +188,9 @@ def usable_kubeconfig(settings: Settings) -> str | None:
 async def connect(settings: Settings, kubeconfig: str | None, metrics: Metrics) -> KubeClient:
     """The API client, or :class:`KubeconfigError` when the configuration is unusable.
 
-    Only configuration errors become that error (kubernetes_asyncio's
-    ConfigException, a file it cannot open, bad TLS material); anything else
+    Only configuration errors become that error (a kubeconfig or a pod
+    service account that cannot be used, a file that cannot be opened, bad
+    TLS material); anything else
     is a bug and propagates.
     """
     if kubeconfig is None:
@@ -207,7 +208,7 @@ async def connect(settings: Settings, kubeconfig: str | None, metrics: Metrics) 
             metrics=metrics,
             keepalive=settings.watch_idle_timeout,
         )
-    except (ConfigException, OSError) as exc:
+    except (ConfigurationError, OSError) as exc:
         raise KubeconfigError(f"{where}: {str(exc).rstrip('.')}; {fix}") from None
 
 

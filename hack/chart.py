@@ -306,8 +306,38 @@ def service_account_kubeconfig(
     The token comes from the TokenRequest API (``kubectl create token``), as a
     pod's projected token would.
     """
-    token = cluster.kubectl(
-        "create", "token", name, "-n", namespace, f"--duration={duration}"
-    ).stdout.strip()
+    token = service_account_token(cluster, namespace, name, duration=duration)
     user = service_account_user(namespace, name)
     return cluster.write_token_kubeconfig(path, user, token, context="sa", namespace=namespace)
+
+
+def service_account_token(
+    cluster: LocalCluster, namespace: str, name: str, *, duration: str = "2h"
+) -> str:
+    """A TokenRequest token of ServiceAccount ``namespace/name`` (``kubectl create token``)."""
+    token: str = cluster.kubectl(
+        "create", "token", name, "-n", namespace, f"--duration={duration}"
+    ).stdout.strip()
+    return token
+
+
+def service_account_mount(
+    cluster: LocalCluster,
+    namespace: str,
+    name: str = CONTROLLER_SERVICE_ACCOUNT,
+    *,
+    directory: Path,
+    duration: str = "2h",
+) -> Path:
+    """Write what the kubelet mounts for ServiceAccount ``namespace/name`` into ``directory``.
+
+    ``token`` and ``ca.crt``, as in ``/var/run/secrets/kubernetes.io/serviceaccount``:
+    a process given them there (and ``KUBERNETES_SERVICE_HOST``/``_PORT``)
+    connects as a pod of that ServiceAccount does.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "token").write_text(
+        service_account_token(cluster, namespace, name, duration=duration)
+    )
+    (directory / "ca.crt").write_bytes(cluster.ca_path.read_bytes())
+    return directory

@@ -1,9 +1,10 @@
 """The only code that talks to the Kubernetes API server.
 
 :class:`KubeClient` is a thin async wrapper over one aiohttp session built from
-``kubernetes_asyncio``'s configuration (kubeconfig locally, the pod's service
-account in-cluster). It moves raw dicts, addressed by a :class:`Resource`
-(group, version, plural) plus namespace and name:
+a kubeconfig (through ``kubernetes_asyncio``'s loader) or from the pod's
+service account in-cluster (``controller.kube.incluster``). It moves raw
+dicts, addressed by a :class:`Resource` (group, version, plural) plus
+namespace and name:
 
 - ``get``, ``list``, ``create``, ``replace``, ``patch``, ``update_status``,
   ``delete`` return the API server's JSON as a dict; ``read_pod_log`` and
@@ -33,12 +34,12 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack
 
 import aiohttp
 import orjson
-from kubernetes_asyncio.client import Configuration
 
 from controller.kube.errors import ApiError
 from controller.kube.resources import PODS, Obj, Resource
 from controller.kube.transport import (
     KEEPALIVE,
+    ApiConfiguration,
     JsonArray,
     RequestOptions,
     Transport,
@@ -90,7 +91,7 @@ class KubeClient:
 
     def __init__(
         self,
-        configuration: Configuration,
+        configuration: ApiConfiguration,
         *,
         qps: float = 20.0,
         burst: int = 30,
@@ -106,7 +107,7 @@ class KubeClient:
         self.request_timeout = request_timeout
 
     @property
-    def configuration(self) -> Configuration:
+    def configuration(self) -> ApiConfiguration:
         return self.transport.configuration
 
     @property

@@ -24,17 +24,16 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
 import aiohttp
 import aiohttp.helpers
 import orjson
 from aiolimiter import AsyncLimiter
-from kubernetes_asyncio import config as kube_config
-from kubernetes_asyncio.client import Configuration
 from yarl import URL
 
 from controller.kube.errors import TransportError, api_error
+from controller.kube.incluster import InClusterConfigError, InClusterConfiguration
 from controller.metrics import api_host, labelled
 
 if TYPE_CHECKING:
@@ -59,37 +58,78 @@ class RequestOptions(TypedDict, total=False):
     content_type: str
 
 
+class ConfigurationError(Exception):
+    """No connection can be configured from the kubeconfig or the pod's service account."""
+
+
+class ApiConfiguration(Protocol):
+    """What :class:`Transport` reads of a configuration: kubernetes_asyncio's
+    ``Configuration`` (from a kubeconfig) or :class:`InClusterConfiguration`."""
+
+    # Read-only (properties), so that an attribute of a narrower type matches.
+    @property
+    def host(self) -> str | None: ...
+    @property
+    def ssl_ca_cert(self) -> str | None: ...
+    @property
+    def cert_file(self) -> str | None: ...
+    @property
+    def key_file(self) -> str | None: ...
+    @property
+    def verify_ssl(self) -> bool: ...
+    @property
+    def disable_strict_ssl_verification(self) -> bool: ...
+    @property
+    def proxy(self) -> str | None: ...
+    @property
+    def tls_server_name(self) -> str | None: ...
+
+    async def auth_settings(self) -> dict[str, dict[str, Any]]: ...
+
+
 async def load_configuration(
     *,
     kubeconfig: str | None = None,
     in_cluster: bool | None = None,
     context: str | None = None,
-) -> Configuration:
-    """kubernetes_asyncio's client configuration, found like controller-runtime does.
+) -> ApiConfiguration:
+    """The connection's configuration, found like controller-runtime does.
 
     An explicit kubeconfig wins; then the pod's service account when running
     in a pod (``in_cluster``, detected from ``KUBERNETES_SERVICE_HOST`` when
-    not given); then ``$KUBECONFIG`` or ``~/.kube/config``.
+    not given); then ``$KUBECONFIG`` or ``~/.kube/config``. A configuration
+    that cannot be made raises :class:`ConfigurationError` (or ``OSError``
+    for a file that cannot be read).
+
+    Only a kubeconfig loads kubernetes_asyncio (its loader handles exec
+    plugins, auth providers and merged files); importing it loads its whole
+    generated client, which a controller in a pod never needs.
     """
-    configuration = Configuration()
     if in_cluster is None:
         in_cluster = kubeconfig is None and bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
     if kubeconfig is None and in_cluster:
-        # Re-reads the projected token as the kubelet rotates it.
-        kube_config.load_incluster_config(  # type: ignore[no-untyped-call]
-            client_configuration=configuration
-        )
-    else:
+        try:
+            return InClusterConfiguration.from_pod()
+        except InClusterConfigError as exc:
+            raise ConfigurationError(str(exc)) from None
+    from kubernetes_asyncio import config as kube_config
+    from kubernetes_asyncio.client import Configuration
+
+    configuration = Configuration()
+    try:
         await kube_config.load_kube_config(
             config_file=kubeconfig,
             context=context,
             client_configuration=configuration,
             persist_config=False,
         )
-    return configuration
+    except kube_config.ConfigException as exc:
+        raise ConfigurationError(str(exc)) from None
+    loaded: ApiConfiguration = configuration
+    return loaded
 
 
-def ssl_context_for(configuration: Configuration) -> ssl.SSLContext:
+def ssl_context_for(configuration: ApiConfiguration) -> ssl.SSLContext:
     """The TLS settings of ``configuration`` (as kubernetes_asyncio's REST client builds them)."""
     context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
     if configuration.cert_file:
@@ -172,7 +212,7 @@ class Transport:
 
     def __init__(
         self,
-        configuration: Configuration,
+        configuration: ApiConfiguration,
         *,
         qps: float,
         burst: int,

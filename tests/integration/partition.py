@@ -22,5 +22,6 @@ async def behind_a_proxy(cluster: LocalCluster) -> tuple[TcpProxy, Configuration
     proxy = TcpProxy(api.hostname or "127.0.0.1", api.port or 443)
     await proxy.start()
     configuration = await load_configuration(kubeconfig=str(cluster.kubeconfig))
+    assert isinstance(configuration, Configuration)  # a kubeconfig's: the library's
     configuration.host = f"https://127.0.0.1:{proxy.port}"
     return proxy, configuration

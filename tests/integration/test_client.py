@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import pytest
+from kubernetes_asyncio.client import Configuration
 
+from controller.kube import incluster
 from controller.kube.client import KubeClient
 from controller.kube.errors import ApiError, NotFound, TransportError
+from controller.kube.incluster import InClusterConfiguration
 from controller.kube.resources import CONFIGMAPS, NAMESPACES, PODS
 from controller.kube.transport import load_configuration
 from controller.metrics import Metrics
@@ -173,6 +178,7 @@ async def test_a_budget_of_its_own_shares_the_connection_not_the_tokens(
 
 async def test_no_server_is_a_transport_error(cluster: LocalCluster) -> None:
     configuration = await load_configuration(kubeconfig=str(cluster.kubeconfig))
+    assert isinstance(configuration, Configuration)
     configuration.host = "https://127.0.0.1:1"
     async with KubeClient(configuration) as kube:
         with pytest.raises(TransportError) as error:
@@ -239,3 +245,42 @@ async def test_follow_pod_log_streams_lines_as_the_container_writes_them(
             lines.append((line, phase))
     assert [line for line, _ in lines] == ["first", "second"]
     assert lines[0][1] == "Running"
+
+
+async def test_the_pods_service_account_connects_and_its_rotated_token_is_read_again(
+    cluster: LocalCluster, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What the kubelet gives a pod: the service address in the environment,
+    # the cluster CA and a projected token in one directory.
+    cluster.kubectl("create", "serviceaccount", "reader", "-n", namespace)
+    cluster.kubectl(
+        "create", "rolebinding", "reader", "--clusterrole=view",
+        f"--serviceaccount={namespace}:reader", "-n", namespace,
+    )  # fmt: skip
+    token = cluster.kubectl("create", "token", "reader", "-n", namespace).stdout.strip()
+    assert token
+    shutil.copy(cluster.ca_path, tmp_path / "ca.crt")
+    (tmp_path / "token").write_text(token + "\n")  # the newline is not part of the token
+    env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(cluster.api_port)}
+    configuration = InClusterConfiguration.from_pod(environ=env, directory=tmp_path)
+    assert configuration.host == f"https://127.0.0.1:{cluster.api_port}"
+    async with KubeClient(configuration) as kube:
+        # The RoleBinding reaches the informer-less authorizer within a moment.
+        async def listed() -> bool:
+            try:
+                await kube.list(CONFIGMAPS, namespace)
+            except ApiError as exc:
+                if exc.status != 403:
+                    raise
+                return False
+            return True
+
+        await eventually(listed, within=30, what="the service account's list allowed")
+        # The kubelet rotates the file: the next read after TOKEN_RELOAD uses it.
+        monkeypatch.setattr(incluster, "TOKEN_RELOAD", 0.0)
+        (tmp_path / "token").write_text("not-a-token")
+        with pytest.raises(ApiError) as refused:
+            await kube.list(CONFIGMAPS, namespace)
+        assert refused.value.status == 401
+        (tmp_path / "token").write_text(token)
+        await kube.list(CONFIGMAPS, namespace)
