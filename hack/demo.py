@@ -16,6 +16,12 @@
 ``examples/postgres.yaml`` instead, against a private PostgreSQL server
 (``hack.postgres``) seeded with the iris rows: features read by a ``SELECT``,
 predictions stored once per row beside its ``id``, the first ones printed.
+
+``--storage s3`` (``make demo DEMO_ARGS=--storage s3``) runs
+``examples/s3-parquet.yaml`` against a real S3 server (versitygw, ``hack.s3server``)
+whose bucket holds the iris rows as Parquet: two shards read every other row
+group, write Parquet chunks and their manifests, and the first stored
+predictions are printed from the objects.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import io
 import json
 import sqlite3
 import subprocess
@@ -49,6 +56,7 @@ from hack.cluster import (
 from hack.crds import install_crds
 from hack.postgres import SUPERUSER, PostgresServer
 from hack.postgres import running as postgres_running
+from hack.s3server import ROOT_ACCESS_KEY, ROOT_SECRET_KEY, S3Server, running_s3
 
 NAMESPACE = "inference-demo"
 SECRET_NAMESPACE = "krateo-system"
@@ -59,6 +67,8 @@ OUTPUT_TABLE = "kserve_controller_output"
 PG_DATABASE = "features"
 PG_SECRET_NAMESPACE, PG_SECRET = "analytics", "features-db"
 PG_DAY = "2024-05-01"
+S3_BUCKET, S3_SECRET = "ml-data", "s3-credentials"
+S3_INPUT, S3_OUTPUT = "features/iris/", "predictions/iris/"
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,8 @@ STORAGES = {
         "postgres.yaml", "iris-postgres-config", "iris-postgres-daily", PG_SECRET_NAMESPACE,
         PG_SECRET,
     ),
+    # The example's s3 Secret has no namespace: the run's own.
+    "s3": DemoStorage("s3-parquet.yaml", "iris-s3-config", "iris-s3", NAMESPACE, S3_SECRET),
 }  # fmt: skip
 
 
@@ -102,9 +114,12 @@ def b64(text: str) -> str:
 
 
 def demo_manifests(
-    model_port: int, example: str = "iris-oneshot.yaml", postgres: PostgresServer | None = None
+    model_port: int,
+    example: str = "iris-oneshot.yaml",
+    postgres: PostgresServer | None = None,
+    s3: S3Server | None = None,
 ) -> list[dict[str, Any]]:
-    """``examples/<example>``, with the model (and the database) reachable from this machine."""
+    """``examples/<example>``, with the model (and the database or bucket) reachable here."""
     docs = list(yaml.safe_load_all((REPO / "examples" / example).read_text()))
     for doc in docs:
         if doc["kind"] == "InferenceConfig":
@@ -117,6 +132,8 @@ def demo_manifests(
                         host=postgres.host, port=postgres.port, database=PG_DATABASE,
                         sslmode="disable",
                     )  # fmt: skip
+                if s3 is not None and "s3" in entry:
+                    entry["s3"]["endpointUrl"] = s3.url
     return docs
 
 
@@ -140,6 +157,65 @@ def seed_postgres(server: PostgresServer) -> None:
             for i, (row, t) in enumerate(zip(iris.data, iris.target, strict=True))
         ],
     )
+
+
+def seed_s3(server: S3Server, row_group: int = 25) -> None:
+    """The iris rows as Parquet objects under examples/s3-parquet.yaml's input prefix.
+
+    Two objects of 75 rows in row groups of 25: six row groups, three per shard.
+    Written straight into versitygw's directory, which its POSIX backend serves.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from sklearn.datasets import load_iris
+
+    iris = load_iris()
+    names = ["sepal_length", "sepal_width", "petal_length", "petal_width"]
+    server.create_bucket(S3_BUCKET)
+    folder = server.data / S3_BUCKET / S3_INPUT
+    folder.mkdir(parents=True)
+    for number, start in enumerate((0, 75)):
+        rows = iris.data[start : start + 75]
+        table = pa.table({name: rows[:, i] for i, name in enumerate(names)})
+        pq.write_table(table, folder / f"part-{number}.parquet", row_group_size=row_group)
+
+
+def s3_secret() -> dict[str, Any]:
+    """The Secret examples/s3-parquet.yaml names: the S3 server's access key and secret."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": S3_SECRET, "namespace": NAMESPACE},
+        "data": {
+            "AWS_ACCESS_KEY_ID": b64(ROOT_ACCESS_KEY),
+            "AWS_SECRET_ACCESS_KEY": b64(ROOT_SECRET_KEY),
+        },
+    }
+
+
+def print_s3_predictions(server: S3Server, run_uid: str, limit: int = 10) -> None:
+    """The run's manifest, then the first rows of its first chunks (read as a user would)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = server.data / S3_BUCKET
+    manifest = json.loads((root / S3_OUTPUT / run_uid / "_manifest.json").read_text())
+    keys = [part["key"] for part in manifest["parts"]]
+    print(f"s3://{S3_BUCKET}/{S3_OUTPUT}{run_uid}/_manifest.json: {manifest['rows']} rows")
+    for key in keys:
+        print(f"  s3://{S3_BUCKET}/{key}")
+    tables = [pq.read_table(io.BytesIO((root / key).read_bytes())) for key in keys]
+    every = pa.concat_tables(tables)
+    classes = every.column("prediction").value_counts().to_pylist()
+    counted = ", ".join(f"class {c['values']}: {c['counts']}" for c in classes)
+    print(f"{every.num_rows} predictions in {len(keys)} chunk(s) ({counted})")
+    table = every.slice(0, limit)
+    print(f"the first {table.num_rows} predictions:")
+    print(f"  {'shard':>5}  {'row':>4}  prediction")
+    for shard, row, prediction in zip(
+        *(table.column(c).to_pylist() for c in ("shard", "row", "prediction")), strict=True
+    ):
+        print(f"  {shard:>5}  {row:>4}  {prediction}")
 
 
 def postgres_secret(server: PostgresServer) -> dict[str, Any]:
@@ -247,13 +323,17 @@ def apply_and_complete(
 
 def run_demo(cluster: LocalCluster, workdir: Path, keep: bool, storage: str = "krateo") -> None:
     with contextlib.ExitStack() as stack:
-        postgres = None
+        postgres, s3 = None, None
+        if storage == "s3":
+            step("starting a real S3 server (versitygw, hack.s3server), iris as Parquet")
+            s3 = stack.enter_context(running_s3())
+            seed_s3(s3)
         if storage == "postgres":
             step("starting a private PostgreSQL server (hack.postgres), seeded with iris")
             # Its own temporary directory (the server's user could not enter the demo's).
             postgres = stack.enter_context(postgres_running())
             seed_postgres(postgres)
-        _run_demo(cluster, workdir, keep, STORAGES[storage], postgres)
+        _run_demo(cluster, workdir, keep, STORAGES[storage], postgres, s3)
 
 
 def _run_demo(
@@ -262,6 +342,7 @@ def _run_demo(
     keep: bool,
     storage: DemoStorage,
     postgres: PostgresServer | None,
+    s3: S3Server | None = None,
 ) -> None:
     kubectl = cluster.kubectl
     with demo_servers(workdir) as servers:
@@ -274,6 +355,8 @@ def _run_demo(
         secret = endpoint_secret(servers.storage_port)
         if postgres is not None:
             secret = postgres_secret(postgres)
+        if s3 is not None:
+            secret = s3_secret()
         kubectl("apply", "-f", "-", input=json.dumps(secret))
 
         step("starting the controller (python -m controller) as the chart's ServiceAccount")
@@ -293,7 +376,7 @@ def _run_demo(
         try:
             wait_http(f"http://127.0.0.1:{env['HEALTH_PORT']}/readyz", controller, controller_log)
             step(f"kubectl apply -f examples/{storage.example} (addresses pointed at loopback)")
-            manifests = demo_manifests(model_port, storage.example, postgres)
+            manifests = demo_manifests(model_port, storage.example, postgres, s3)
             apply_and_complete(cluster, manifests, timeout="180s", run=storage.run)
             step("kubectl get infrun")
             print(kubectl("get", "infrun", "-n", NAMESPACE, "-o", "wide").stdout)
@@ -320,6 +403,9 @@ def _run_demo(
             if postgres is not None:
                 step("stored predictions (the PostgreSQL table, keyed to the input's id)")
                 print_postgres_predictions(postgres)
+            elif s3 is not None:
+                step("stored predictions (Parquet objects in the bucket, under the run's uid)")
+                print_s3_predictions(s3, run["metadata"]["uid"])
             else:
                 step("stored predictions (the storage service's database)")
                 print_predictions(db)
@@ -347,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
         choices=sorted(STORAGES),
         default="krateo",
         help="krateo: examples/iris-oneshot.yaml on the storage look-alike (default); "
-        "postgres: examples/postgres.yaml on a private PostgreSQL server",
+        "postgres: examples/postgres.yaml on a private PostgreSQL server; "
+        "s3: examples/s3-parquet.yaml on a real S3 server (versitygw)",
     )
     args = parser.parse_args(argv)
     started = time.monotonic()
