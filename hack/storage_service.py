@@ -52,6 +52,12 @@ is the last.
 the key ``<job_uid>/<s>/<position>`` in a unique column ``rowkey`` (added to an
 older table); a key already there is skipped, so a chunk written twice (a
 retried request, a retried pod) is stored once. Unkeyed writes are unchanged.
+A table that a keyed write creates has ``rowkey`` as its one unique index
+(upstream's primary key would be a second, redundant for keyed rows).
+
+**Cost.** Each worker thread keeps one SQLite connection (WAL) for its
+requests, inserts go through one ``executemany``, and float rows go out as
+sqlite3's tuples: the look-alike must not be what limits a benchmark.
 
 **Rows as objects.** With the argument ``rows_as=objects`` (for the runner's join
 keys: ``columns``, ``keyColumn``, ``passthroughColumns``) ``sklearninput`` and
@@ -88,6 +94,7 @@ import re
 import socket
 import sqlite3
 import ssl
+import threading
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -174,11 +181,18 @@ def partition(arguments: dict[str, str]) -> tuple[int, int]:
 
 
 def shaped(cursor: sqlite3.Cursor, arguments: dict[str, str]) -> list[Any]:
-    """The cursor's rows as float lists, or as objects with ``rows_as=objects`` (above)."""
+    """The cursor's rows as float lists, or as objects with ``rows_as=objects`` (above).
+
+    Rows whose values are all floats already are returned as sqlite3's tuples
+    (orjson writes a tuple as a JSON array): checked in C loops, no list per row.
+    """
     if arguments.get("rows_as") == "objects":
         names = [column[0] for column in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in cursor]
-    return [list(map(float, row)) for row in cursor]
+    rows = cursor.fetchall()
+    if set(map(type, itertools.chain.from_iterable(rows))) <= {float}:
+        return rows
+    return [list(map(float, row)) for row in rows]
 
 
 def stored_value(value: Any) -> Any:
@@ -227,10 +241,18 @@ _OUTPUT_TABLE = (
 )
 
 
+# A table created by a keyed write: the key is ``rowkey``, its one index (upstream's
+# primary key would be a second index, redundant for keyed rows, and as costly).
+_KEYED_TABLE = (
+    "CREATE TABLE IF NOT EXISTS {t} (jobuid TEXT, poduid TEXT, prediction DOUBLE, "
+    "counter INT, created_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP, shard INT, rowkey TEXT)"
+)
+
+
 def _keyed_table(db: sqlite3.Connection, table: str) -> str:
     """The output table with its ``shard`` and unique ``rowkey`` columns (added if missing)."""
     quoted = identifier(table, "table name")
-    db.execute(_OUTPUT_TABLE.format(t=quoted))
+    db.execute(_KEYED_TABLE.format(t=quoted))
     columns = {row[1] for row in db.execute(f"PRAGMA table_info({quoted})")}
     if "shard" not in columns:
         db.execute(f"ALTER TABLE {quoted} ADD COLUMN shard INT")
@@ -257,13 +279,19 @@ def store_keyed(
         first = index + count * offset
         positions = range(first, first + count * len(values), count)
         prefix = f"{job_uid}/{index}/"
+        if not set(map(type, values)) <= {int, float}:
+            values = list(map(stored_value, values))
         db.executemany(
             f"INSERT OR IGNORE INTO {quoted} (jobuid, poduid, prediction, counter, shard, rowkey) "
             "VALUES (?, ?, ?, ?, ?, ?)",
-            [
-                (job_uid, pod_uid, stored_value(value), position, index, prefix + str(position))
-                for value, position in zip(values, positions, strict=True)
-            ],
+            zip(
+                itertools.repeat(job_uid),
+                itertools.repeat(pod_uid),
+                values,
+                positions,
+                itertools.repeat(index),
+                map(prefix.__add__, map(str, positions)),
+            ),
         )
         stored = db.total_changes - before
     return {"stored": stored, "duplicates": len(values) - stored}
@@ -332,10 +360,6 @@ def store_output(db: sqlite3.Connection, arguments: dict[str, str]) -> str:
             ((job_uid, pod_uid, stored_value(v), offset + i) for i, v in enumerate(values)),
         )
     return ""
-
-
-def _dumps(value: Any) -> str:
-    return orjson.dumps(value).decode()
 
 
 def _seconds(value: Any) -> float:
@@ -411,6 +435,9 @@ class StorageService:
         self._hold_after: int | None = None
         self._released = asyncio.Event()
         self.writes_held = asyncio.Event()
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._connections: list[sqlite3.Connection] = []
 
     def hold_writes_after(self, count: int) -> None:
         """Prediction writes after the ``count``-th wait until :meth:`release_writes`."""
@@ -447,6 +474,7 @@ class StorageService:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        self.close_connections()
 
     def _authorised(self, request: web.Request) -> bool:
         header = request.headers.get("Authorization", "")
@@ -505,12 +533,8 @@ class StorageService:
             raise web.HTTPUnauthorized(text="Unauthorized Access")
         self.calls[request.path] += 1
 
-        def call() -> Any:
-            with contextlib.closing(self.connect()) as db:
-                return work(db)
-
         try:
-            return await asyncio.to_thread(call)
+            return await asyncio.to_thread(work, self._thread_db())
         except NotebookFailed as failure:
             raise web.HTTPBadRequest(text=str(failure)) from None
         except sqlite3.OperationalError as error:
@@ -519,7 +543,8 @@ class StorageService:
     async def _rows(self, request: web.Request) -> web.StreamResponse:
         table, query = request.match_info["table"], dict(request.query)
         rows, total = await self._sql(request, lambda db: page_rows(db, table, query))
-        return web.json_response({"rows": rows, "total": total}, dumps=_dumps)
+        body = orjson.dumps({"rows": rows, "total": total})
+        return web.Response(body=body, content_type="application/json")
 
     async def _predictions(self, request: web.Request) -> web.StreamResponse:
         table = request.match_info["table"]
@@ -557,17 +582,37 @@ class StorageService:
 
     # -- notebooks ----------------------------------------------------------------------
 
-    def connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.db_path, timeout=30)
+    def connect(self, check_same_thread: bool = True) -> sqlite3.Connection:
+        db = sqlite3.connect(self.db_path, timeout=30, check_same_thread=check_same_thread)
         # WAL: readers (a test, a benchmark polling the output) never block a write.
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         return db
 
+    def _thread_db(self) -> sqlite3.Connection:
+        """This thread's connection, opened on its first request (kept until :meth:`stop`).
+
+        The HTTP handlers run SQL in worker threads (``asyncio.to_thread``); a
+        connection per request cost more than a page's rows.
+        """
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:
+            db = self._local.db = self.connect(check_same_thread=False)
+            with self._lock:
+                self._connections.append(db)
+        return db
+
+    def close_connections(self) -> None:
+        with self._lock:
+            connections, self._connections = self._connections, []
+        for db in connections:
+            db.close()
+        self._local = threading.local()
+
     def run_notebook(
         self, notebook: Callable[[sqlite3.Connection, dict[str, str]], str], argv: list[str]
     ) -> NotebookResult:
-        db = self.connect()
+        db = self._thread_db()
         try:
             return NotebookResult(0, notebook(db, parse_arguments(argv)), "")
         except NotebookFailed as failure:
@@ -576,7 +621,8 @@ class StorageService:
         except Exception:
             return NotebookResult(1, "", traceback.format_exc())
         finally:
-            db.close()
+            if db.in_transaction:  # a notebook that failed mid-write stores nothing
+                db.rollback()
 
     # -- seeding and reading back, for tests ------------------------------------------------
 

@@ -114,3 +114,29 @@ def test_triton_input_zero_fills_and_keeps_the_tail(db: sqlite3.Connection) -> N
 def test_zero_filled_uses_the_smallest_step() -> None:
     assert zero_filled([(0.0, 1.0), (2.0, 2.0), (3.0, 3.0)]) == [1.0, 0.0, 2.0, 3.0]
     assert zero_filled([(5.0, 7.0)]) == [7.0]
+
+
+def test_a_table_made_by_keyed_writes_has_one_unique_index(db: sqlite3.Connection) -> None:
+    # rowkey is the key; a second unique index (upstream's primary key) doubled the
+    # cost of every keyed insert and could never refuse a row rowkey lets through.
+    keyed = {"shard_index": "0", "shard_count": "1", "idempotency_key": "j/0/0"}
+    first = {"output_table_name": "o", "job_uid": "j", "pod_uid": "p", "predictions": "[1,2]"}
+    assert orjson.loads(store_output(db, {**first, **keyed})) == {"stored": 2, "duplicates": 0}
+    again = {**first, "pod_uid": "q", "predictions": "[1,2,3]"}
+    assert orjson.loads(store_output(db, {**again, **keyed})) == {"stored": 1, "duplicates": 2}
+    indexes = db.execute("PRAGMA index_list(o)").fetchall()
+    assert [(row[1], row[2]) for row in indexes] == [("o_rowkey", 1)]
+    rows = db.execute("SELECT poduid, prediction, counter, rowkey FROM o ORDER BY counter")
+    assert rows.fetchall() == [
+        ("p", 1.0, 0, "j/0/0"),
+        ("p", 2.0, 1, "j/0/1"),
+        ("q", 3.0, 2, "j/0/2"),
+    ]
+
+
+def test_rows_that_are_not_all_floats_are_still_made_floats(db: sqlite3.Connection) -> None:
+    db.execute("CREATE TABLE t (a, b)")
+    db.executemany("INSERT INTO t VALUES (?, ?)", [(1, 2.5), (3.0, "4")])
+    answer = orjson.loads(sklearn_input(db, {"input_table_name": "t", "offset": "0"}))
+    assert answer == {"result": [[1.0, 2.5], [3.0, 4.0]], "total": 2}
+    assert isinstance(answer["result"][0][0], float)
