@@ -203,22 +203,23 @@ async def _namespace(
 
 
 async def _delete_admission_policy(api: client.ApiClient, namespace: str) -> None:
-    """The chart's admission policy for a controller released in ``namespace``, if any.
+    """The chart's admission policies for a controller released in ``namespace``, if any.
 
     It is cluster-scoped (named after the release and its namespace), so the
     namespace's deletion does not take it.
     """
     admission = client.AdmissionregistrationV1Api(api)
-    name = f"{chart.FULLNAME}-{namespace}-own-objects"
-    for delete in (
-        admission.delete_validating_admission_policy_binding,
-        admission.delete_validating_admission_policy,
-    ):
-        try:
-            await delete(name)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+    for policy in ("own-objects", "runner-pods"):
+        name = f"{chart.FULLNAME}-{namespace}-{policy}"
+        for delete in (
+            admission.delete_validating_admission_policy_binding,
+            admission.delete_validating_admission_policy,
+        ):
+            try:
+                await delete(name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
 
 
 @pytest.fixture

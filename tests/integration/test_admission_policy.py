@@ -8,6 +8,8 @@ includes it), which shows the controller never needs more.
 
 from __future__ import annotations
 
+import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from controller.reconcile import RUNS
 from hack.cluster import LocalCluster
 from hack.crds import install_crds
 from tests import chart
+from tests.chart import Obj
 from tests.kubehelpers import controller_ref, eventually
 from tests.runs import inference_run
 
@@ -45,7 +48,14 @@ def job(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
         "metadata": {"name": name, **({"labels": labels} if labels else {})},
         "spec": {
             "suspend": True,
-            "template": {"spec": {"restartPolicy": "Never", "containers": [container]}},
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    # The one account the chart lets the controller's Jobs run as.
+                    "serviceAccountName": chart.RUNNER_SERVICE_ACCOUNT,
+                    "containers": [container],
+                }
+            },
         },
     }
 
@@ -193,3 +203,227 @@ async def test_a_child_an_inference_run_controls_may_be_adopted_and_nothing_else
         as_controller.patch(CONFIGMAPS, namespace, "not-a-child", {"metadata": {"labels": OWN}})
     )
     await refused(as_controller.delete(CONFIGMAPS, namespace, "not-a-child"))
+
+
+# --------------------------------------------------------------------------------------------
+# What the controller's Jobs and CronJobs may run: the label says whose a Job is,
+# not what it runs. Each refusal is tried with `kubectl --as` the controller's
+# ServiceAccount and a server-side dry run, so a policy that let one through
+# would still create nothing.
+
+
+def runner_job(name: str, account: str | None = chart.RUNNER_SERVICE_ACCOUNT, **pod: Any) -> Obj:
+    body = job(name, OWN)
+    spec = body["spec"]["template"]["spec"]
+    spec.pop("serviceAccountName")
+    if account is not None:
+        spec["serviceAccountName"] = account
+    spec.update(pod)
+    return body
+
+
+def runner_cronjob(name: str, account: str) -> Obj:
+    body = cronjob(name, OWN)
+    body["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"] = account
+    return body
+
+
+def try_as_controller(
+    cluster: LocalCluster, release: str, target: str, body: Obj
+) -> subprocess.CompletedProcess[str]:
+    user = chart.service_account_user(release, chart.CONTROLLER_SERVICE_ACCOUNT)
+    return cluster.kubectl(
+        "create",
+        "--dry-run=server",
+        "-n",
+        target,
+        f"--as={user}",
+        "-o",
+        "name",
+        "-f",
+        "-",
+        input=json.dumps(body),
+        check=False,
+    )
+
+
+def assert_refused(done: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert done.returncode != 0, f"accepted: {done.stdout}"
+    assert "kserve-inference-controller may" in done.stderr, done.stderr
+    for fragment in fragments:
+        assert fragment in done.stderr, done.stderr
+
+
+def assert_accepted(done: subprocess.CompletedProcess[str]) -> None:
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip(), "the dry run named no object"
+
+
+async def wait_pods_policy(cluster: LocalCluster, release: str, target: str) -> None:
+    """The pods policy in force (a new policy takes a moment to reach admission)."""
+
+    async def enforced() -> bool:
+        done = try_as_controller(cluster, release, target, runner_job("probe", account="nobody"))
+        return done.returncode != 0 and "may only run jobs as" in done.stderr
+
+    await eventually(enforced, within=30, interval=0.5, what="the runner-pods policy in force")
+
+
+async def test_jobs_run_only_as_the_runner_service_account(
+    cluster: LocalCluster, namespace: str, all_namespaces_release: list[Any]
+) -> None:
+    await wait_pods_policy(cluster, namespace, namespace)
+    assert_accepted(try_as_controller(cluster, namespace, namespace, runner_job("ok")))
+    assert_accepted(
+        try_as_controller(
+            cluster, namespace, namespace, runner_cronjob("ok", chart.RUNNER_SERVICE_ACCOUNT)
+        )
+    )
+    for account in ("default", "admin-ish", chart.CONTROLLER_SERVICE_ACCOUNT):
+        assert_refused(
+            try_as_controller(cluster, namespace, namespace, runner_job("j", account=account)),
+            f"would run as {account}",
+            chart.RUNNER_SERVICE_ACCOUNT,
+        )
+    # No serviceAccountName is the namespace's "default" account: refused too.
+    assert_refused(
+        try_as_controller(cluster, namespace, namespace, runner_job("j", account=None)),
+        "would run as default",
+    )
+    # The deprecated alias (serviceAccount) cannot smuggle another account in.
+    sneaky = runner_job("j", account=None, serviceAccount="admin-ish")
+    assert_refused(try_as_controller(cluster, namespace, namespace, sneaky), "admin-ish")
+    assert_refused(
+        try_as_controller(cluster, namespace, namespace, runner_cronjob("c", "admin-ish")),
+        "may only run cronjobs as",
+    )
+
+
+async def test_kube_system_accounts_cannot_be_borrowed(
+    cluster: LocalCluster, namespace: str, all_namespaces_release: list[Any]
+) -> None:
+    """All-namespaces mode: RBAC lets the controller create Jobs in kube-system."""
+    await wait_pods_policy(cluster, namespace, "kube-system")
+    # The attack: a labelled Job running as a kube-system controller's account.
+    borrowed = runner_job("escalate", account="clusterrole-aggregation-controller")
+    assert_refused(try_as_controller(cluster, namespace, "kube-system", borrowed))
+    # Even as the runner's account name, nothing runs in kube-system.
+    assert_refused(
+        try_as_controller(cluster, namespace, "kube-system", runner_job("j")),
+        "may not run jobs in kube-system",
+    )
+
+
+@pytest.mark.parametrize(
+    ("pod", "expected"),
+    [
+        ({"hostNetwork": True}, "network, PID or IPC namespace"),
+        ({"hostPID": True}, "network, PID or IPC namespace"),
+        ({"hostIPC": True}, "network, PID or IPC namespace"),
+        (
+            {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]},
+            "may not mount hostPath volumes",
+        ),
+        (
+            {
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "x:1",
+                        "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}},
+                    }
+                ]
+            },
+            "may not run privileged containers or add",
+        ),
+        (
+            {
+                "initContainers": [
+                    {
+                        "name": "i",
+                        "image": "x:1",
+                        "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}},
+                    }
+                ]
+            },
+            "may not run privileged containers or add",
+        ),
+    ],
+)
+async def test_jobs_never_reach_the_node(
+    cluster: LocalCluster,
+    namespace: str,
+    all_namespaces_release: list[Any],
+    pod: dict[str, Any],
+    expected: str,
+) -> None:
+    await wait_pods_policy(cluster, namespace, namespace)
+    assert_refused(
+        try_as_controller(cluster, namespace, namespace, runner_job("j", **pod)), expected
+    )
+
+
+@pytest.fixture
+def other_namespace(cluster: LocalCluster, namespace: str) -> Iterator[str]:
+    name = f"{namespace}-other"
+    cluster.kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false")
+
+
+async def test_privileged_containers_are_refused(
+    cluster: LocalCluster, namespace: str, all_namespaces_release: list[Any]
+) -> None:
+    """The policy refuses them; this control plane (--allow-privileged=false, as
+    many managed clusters) refuses them earlier, in validation. Either way none runs:
+    the policy's rule is for the clusters that allow privileged pods."""
+    await wait_pods_policy(cluster, namespace, namespace)
+    privileged = {"name": "c", "image": "x:1", "securityContext": {"privileged": True}}
+    done = try_as_controller(
+        cluster, namespace, namespace, runner_job("j", containers=[privileged])
+    )
+    assert done.returncode != 0, f"accepted: {done.stdout}"
+    assert (
+        "may not run privileged containers" in done.stderr
+        or "privileged: Forbidden: disallowed by cluster policy" in done.stderr
+    ), done.stderr
+
+
+async def test_configured_accounts_and_watched_namespaces(
+    cluster: LocalCluster, namespace: str, other_namespace: str
+) -> None:
+    """runnerServiceAccounts widens the accounts; watchNamespaces bounds where, even
+    where some other grant gives the controller RBAC beyond them."""
+    objects = chart.controller_rbac_objects(
+        namespace, [namespace], values={"admissionPolicy": {"runnerServiceAccounts": ["team-a"]}}
+    )
+    chart.apply(cluster, objects)
+    user = chart.service_account_user(namespace, chart.CONTROLLER_SERVICE_ACCOUNT)
+    grant = f"extra-{namespace}"[:63]
+    cluster.kubectl(
+        "create",
+        "rolebinding",
+        grant,
+        "-n",
+        other_namespace,
+        "--clusterrole=edit",
+        f"--user={user}",
+    )
+    try:
+        await wait_pods_policy(cluster, namespace, namespace)
+        assert_accepted(
+            try_as_controller(cluster, namespace, namespace, runner_job("a", account="team-a"))
+        )
+        assert_refused(
+            try_as_controller(cluster, namespace, namespace, runner_job("b", account="team-b")),
+            "would run as team-b",
+        )
+        # RBAC (the extra grant) allows it; the policy does not.
+        assert_refused(
+            try_as_controller(cluster, namespace, other_namespace, runner_job("c")),
+            f"{other_namespace} is not one",
+        )
+    finally:
+        chart.delete_cluster_scoped(cluster, objects)

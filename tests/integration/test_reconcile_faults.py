@@ -12,6 +12,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from hack.cluster import LocalCluster
+from tests import chart
 from tests.controllerproc import ControllerProcess
 from tests.integration.test_controller import OK, SLOW
 from tests.kubehelpers import eventually, job_manifest, wait_for_events
@@ -206,13 +207,30 @@ async def test_a_job_the_api_server_refuses_is_reported_with_its_words_then_crea
 
 
 async def test_a_job_that_cannot_create_pods_says_why(
-    runs: Runs, controller: ControllerProcess
+    api_client: client.ApiClient, runs: Runs, namespace: str, controller: ControllerProcess
 ) -> None:
-    await runs.create(inference_config("cfg", OK, serviceAccountName="no-such-account"))
+    # The runner's ServiceAccount gone (the chart made it): the Job is created,
+    # its pods never are.
+    await client.CoreV1Api(api_client).delete_namespaced_service_account(
+        chart.RUNNER_SERVICE_ACCOUNT, namespace
+    )
+    await runs.create(inference_config("cfg", OK))
     await runs.create(inference_run("r", "cfg"))
     stuck = await runs.wait_reason("r", "FailedCreate", within=40)
     assert status(stuck)["phase"] == "Pending"
-    assert "no-such-account" in status(stuck)["message"]
+    assert chart.RUNNER_SERVICE_ACCOUNT in status(stuck)["message"]
+    no_tracebacks(controller)
+
+
+async def test_a_service_account_the_chart_does_not_allow_is_refused(
+    runs: Runs, controller: ControllerProcess
+) -> None:
+    # The chart's admission policy pins the accounts the controller's Jobs run as
+    # (the runner's, and admissionPolicy.runnerServiceAccounts).
+    await runs.create(inference_config("cfg", OK, serviceAccountName="another-account"))
+    errored = await runs.create_and_wait(inference_run("r", "cfg"), "Error")
+    assert status(errored)["reason"] == "JobRefused"
+    assert "would run as another-account" in status(errored)["message"]
     no_tracebacks(controller)
 
 
