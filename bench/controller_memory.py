@@ -176,6 +176,12 @@ def main(argv: list[str] | None = None) -> int:
         help="connect through a kubeconfig (as `python -m controller` in development) "
         "instead of as a pod (the service account's token and CA, as the chart runs it)",
     )
+    parser.add_argument(
+        "--controller-python",
+        default=sys.executable,
+        help="the interpreter to run the controller with, e.g. a venv made from "
+        "deploy/images/requirements-controller.txt to measure the image's set of packages",
+    )
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
@@ -188,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         # keep the controller from ever settling.
         quiet = {"POLLING_INTERVAL": "1h"}
         in_cluster = not args.kubeconfig_mode
-        first = Controller(setup, WORKERS, "controller-1", quiet, in_cluster=in_cluster)
-        second = Controller(setup, WORKERS, "controller-2", quiet, in_cluster=in_cluster)
+        options: dict[str, Any] = {"in_cluster": in_cluster, "python": args.controller_python}
+        first = Controller(setup, WORKERS, "controller-1", quiet, **options)
+        second = Controller(setup, WORKERS, "controller-2", quiet, **options)
         try:
             first.start()
             first.wait_quiet()
@@ -234,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         f"load average (1/5/15 min) at start, middle, end: {' | '.join(loads)}",
         f"runs: {args.runs} (suspended one-shot runs, each with a ConfigMap and a Job)",
         "controller connected "
-        + ("through a kubeconfig" if args.kubeconfig_mode else "as a pod (service account)"),
+        + ("through a kubeconfig" if args.kubeconfig_mode else "as a pod (service account)")
+        + f", run by {args.controller_python}",
         "",
         "| controller | runs cached | RSS MiB | peak (VmHWM) MiB |",
         "|---|---|---|---|",

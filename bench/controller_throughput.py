@@ -249,6 +249,9 @@ class Controller:
     # kubelet's path, KUBERNETES_SERVICE_*), not through a kubeconfig: how the
     # chart runs it, and the only way that never loads kubernetes_asyncio.
     in_cluster: bool = False
+    # The interpreter to run it with: another venv (for example one with only
+    # the controller image's packages) measures what the image would hold.
+    python: str = sys.executable
     health_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     proc: Any = None
@@ -278,7 +281,9 @@ class Controller:
             "LOG_LEVEL": "WARNING",
             **self.extra_env,
         }
-        command = [sys.executable, "-m", "controller"]
+        command = [self.python, "-m", "controller"]
+        if self.python != sys.executable:
+            env["PYTHONPATH"] = str(REPO)  # the controller's code, that venv's packages
         if self.in_cluster:
             del env["KUBECONFIG"]
             env["KUBERNETES_SERVICE_HOST"] = "127.0.0.1"

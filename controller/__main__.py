@@ -24,7 +24,6 @@ import sys
 from typing import Any
 
 import structlog
-import yaml
 
 from controller import selfcheck
 from controller.controller import Controller
@@ -139,6 +138,9 @@ def check_kubeconfig(paths: str) -> None:
 
 
 def _read_kubeconfig(path: str) -> dict[str, Any]:
+    # Imported here: a controller in a pod reads no kubeconfig and need not hold it.
+    import yaml
+
     fix = "fix it or point KUBECONFIG or --kubeconfig at another file"
     try:
         with open(path, "rb") as file:
