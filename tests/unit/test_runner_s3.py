@@ -220,6 +220,32 @@ def test_failures_are_rejected_only_when_asking_again_cannot_help() -> None:
     assert not isinstance(throttled, StorageRejected)
 
 
+def test_a_400_without_a_reason_names_the_region_and_the_stores_words_are_unescaped() -> None:
+    from obstore.exceptions import GenericError
+
+    head = GenericError("Error performing HEAD - Server returned non-2xx status code: 400 Bad")
+    said = failure(head, "s3://b/k", "eu-west-3").message
+    assert said.startswith("s3://b/k: refused (400): the store gave no reason")
+    assert "requests are signed for eu-west-3" in said
+    assert "the default region" in failure(head, "s3://b/k").message
+    listing = GenericError(
+        "status code: 400 Bad Request: <Error><Code>AuthorizationHeaderMalformed</Code>"
+        "<Message>the region &#34;eu-west-3&#34; is wrong</Message></Error>"
+    )
+    assert failure(listing, "w", "eu-west-3").message == (
+        'w: refused (400): AuthorizationHeaderMalformed: the region "eu-west-3" is wrong'
+    )
+    full = GenericError(
+        "status code: 507 Insufficient Storage: <Error><Code>InsufficientStorage</Code>"
+        "<Message>No space left on device.</Message></Error>"
+    )
+    out_of_space = failure(full, "writing s3://b/k")
+    assert not isinstance(out_of_space, StorageRejected)
+    assert out_of_space.message == (
+        "writing s3://b/k: InsufficientStorage: No space left on device."
+    )
+
+
 # -- formats --------------------------------------------------------------------------
 
 
