@@ -299,6 +299,31 @@ async def test_a_column_the_query_names_but_the_table_lacks_is_refused(
     assert 'column "colour" does not exist' in outcome.termination
 
 
+@pytest.mark.parametrize("side", ["input", "output"])
+async def test_a_missing_table_is_refused_by_name_before_any_prediction(
+    world: World, postgres: Database, side: str
+) -> None:
+    seed(postgres, 20)
+    query = "SELECT * FROM no_such_samples" if side == "input" else "SELECT * FROM samples"
+    run = contract(world.model_server.infer_url(), postgres, query=query)
+    run["output"]["postgres"]["createTable"] = False
+
+    outcome = await world.run(run, secrets(postgres))
+
+    code = ExitCode.INPUT_REJECTED if side == "input" else ExitCode.OUTPUT_REJECTED
+    assert outcome.exit_code == code, outcome.termination
+    assert outcome.termination.startswith(f"{side}: postgres 127.0.0.1:{postgres.server.port}/")
+    if side == "input":
+        assert 'relation "no_such_samples" does not exist' in outcome.termination
+        assert "[SQLSTATE 42P01]" in outcome.termination
+    else:
+        assert "table predictions does not exist (createTable: true creates it)" in (
+            outcome.termination
+        )
+    assert not any(e.get("event") == "inference started" for e in outcome.events())
+    assert not postgres.query("SELECT to_regclass('predictions') IS NOT NULL")[0][0]
+
+
 async def test_an_output_table_missing_a_carried_column_is_refused(
     world: World, postgres: Database
 ) -> None:
