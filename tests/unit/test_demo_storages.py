@@ -55,3 +55,18 @@ def test_the_s3_example_resolves_and_the_demo_points_it_at_loopback() -> None:
     assert isinstance(sink, S3Provider)
     assert (source.settings.format, sink.settings.format) == ("parquet", "parquet")
     assert find_inline_credentials(entries) == []
+
+
+def test_examples_beyond_krateo_storage_name_this_projects_runner_image() -> None:
+    """Upstream's runner images (kserve-krateo-runner) know only the krateo provider."""
+    checked = 0
+    for path in sorted((REPO / "examples").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc["kind"] != "InferenceConfig":
+                continue
+            providers = {key for side in doc["spec"]["storage"].values() for key in side}
+            if providers <= {"krateo"}:
+                continue
+            checked += 1
+            assert "kserve-krateo-runner" not in doc["spec"]["image"], (path.name, providers)
+    assert checked >= 3
