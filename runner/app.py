@@ -285,7 +285,10 @@ async def execute(
     started = clock()
     deadline = Deadline(env.deadline_seconds, clock)
     connector = aiohttp.TCPConnector(limit=work.batches.concurrency + 2)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    # trust_env: model and storage calls honour HTTP(S)_PROXY and NO_PROXY (and
+    # ~/.netrc), as curl, requests and every HTTP client users know do. The
+    # Secret reads never do (runner.secrets.KubernetesSecretReader).
+    async with aiohttp.ClientSession(connector=connector, trust_env=True) as session:
         ctx = StorageContext(
             session=session,
             secrets=secrets,

@@ -356,7 +356,8 @@ async def run(
         )
         watched = _WatchedSecrets(call.secrets(secrets))
         deadline = Deadline(env.deadline_seconds)
-        async with aiohttp.ClientSession() as session:
+        # The same proxy rule as a run's (runner.app.execute).
+        async with aiohttp.ClientSession(trust_env=True) as session:
             ctx = StorageContext(
                 session=session,
                 secrets=watched,
