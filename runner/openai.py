@@ -443,20 +443,34 @@ class Reply:
     request_id: str | None
 
 
+_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
+
+
 class OpenAIClient:
     """POSTs to one OpenAI-compatible API over one aiohttp session."""
 
     def __init__(self, session: aiohttp.ClientSession, target: OpenAITarget) -> None:
         self._session = session
         self.target = target
+        self._urls = {endpoint: target.url(endpoint) for endpoint in ENDPOINTS}
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
+
+    def _timeout(self, limit: float) -> aiohttp.ClientTimeout:
+        # The limit is the request timeout until the run's deadline comes near.
+        timeout = self._timeouts.get(limit)
+        if timeout is None:
+            timeout = aiohttp.ClientTimeout(total=limit)
+            if len(self._timeouts) < 4:
+                self._timeouts[limit] = timeout
+        return timeout
 
     async def post(self, endpoint: OpenAIEndpoint, body: dict[str, Any], limit: float) -> Reply:
         try:
             async with self._session.post(
-                self.target.url(endpoint),
+                self._urls[endpoint],
                 data=orjson.dumps(body),
-                headers={"Content-Type": "application/json", "Accept": "application/json"},
-                timeout=aiohttp.ClientTimeout(total=limit),
+                headers=_HEADERS,
+                timeout=self._timeout(limit),
             ) as response:
                 answer = await response.read()
                 request_id = response.headers.get("X-Request-Id")
@@ -513,7 +527,25 @@ class OpenAIPredictor:
         )
 
     async def _call(self, endpoint: OpenAIEndpoint, body: dict[str, Any]) -> Reply:
+        """The answer to ``body``, retried as :mod:`runner.retry` says.
+
+        The first attempt is made here, outside the retry machinery (tenacity's
+        set-up costs about as much CPU as the request itself, and most requests
+        succeed at once); a transient failure of it is handed to
+        :func:`~runner.retry.call_with_retries` as its own first attempt, so
+        the waits, the counts and the messages are the same.
+        """
+        limit = self.deadline.cap(self.plan.request_timeout)
+        failed: list[Transient] = []
+        if limit > 0:
+            try:
+                return await self.client.post(endpoint, body, limit)
+            except Transient as error:
+                failed.append(error)
+
         async def attempt(limit: float) -> Reply:
+            if failed:
+                raise failed.pop()
             return await self.client.post(endpoint, body, limit)
 
         return await call_with_retries(

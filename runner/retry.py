@@ -34,6 +34,9 @@ from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
 T = TypeVar("T")
+# The jitter's source when the caller gives none: one per process (seeding a new
+# Random from the OS on every call cost more than the call itself on a fast path).
+_RNG = random.Random()
 
 
 class Transient(Exception):
@@ -157,7 +160,7 @@ async def call_with_retries(
     retrying = AsyncRetrying(
         retry=retry_if_exception_type(Transient),
         stop=counted | _StopAtDeadline(deadline),
-        wait=_Wait(policy, rng or random.Random()),
+        wait=_Wait(policy, rng or _RNG),
         sleep=sleep,
         before_sleep=before_sleep,
         reraise=True,
