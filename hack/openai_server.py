@@ -37,6 +37,10 @@ the server's words.
 next ``N`` model requests with ``status`` (and ``Retry-After`` when given);
 ``GET /admin/stats`` gives ``{"requests", "answered", "faulted"}``;
 ``POST /admin/reset`` clears both.
+
+``--delay SECONDS`` makes every answer wait that long first (an asyncio sleep:
+no CPU), as a model generating its answer would; benchmarks use it to compare
+clients against a server whose latency, not its CPU, sets the pace.
 """
 
 from __future__ import annotations
@@ -156,7 +160,8 @@ class Faults:
 class OpenAIServer:
     """The aiohttp application: routes, validation with KServe's types, faults."""
 
-    def __init__(self) -> None:
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
         self.types = kserve_openai_types()
         self.faults = Faults()
         self._ids = itertools.count(1)
@@ -193,7 +198,9 @@ class OpenAIServer:
             headers=headers,
         )
 
-    def _answer(self, body: Any) -> web.Response:
+    async def _answer(self, body: Any) -> web.Response:
+        if self.delay:
+            await asyncio.sleep(self.delay)
         self.faults.answered += 1
         request_id = f"req-{next(self._ids)}"
         return self._json(
@@ -242,7 +249,7 @@ class OpenAIServer:
             return parsed
         messages = [m.model_dump(mode="json") for m in parsed.messages]
         text, reason = chat_reply(messages, parsed.max_tokens)
-        return self._answer(
+        return await self._answer(
             types.CreateChatCompletionResponse(
                 id=f"chatcmpl-{self.faults.answered}",
                 choices=[
@@ -269,7 +276,7 @@ class OpenAIServer:
         if prompt is None:
             return self.error(400, "prompt must be a string", "invalid_request_error", "prompt")
         text, reason = completion_text(prompt, parsed.max_tokens)
-        return self._answer(
+        return await self._answer(
             types.CreateCompletionResponse(
                 id=f"cmpl-{self.faults.answered}",
                 choices=[types.Choice(finish_reason=reason, index=0, logprobs=None, text=text)],
@@ -289,7 +296,7 @@ class OpenAIServer:
         texts = [t for t in given if isinstance(t, str)]
         if len(texts) != len(given):
             return self.error(400, "input must be text", "invalid_request_error", "input")
-        return self._answer(
+        return await self._answer(
             types.CreateEmbeddingResponse(
                 data=[
                     types.Embedding(index=i, embedding=embedding(t), object="embedding")
@@ -335,8 +342,8 @@ class OpenAIServer:
         )
 
 
-async def serve(host: str, port: int) -> None:
-    runner = web.AppRunner(OpenAIServer().app(), access_log=None)
+async def serve(host: str, port: int, delay: float = 0.0) -> None:
+    runner = web.AppRunner(OpenAIServer(delay).app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -353,8 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--port", type=int, default=8081, help="HTTP port")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument(
+        "--delay", type=float, default=0.0, help="seconds every answer waits (generation time)"
+    )
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.host, args.port))
+    asyncio.run(serve(args.host, args.port, args.delay))
     return 0
 
 
