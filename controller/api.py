@@ -59,8 +59,13 @@ from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
 from controller.cron import Schedule, TimeZone
-from runner.contract import Batching, KServe
-from runner.credentials import find_inline_credentials, is_credential_env, text_has_credential
+from runner.contract import MODEL_CA_FILE, MODEL_TOKEN_FILE, Batching, KServe, ModelTransport
+from runner.credentials import (
+    find_inline_credentials,
+    is_credential_env,
+    is_credential_key,
+    text_has_credential,
+)
 from runner.termination import RunResult
 
 GROUP = "ai.krateo.io"
@@ -729,10 +734,118 @@ class InferenceServiceRef(_Model):
     prefer_address: PreferAddress = "internal"
 
 
+# HTTP header names (RFC 9110 tokens).
+HEADER_NAME_PATTERN = "^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"
+SECRET_KEY_PATTERN = "^[-._a-zA-Z0-9]+$"
+MAX_MODEL_HEADERS = 32
+# A projected ServiceAccount token lives at least 10 minutes (the API server's minimum).
+MIN_TOKEN_EXPIRATION_SECONDS = 600
+
+
+class TokenSecretRef(_Model):
+    """A Secret key holding a bearer token, in the run's namespace (mounted into the pod)."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    key: str = Field(default="token", min_length=1, max_length=253, pattern=SECRET_KEY_PATTERN)
+
+
+class ServiceAccountToken(_Model):
+    """A projected token of the runner's ServiceAccount for ``audience``."""
+
+    audience: str = Field(min_length=1, max_length=1024)
+    expiration_seconds: int = Field(
+        default=3600, ge=MIN_TOKEN_EXPIRATION_SECONDS, le=MAX_DEADLINE_SECONDS
+    )
+
+
+class ModelAuth(_Model):
+    """``spec.kserve.auth``: the bearer token the runner sends the model (exactly one source)."""
+
+    bearer_token_secret_ref: TokenSecretRef | None = None
+    service_account_token: ServiceAccountToken | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> Self:
+        if (self.bearer_token_secret_ref is None) == (self.service_account_token is None):
+            raise PydanticCustomError(
+                "InvalidSpec",
+                "kserve.auth needs exactly one of bearerTokenSecretRef and serviceAccountToken",
+            )
+        return self
+
+
+class CASecretRef(_Model):
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    key: str = Field(default="ca.crt", min_length=1, max_length=253, pattern=SECRET_KEY_PATTERN)
+
+
+class CABundle(_Model):
+    """A PEM bundle of CAs in a Secret or a ConfigMap of the run's namespace (exactly one)."""
+
+    secret_ref: CASecretRef | None = None
+    config_map_ref: CASecretRef | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> Self:
+        if (self.secret_ref is None) == (self.config_map_ref is None):
+            raise PydanticCustomError(
+                "InvalidSpec", "kserve.tls.caBundle needs exactly one of secretRef and configMapRef"
+            )
+        return self
+
+
+class ModelTLS(_Model):
+    """``spec.kserve.tls``: how the model's certificate is checked."""
+
+    ca_bundle: CABundle | None = None
+    insecure_skip_verify: bool = False
+
+
+def _model_headers(value: dict[str, str] | None) -> dict[str, str] | None:
+    for name in value or {}:
+        if not re.fullmatch(HEADER_NAME_PATTERN, name):
+            raise PydanticCustomError(
+                "InvalidSpec", "kserve.headers: {name!r} is not a header name", {"name": name}
+            )
+        if is_credential_key(name):
+            raise PydanticCustomError(
+                "InlineCredentials",
+                "kserve.headers.{name} carries a credential: headers reach the contract, a "
+                "ConfigMap and the run's status; use kserve.auth (a Secret or a ServiceAccount "
+                "token) instead",
+                {"name": name},
+            )
+    return value
+
+
+ModelHeaders = Annotated[
+    dict[str, Annotated[str, Field(max_length=4096)]] | None,
+    Field(max_length=MAX_MODEL_HEADERS),
+    AfterValidator(_model_headers),
+]
+
+
 class KServeSpec(KServe):
-    """``spec.kserve``: the contract's model fields, or a reference to an InferenceService."""
+    """``spec.kserve``: the contract's model fields, or a reference to an InferenceService,
+    and how the runner reaches the model (auth, headers, TLS)."""
 
     inference_service_ref: InferenceServiceRef | None = None
+    auth: ModelAuth | None = None
+    headers: ModelHeaders = None
+    tls: ModelTLS | None = None
+
+    def model_transport(self) -> ModelTransport | None:
+        """What the contract says of it: header values and the paths of mounted files."""
+        insecure = self.tls is not None and self.tls.insecure_skip_verify
+        ca = self.tls is not None and self.tls.ca_bundle is not None
+        if not (self.auth or self.headers or insecure or ca):
+            return None
+        return ModelTransport(
+            headers=dict(self.headers) if self.headers else None,
+            token_file=MODEL_TOKEN_FILE if self.auth is not None else None,
+            ca_file=MODEL_CA_FILE if ca and not insecure else None,
+            insecure_skip_verify=True if insecure else None,
+        )
 
 
 class InferenceConfigSpec(_Model):
@@ -780,6 +893,7 @@ class InferenceConfigSpec(_Model):
             model_version=pick(nested.model_version, self.model_version),
             model_input_name=pick(nested.model_input_name, self.model_input_name),
             openai=nested.openai,
+            transport=nested.model_transport(),
         )
 
     @field_validator("image")
@@ -1200,6 +1314,18 @@ def describe_invalid(exc: ValidationError | InvalidObject) -> tuple[str, str]:
     return reason, "; ".join(parts)[:MAX_MESSAGE_LENGTH]
 
 
+INSECURE_WARNING = (
+    "InsecureSkipVerify",
+    "kserve.tls.insecureSkipVerify is true: the model's certificate is not checked, so "
+    "whoever sits between the runner and the model can read and change its requests",
+)
+
+
+def insecure_skip_verify(config: InferenceConfig) -> bool:
+    tls = config.spec.kserve.tls if config.spec.kserve is not None else None
+    return tls is not None and tls.insecure_skip_verify
+
+
 def run_config_warnings(run: InferenceRun, config: InferenceConfig) -> list[tuple[str, str]]:
     """``(reason, message)`` for each thing a valid pair does differently than written."""
     warnings: list[tuple[str, str]] = []
@@ -1232,6 +1358,8 @@ def run_config_warnings(run: InferenceRun, config: InferenceConfig) -> list[tupl
             )
         )
     spec = config.spec
+    if insecure_skip_verify(config):
+        warnings.append(INSECURE_WARNING)
     if spec.kserve is not None:
         for field in ("model_name", "model_url", "model_version", "model_input_name"):
             nested, flat = getattr(spec.kserve, field), getattr(spec, field)

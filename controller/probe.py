@@ -30,11 +30,13 @@ from controller.api import (
     CONDITION_READY,
     CONDITION_RECONCILING,
     CONDITION_STALLED,
+    INSECURE_WARNING,
     Condition,
     InferenceConfig,
     InferenceConfigStatus,
     RunnerPodDefaults,
     find_condition,
+    insecure_skip_verify,
     set_condition,
 )
 from controller.isvc import ModelProblem, Resolution, ResolvedModel, contract_model
@@ -42,7 +44,7 @@ from controller.kube.resources import Obj
 from controller.naming import PROBE_GENERATION_ANNOTATION, probe_name
 from controller.plan import Event
 from controller.render import CONTAINER_NAME, desired_probe
-from controller.status import EXIT_REASONS, one_line, parse_time
+from controller.status import CONDITION_WARNING, EXIT_REASONS, one_line, parse_time
 
 # While a probe runs, look again at least this often (its pod's events also bring the config back).
 PROBE_RECHECK = 15.0
@@ -190,6 +192,14 @@ def plan_config(view: ConfigView) -> ConfigPlan:
             generation,
         ),
     )
+    # A config that turns a safety off says so for as long as it does.
+    if view.config is not None and insecure_skip_verify(view.config):
+        reason, message = INSECURE_WARNING
+        conditions = set_condition(
+            conditions, _condition(CONDITION_WARNING, True, reason, message, view.now, generation)
+        )
+    else:
+        conditions = [c for c in conditions if c.type != CONDITION_WARNING]
     status = InferenceConfigStatus(
         conditions=conditions,
         observed_generation=generation,

@@ -64,7 +64,7 @@ from controller.naming import (
     job_name,
     probe_labels,
 )
-from runner.contract import Contract, KServe, Sharding
+from runner.contract import MODEL_CA_DIR, MODEL_TOKEN_DIR, Contract, KServe, Sharding
 from runner.exitcodes import PERMANENT
 from runner.paths import CONTRACT, TERMINATION_LOG
 from runner.paths import CONTRACT_DIR as CONTRACT_DIR
@@ -211,6 +211,14 @@ def build_contract(
     )
 
 
+def kserve_document(kserve: KServe) -> dict[str, Any]:
+    """The contract's ``kserve``: empty fields left out, and the transport's unset ones."""
+    model = {k: v for k, v in kserve.model_dump(by_alias=True).items() if v}
+    if kserve.transport is not None:
+        model["transport"] = kserve.transport.model_dump(by_alias=True, exclude_none=True)
+    return model
+
+
 def contract_document(
     run: InferenceRun,
     config: InferenceConfig,
@@ -220,7 +228,7 @@ def contract_document(
 ) -> dict[str, Any]:
     """The contract as an ordered dict: exactly the keys and order of the file."""
     contract = build_contract(run, config, name=name, kserve=kserve)
-    model = {k: v for k, v in contract.kserve.model_dump(by_alias=True).items() if v}
+    model = kserve_document(contract.kserve)
     doc: dict[str, Any] = {"jobId": contract.job_id, "jobName": contract.job_name, "kserve": model}
     if contract.input:
         doc["input"] = _sorted(contract.input)
@@ -396,6 +404,7 @@ def _pod_spec(
             },
         ],
     }
+    _model_volumes(config, pod)
     account = config.spec.service_account_name or service_account
     if account:
         pod["serviceAccountName"] = account
@@ -410,6 +419,76 @@ def _pod_spec(
     if shape.priority_class_name:
         pod["priorityClassName"] = shape.priority_class_name
     return pod
+
+
+MODEL_TOKEN_VOLUME = "model-token"
+MODEL_CA_VOLUME = "model-ca"
+
+
+def _model_volumes(config: InferenceConfig, pod: dict[str, Any]) -> None:
+    """The model's bearer token and CA bundle, mounted where the contract's transport says.
+
+    Whole volumes, not subPath mounts: the kubelet then rewrites a rotated
+    Secret or ServiceAccount token in place, and the runner reads it again.
+    """
+    kserve = config.spec.kserve
+    if kserve is None:
+        return
+    container = pod["containers"][0]
+    auth = kserve.auth
+    if auth is not None:
+        if auth.bearer_token_secret_ref is not None:
+            ref = auth.bearer_token_secret_ref
+            source: dict[str, Any] = {
+                "secret": {
+                    "secretName": ref.name,
+                    "items": [{"key": ref.key, "path": "token"}],
+                    "defaultMode": 0o440,
+                }
+            }
+        else:
+            assert auth.service_account_token is not None
+            sat = auth.service_account_token
+            source = {
+                "projected": {
+                    "sources": [
+                        {
+                            "serviceAccountToken": {
+                                "audience": sat.audience,
+                                "expirationSeconds": sat.expiration_seconds,
+                                "path": "token",
+                            }
+                        }
+                    ],
+                    "defaultMode": 0o440,
+                }
+            }
+        pod["volumes"].append({"name": MODEL_TOKEN_VOLUME, **source})
+        container["volumeMounts"].append(
+            {"name": MODEL_TOKEN_VOLUME, "mountPath": MODEL_TOKEN_DIR, "readOnly": True}
+        )
+    tls = kserve.tls
+    if tls is not None and tls.ca_bundle is not None and not tls.insecure_skip_verify:
+        bundle = tls.ca_bundle
+        if bundle.secret_ref is not None:
+            ca: dict[str, Any] = {
+                "secret": {
+                    "secretName": bundle.secret_ref.name,
+                    "items": [{"key": bundle.secret_ref.key, "path": "ca.crt"}],
+                }
+            }
+        else:
+            assert bundle.config_map_ref is not None
+            ca = {
+                "configMap": {
+                    "name": bundle.config_map_ref.name,
+                    "items": [{"key": bundle.config_map_ref.key, "path": "ca.crt"}],
+                }
+            }
+        pod["volumes"].append({"name": MODEL_CA_VOLUME, **ca})
+        container["volumeMounts"].append(
+            {"name": MODEL_CA_VOLUME, "mountPath": MODEL_CA_DIR, "readOnly": True}
+        )
 
 
 def _template_metadata(labels: dict[str, str], shape: RunnerPodDefaults) -> dict[str, Any]:
@@ -559,7 +638,7 @@ def probe_contract(
     """A run's contract without a run: the config's model (``model`` when resolved from its
     InferenceService) and storage, no parameters."""
     fields = model if model is not None else config.spec.effective_kserve()
-    kserve = {k: v for k, v in fields.model_dump(by_alias=True).items() if v}
+    kserve = kserve_document(fields)
     doc: dict[str, Any] = {"jobId": config.metadata.uid, "jobName": name, "kserve": kserve}
     if config.spec.storage.input:
         doc["input"] = _sorted(config.spec.storage.input)

@@ -17,22 +17,28 @@ from __future__ import annotations
 
 import random
 import socket
+import ssl
 from collections import Counter
+from collections.abc import Callable
 
 import aiohttp
 import orjson
 from aiohttp import web
 
 
-async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
-    """``app`` on a free loopback port: its runner (to clean up) and ``http://127.0.0.1:<port>``."""
+async def serve(
+    app: web.Application, ssl_context: ssl.SSLContext | None = None
+) -> tuple[web.AppRunner, str]:
+    """``app`` on a free loopback port: its runner (to clean up) and ``http://127.0.0.1:<port>``
+    (``https://`` with ``ssl_context``)."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     # Binding the socket here tells us the port the kernel chose.
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    await web.SockSite(runner, sock).start()
-    return runner, f"http://127.0.0.1:{sock.getsockname()[1]}"
+    await web.SockSite(runner, sock, ssl_context=ssl_context).start()
+    scheme = "https" if ssl_context is not None else "http"
+    return runner, f"{scheme}://127.0.0.1:{sock.getsockname()[1]}"
 
 
 class LoopbackApp:
@@ -43,6 +49,8 @@ class LoopbackApp:
     """
 
     base_path = ""
+    # Serve HTTPS with this context (None: HTTP).
+    ssl_context: ssl.SSLContext | None = None
 
     def __init__(self) -> None:
         self.url = ""
@@ -52,7 +60,7 @@ class LoopbackApp:
         raise NotImplementedError
 
     async def start(self) -> str:
-        self._runner, address = await serve(self.application())
+        self._runner, address = await serve(self.application(), self.ssl_context)
         self.url = address + self.base_path
         return self.url
 
@@ -149,3 +157,45 @@ class FaultProxy(ForwardingProxy):
             inputs = orjson.loads(body).get("inputs") or [{}]
             self.forwarded_rows += int((inputs[0].get("shape") or [0])[0])
         return answer
+
+
+class AuthProxy(ForwardingProxy):
+    """Forwards to ``target`` only requests carrying ``Authorization: Bearer <token>``.
+
+    What an authenticating gateway in front of a KServe model does (KServe's
+    ``serving.kserve.io/enable-auth``): any other request is answered 401
+    ``Jwt is missing`` or ``Jwt verification fails``, as Istio does. ``token``
+    may change at any time (a rotation); ``on_request`` is called with each
+    request before it is judged. ``tokens`` are the bearer tokens seen,
+    ``hosts`` the ``Host`` headers, ``refused`` how many requests got a 401.
+    With ``token`` None every bearer token is accepted (and recorded).
+    """
+
+    def __init__(
+        self, target: str, token: str | None, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
+        super().__init__(target)
+        self.token = token
+        self.ssl_context = ssl_context
+        self.tokens: list[str] = []
+        self.hosts: Counter[str] = Counter()
+        self.refused = 0
+        self.forwarded = 0
+        self.on_request: Callable[[web.Request], None] | None = None
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        if self.on_request is not None:
+            self.on_request(request)
+        self.hosts[request.headers.get("Host", "")] += 1
+        given = request.headers.get("Authorization", "")
+        bearer = given.removeprefix("Bearer ") if given.startswith("Bearer ") else None
+        if bearer is not None:
+            self.tokens.append(bearer)
+        if bearer is None or (self.token is not None and bearer != self.token):
+            self.refused += 1
+            # What Istio's request authentication (KServe's gateway) answers.
+            said = "Jwt is missing" if bearer is None else "Jwt verification fails"
+            return web.Response(text=said, status=401)
+        self.forwarded += 1
+        return await self.forward(request, body)

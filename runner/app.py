@@ -87,6 +87,7 @@ from runner.storage.base import (
     explain,
 )
 from runner.termination import RunResult
+from runner.transport import model_session
 
 
 @dataclass(frozen=True)
@@ -288,7 +289,10 @@ async def execute(
     # trust_env: model and storage calls honour HTTP(S)_PROXY and NO_PROXY (and
     # ~/.netrc), as curl, requests and every HTTP client users know do. The
     # Secret reads never do (runner.secrets.KubernetesSecretReader).
-    async with aiohttp.ClientSession(connector=connector, trust_env=True) as session:
+    # The model has a session of its own: its headers, bearer token and TLS
+    # settings (runner.transport) must never reach the storage.
+    to_model = model_session(work.contract.kserve.transport, work.batches.concurrency + 2)
+    async with aiohttp.ClientSession(connector=connector, trust_env=True) as session, to_model:
         ctx = StorageContext(
             session=session,
             secrets=secrets,
@@ -301,7 +305,7 @@ async def execute(
             part=Partition(work.shard_index, work.shard_count),
         )
         try:
-            return await _execute(work, ctx, session, deadline, state, log, clock, started)
+            return await _execute(work, ctx, to_model, deadline, state, log, clock, started)
         finally:
             await storage.close(work.input, work.output)
 

@@ -68,6 +68,7 @@ from runner.exitcodes import (
     ExitCode,
     InferenceError,
     InferenceRejected,
+    ModelAuthFailed,
 )
 from runner.httputil import RETRYABLE_4XX, server_message, unanswered
 from runner.inference import (
@@ -91,6 +92,7 @@ from runner.storage.base import (
     StorageProvider,
     StorageRejected,
 )
+from runner.transport import AUTH_REFUSALS, model_session
 
 MODEL_TIMEOUT_SECONDS = 10.0
 MAX_INPUTS_SHOWN = 16
@@ -271,9 +273,9 @@ async def check_model(
     answered = f"{who}{what} answered {status}: {server_message(body)}"
     if status >= 500 or status in RETRYABLE_4XX:
         raise InferenceError(answered)
+    if status in AUTH_REFUSALS:
+        raise ModelAuthFailed(f"the model refused access (see kserve.auth): {answered}")
     if not probe.metadata:
-        if status in (401, 403):
-            raise InferenceRejected(answered)
         return success_message(probe, None, [])
     if not 200 <= status < 300:
         raise InferenceRejected(answered)
@@ -378,7 +380,8 @@ async def run(
                 saw[role] = await _probe(role, provider, ctx)
             log.info("check step passed", step="storage", **saw)
             step.name = "inference"
-            message = await check_model(session, contract, probe, deadline)
+            async with model_session(contract.kserve.transport) as to_model:
+                message = await check_model(to_model, contract, probe, deadline)
             log.info("check step passed", step="model", url=probe.url)
     except (asyncio.CancelledError, Exception) as error:
         return call.failed(error, step.name, f"check stopped during {step.name}")

@@ -117,6 +117,32 @@ class OpenAI(_Model):
         return "record" if self.format == "batch" else "fail"
 
 
+# Where a runner pod finds its model credentials (the controller mounts them there):
+# the bearer token (a Secret's key, or a projected ServiceAccount token) and the CA bundle.
+MODEL_TOKEN_DIR = "/var/run/secrets/kserve-inference/model-token"
+MODEL_TOKEN_FILE = f"{MODEL_TOKEN_DIR}/token"
+MODEL_CA_DIR = "/var/run/secrets/kserve-inference/model-ca"
+MODEL_CA_FILE = f"{MODEL_CA_DIR}/ca.crt"
+
+
+class ModelTransport(_Model):
+    """``kserve.transport``: how the runner reaches the model (``runner.transport``).
+
+    Only file paths and header values: the credentials themselves stay in the
+    files the pod mounts (a Secret's token, a projected ServiceAccount token,
+    a CA bundle), never in the contract.
+    """
+
+    # Extra request headers (e.g. Host for an ingress); never a credential.
+    headers: dict[str, str] | None = None
+    # A file holding a bearer token, read again whenever it changes (it rotates).
+    token_file: str | None = None
+    # A PEM bundle of the CAs the model's certificate is checked against.
+    ca_file: str | None = None
+    # Do not check the model's certificate at all.
+    insecure_skip_verify: bool | None = None
+
+
 class KServe(_Model):
     """Where and how to call the model (upstream ``spec.kserve``)."""
 
@@ -126,6 +152,7 @@ class KServe(_Model):
     model_input_name: str | None = None
     # With modelVersion "openai": the OpenAI-compatible request and answer (runner.openai).
     openai: OpenAI | None = None
+    transport: ModelTransport | None = None
 
 
 class Batching(_Model):

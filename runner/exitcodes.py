@@ -5,7 +5,7 @@ pod. 0 and 2-5 are upstream's numbers, so a dashboard or alert written for them
 keeps working. Each failed stage has two codes: one for a failure that a later
 attempt may not meet again (the Job may retry the pod), one for a failure that
 every attempt would meet (the Job should fail at once: a ``podFailurePolicy`` rule
-``FailJob`` on :data:`PERMANENT`, here 2, 6, 7 and 8):
+``FailJob`` on :data:`PERMANENT`, here 2, 6, 7, 8 and 9):
 
 ===  ======================  =====================  ===============================================
 0    ``DONE``                ``Succeeded``          every row predicted and the predictions stored
@@ -30,6 +30,8 @@ every attempt would meet (the Job should fail at once: a ``podFailurePolicy`` ru
 8    ``OUTPUT_REJECTED``     ``OutputRejected``     the output storage refused the write (a 4xx
                                                     except 408 and 429) or answered it with an
                                                     error text
+9    ``MODEL_AUTH``          ``ModelAuthFailed``    the model refused the runner's credentials
+                                                    (401 or 403): a missing or wrong bearer token
 143  ``TERMINATED``          ``RunnerTerminated``   stopped by SIGTERM (e.g.
                                                     ``activeDeadlineSeconds``), as a shell would
                                                     report it; the message says when
@@ -54,6 +56,7 @@ class ExitCode(IntEnum):
     INPUT_REJECTED = 6
     INFERENCE_REJECTED = 7
     OUTPUT_REJECTED = 8
+    MODEL_AUTH = 9
     TERMINATED = 143
 
 
@@ -64,6 +67,7 @@ PERMANENT: frozenset[ExitCode] = frozenset(
         ExitCode.INPUT_REJECTED,
         ExitCode.INFERENCE_REJECTED,
         ExitCode.OUTPUT_REJECTED,
+        ExitCode.MODEL_AUTH,
     }
 )
 
@@ -77,6 +81,7 @@ REASONS: dict[ExitCode, str] = {
     ExitCode.INPUT_REJECTED: "InputRejected",
     ExitCode.INFERENCE_REJECTED: "InferenceRejected",
     ExitCode.OUTPUT_REJECTED: "OutputRejected",
+    ExitCode.MODEL_AUTH: "ModelAuthFailed",
     ExitCode.TERMINATED: "RunnerTerminated",
 }
 
@@ -130,6 +135,12 @@ class InferenceRejected(InferenceError):
     """The model refused the request, or the rows cannot be what it takes."""
 
     exit_code = ExitCode.INFERENCE_REJECTED
+
+
+class ModelAuthFailed(InferenceRejected):
+    """The model refused the runner's credentials (401, 403): the token is missing or wrong."""
+
+    exit_code = ExitCode.MODEL_AUTH
 
 
 class OutputError(RunnerError):

@@ -26,6 +26,7 @@ from runner.exitcodes import (
     InferenceRejected,
     InputError,
     InputRejected,
+    ModelAuthFailed,
     OutputError,
     OutputRejected,
     RunnerError,
@@ -33,6 +34,7 @@ from runner.exitcodes import (
 from runner.inference import ModelRefused
 from runner.retry import GaveUp
 from runner.storage.base import Role, StorageError, StorageRejected
+from runner.transport import AUTH_REFUSALS
 
 # A storage role's errors: (another attempt may succeed, none can).
 STORAGE_ERRORS: dict[Role, tuple[type[RunnerError], type[RunnerError]]] = {
@@ -59,6 +61,10 @@ def model_failures() -> Iterator[None]:
     try:
         yield
     except ModelRefused as error:
+        if error.status in AUTH_REFUSALS:
+            raise ModelAuthFailed(
+                f"the model refused access (see kserve.auth): {error.message}"
+            ) from None
         raise (InferenceRejected if error.permanent else InferenceError)(error.message) from None
     except GaveUp as error:
         raise InferenceError(error.message) from None

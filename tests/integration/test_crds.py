@@ -698,6 +698,42 @@ INVALID: list[tuple[str, dict[str, Any], list[str], bool]] = [
         True,
     ),
     (
+        "model-auth-two-sources",
+        config_with(
+            kserve={
+                "modelUrl": "m.ns.svc/v2/models/m/infer",
+                "auth": {
+                    "bearerTokenSecretRef": {"name": "t"},
+                    "serviceAccountToken": {"audience": "a"},
+                },
+            }
+        ),
+        ["spec.kserve.auth", "exactly one of bearerTokenSecretRef and serviceAccountToken"],
+        True,
+    ),
+    (
+        "model-auth-short-token",
+        config_with(
+            kserve={
+                "modelUrl": "m.ns.svc/v2/models/m/infer",
+                "auth": {"serviceAccountToken": {"audience": "a", "expirationSeconds": 60}},
+            }
+        ),
+        ["spec.kserve.auth.serviceAccountToken.expirationSeconds"],
+        True,
+    ),
+    (
+        "model-ca-two-sources",
+        config_with(
+            kserve={
+                "modelUrl": "m.ns.svc/v2/models/m/infer",
+                "tls": {"caBundle": {"secretRef": {"name": "a"}, "configMapRef": {"name": "b"}}},
+            }
+        ),
+        ["spec.kserve.tls.caBundle", "exactly one of secretRef and configMapRef"],
+        True,
+    ),
+    (
         "flat-model-url-password",
         config_with(modelUrl="https://user:s3cr3t@model.ns.svc/v2/models/m/infer"),
         ["spec.modelUrl", "must not carry a password"],

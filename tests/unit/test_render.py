@@ -344,7 +344,7 @@ def test_job_shape() -> None:
             "onExitCodes": {
                 "containerName": "inference",
                 "operator": "In",
-                "values": [2, 6, 7, 8],
+                "values": [2, 6, 7, 8, 9],
             },
         },
         # Output that is not keyed: an evicted pod counts as an attempt (see below).

@@ -35,9 +35,10 @@ def test_the_exit_codes() -> None:
         "INPUT_REJECTED": 6,
         "INFERENCE_REJECTED": 7,
         "OUTPUT_REJECTED": 8,
+        "MODEL_AUTH": 9,
         "TERMINATED": 143,
     }
-    assert sorted(PERMANENT) == [2, 6, 7, 8]
+    assert sorted(PERMANENT) == [2, 6, 7, 8, 9]
     assert set(REASONS) == set(ExitCode)
     assert [REASONS[ExitCode(code)] for code in (6, 7, 8)] == [
         "InputRejected",
