@@ -517,6 +517,21 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         ]
         self._procs.append(("kubelet", spawn(args, self.log_dir / "kubelet.log")))
 
+    @property
+    def kubelet_running(self) -> bool:
+        return any(name == "kubelet" and proc.poll() is None for name, proc in self._procs)
+
+    def stop_kubelet(self) -> None:
+        """Stop the kubelet alone: containerd and the pods' containers keep running.
+
+        The node then stops reporting, as one cut off from the API server does:
+        the node lifecycle controller calls it NotReady, and nothing confirms
+        the deletion of its pods. :meth:`start_kubelet` brings it back.
+        """
+        for entry in [e for e in self._procs if e[0] == "kubelet"]:
+            stop_process(entry[1], grace=10)
+            self._procs.remove(entry)
+
     def check_alive(self) -> None:
         for name, proc in self._procs:
             if proc.poll() is not None:
@@ -617,11 +632,33 @@ class RealCluster:
         ]
         self._scheduler = spawn(args, self.workdir / "cluster" / "logs" / "kube-scheduler.log")
 
-    def _wait_nodes_ready(self, timeout: float) -> None:
+    def node(self, name: str) -> RealNode:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(f"no real node {name!r} (nodes: {[n.name for n in self.nodes]})")
+
+    def lose_node(self, name: str) -> None:
+        """Cut node ``name`` off: its kubelet stops, its containers keep running."""
+        self.node(name).stop_kubelet()
+
+    def restore_node(self, name: str, timeout: float = 300) -> None:
+        """Start node ``name``'s kubelet again (if stopped) and wait for the node Ready.
+
+        The kubelet finds the containers of pods the API no longer has (deleted
+        while it was away) and stops them.
+        """
+        assert self.cluster is not None
+        node = self.node(name)
+        if not node.kubelet_running:
+            node.start_kubelet(self.cluster, f"node-{name}")
+        self._wait_nodes_ready(timeout, names=(name,))
+
+    def _wait_nodes_ready(self, timeout: float, names: tuple[str, ...] | None = None) -> None:
         """Set each node's loopback address, clear the cloud taint, wait for Ready."""
         assert self.cluster is not None
         deadline = time.monotonic() + timeout
-        pending = {n.name: n for n in self.nodes}
+        pending = {n.name: n for n in self.nodes if names is None or n.name in names}
         while pending:
             if time.monotonic() > deadline:
                 raise TimeoutError(
