@@ -301,6 +301,17 @@ def _make_cgroup(name: str) -> None:
                 (hierarchy / name / knob).write_text((hierarchy / knob).read_text())
 
 
+def _cgroup_tree(top: Path) -> list[Path]:
+    """``top`` and every cgroup below it, deepest first.
+
+    The walk skips what vanishes under it: a container's shim removes its
+    cgroup as the container dies, while this walks (``Path.rglob`` raised
+    ``FileNotFoundError`` then, failing the tier's teardown).
+    """
+    found = [Path(root) for root, _, _ in os.walk(top)]  # os.walk ignores scandir errors
+    return sorted(found, key=lambda p: len(p.parts), reverse=True)
+
+
 def _kill_cgroup(name: str) -> None:
     """SIGKILL every process under cgroup root ``name`` until none is left; remove the cgroups."""
     dirs = _cgroup_dirs(name)
@@ -308,9 +319,9 @@ def _kill_cgroup(name: str) -> None:
     while time.monotonic() < deadline:
         pids: set[int] = set()
         for top in dirs:
-            for procs in top.rglob("cgroup.procs"):
+            for cgroup in _cgroup_tree(top):
                 with contextlib.suppress(OSError):
-                    pids.update(int(p) for p in procs.read_text().split())
+                    pids.update(int(p) for p in (cgroup / "cgroup.procs").read_text().split())
         if not pids:
             break
         for pid in pids:
@@ -318,13 +329,9 @@ def _kill_cgroup(name: str) -> None:
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.2)
     for top in dirs:
-        for sub in sorted(
-            (p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True
-        ):
+        for cgroup in _cgroup_tree(top):  # deepest first, ``top`` last
             with contextlib.suppress(OSError):
-                sub.rmdir()
-        with contextlib.suppress(OSError):
-            top.rmdir()
+                cgroup.rmdir()
 
 
 def _kill_matching(needle: str) -> None:
