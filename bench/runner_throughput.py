@@ -2,7 +2,7 @@
 
     python -m bench.runner_throughput [--rows 1000000] [--batch-size 1000] [--concurrency 4]
         [--page-size 10000] [--pages-in-flight 2] [--kill-at 0.9] [--shards 4]
-        [--compat-rows 0]
+        [--compat-rows 0] [--storage http|s3|postgres]
 
 Everything on loopback, in separate processes, on this machine:
 
@@ -28,6 +28,13 @@ Everything on loopback, in separate processes, on this machine:
    its own rows), against the one-shard run of (3), by wall time.
 6. ``--compat-rows N`` also runs the unpaged path (one read, as upstream; krateo
    provider, chunked output) for N rows, for its peak memory.
+
+7. ``--storage s3`` or ``--storage postgres``: parts 1-5 against a real S3 server
+   (versitygw, Parquet in and out) or a real PostgreSQL, both started here
+   (:mod:`bench.runner_stores`); the default ``http`` is the look-alike above.
+
+The runner's own cost per row is its CPU-seconds from the run's start (after
+its imports) divided by the rows, from the child's ``getrusage``.
 
 Measured and printed, never asserted: the numbers depend on the machine.
 """
@@ -58,6 +65,7 @@ import numpy as np
 import orjson
 
 from bench.common import proc_cpu_seconds
+from bench.runner_stores import PostgresStore, S3Store, store_for, wait_stored
 from hack.cluster import free_port
 from hack.loopback import FaultProxy
 
@@ -157,8 +165,12 @@ def child(contract_path: str, storage_url: str) -> int:
     """The runner, with its Secret given in code (run as ``--child``)."""
     from runner import app, logs
 
+    given = os.environ.get("BENCH_SECRET")
+
     class Secrets:
         async def read(self, namespace: str, name: str) -> dict[str, str]:
+            if given:
+                return dict(orjson.loads(given))
             return {
                 **{key: storage_url for key in STORAGE_KEYS},
                 "username": USER,
@@ -292,7 +304,7 @@ def start_runner(
 def outcome(process: subprocess.Popen[bytes], log_path: Path) -> dict[str, Any]:
     events = [orjson.loads(line) for line in log_path.read_bytes().splitlines() if line[:1] == b"{"]
     if process.returncode != 0:
-        raise RuntimeError(f"the runner failed ({process.returncode}): {events[-1:]}")
+        raise RuntimeError(f"the runner failed ({process.returncode}): {events[-3:]}")
     found: dict[str, Any] = {}
     for event in events:
         if event["event"] in ("stage timings", "stream done", "bench peak"):
@@ -416,6 +428,173 @@ def run_shards(
     return {"wallSeconds": wall, "shards": results}
 
 
+def store_contract(
+    job: str,
+    model_url: str,
+    store: S3Store | PostgresStore,
+    out: str,
+    args: argparse.Namespace,
+    shards: int = 1,
+) -> dict[str, Any]:
+    contract: dict[str, Any] = {
+        "jobId": job,
+        "jobName": f"inf-{job}",
+        "kserve": {"modelName": MODEL, "modelUrl": model_url, "modelVersion": "v2"},
+        "input": store.input(args.page_size, args.pages_in_flight),
+        "output": store.output(out),
+        "batching": {"batchSize": args.batch_size, "concurrency": args.concurrency},
+    }
+    if shards > 1:
+        contract["sharding"] = {"count": shards}
+    return contract
+
+
+def store_main(args: argparse.Namespace) -> int:
+    """``--storage s3|postgres``: the same parts against real servers (bench.runner_stores)."""
+    rows, page = args.rows, args.page_size
+    model_port = free_port()
+    model_url = f"http://127.0.0.1:{model_port}/v2/models/{MODEL}/infer"
+    load = [os.getloadavg()]
+    with tempfile.TemporaryDirectory(prefix="runner-bench-") as tmp:
+        workdir = Path(tmp)
+        store = store_for(args.storage, workdir)
+        with (
+            store.running(),
+            server(
+                ["hack.model_server", "--port", str(model_port)],
+                f"http://127.0.0.1:{model_port}/v2/health/ready",
+            ) as model_process,
+        ):
+            seeding = time.perf_counter()
+            store.seed(rows, page)
+            seeded = time.perf_counter() - seeding
+            env = {"BENCH_SECRET": orjson.dumps(store.secret).decode()}
+            direct_rows = iris_rows(args.direct_rows)
+            before = asyncio.run(
+                direct_rows_per_second(model_url, direct_rows, args.batch_size, args.concurrency)
+            )
+            model_cpu = proc_cpu_seconds(model_process.pid)
+            one = run_runner(
+                workdir,
+                "stream",
+                store_contract("bench-stream", model_url, store, "out_stream", args),
+                "",
+                **env,
+            )
+            model_cpu = proc_cpu_seconds(model_process.pid) - model_cpu
+            one_check = store.stored("out_stream")
+            load.append(os.getloadavg())
+            killed: dict[str, Any] | None = None
+            if args.kill_at:
+                with CountingProxy(model_url.split("/v2/")[0]) as proxy:
+                    proxied = f"{proxy.url}/v2/models/{MODEL}/infer"
+                    contract = store_contract("bench-kill", proxied, store, "out_kill", args)
+                    process, _ = start_runner(workdir, "kill-1", contract, "", POD_UID="p1", **env)
+                    seen = wait_stored(store, "out_kill", int(rows * args.kill_at), process)
+                    process.send_signal(signal.SIGKILL)
+                    process.wait()
+                    at_kill = store.stored_so_far("out_kill")
+                    first = proxy.forwarded_rows
+                    second = run_runner(workdir, "kill-2", contract, "", POD_UID="p2", **env)
+                    redone = proxy.forwarded_rows - rows
+                killed = {
+                    "seen": seen,
+                    "atKill": at_kill,
+                    "first": first,
+                    "second": second,
+                    "redone": redone,
+                    **store.stored("out_kill"),
+                }
+                load.append(os.getloadavg())
+            sharded: dict[str, Any] | None = None
+            if args.shards > 1:
+                contract = store_contract(
+                    "bench-shards", model_url, store, "out_shards", args, args.shards
+                )
+                started = time.perf_counter()
+                children = [
+                    start_runner(
+                        workdir,
+                        f"shard-{i}",
+                        contract,
+                        "",
+                        JOB_COMPLETION_INDEX=str(i),
+                        POD_UID=f"pod-{i}",
+                        **env,
+                    )
+                    for i in range(args.shards)
+                ]
+                for process, _ in children:
+                    process.wait()
+                wall = time.perf_counter() - started
+                sharded = {
+                    "wallSeconds": wall,
+                    "shards": [outcome(p, log) for p, log in children],
+                    "check": store.stored("out_shards"),
+                }
+                load.append(os.getloadavg())
+            after = asyncio.run(
+                direct_rows_per_second(model_url, direct_rows, args.batch_size, args.concurrency)
+            )
+            load.append(os.getloadavg())
+
+    direct = (before + after) / 2
+    rate = rows / one["seconds"]
+    print(
+        f"{args.storage}: batch size {args.batch_size}, concurrency {args.concurrency}, page "
+        f"size {page}, {args.pages_in_flight} pages in flight, {os.cpu_count()} CPUs; "
+        f"seeding {rows:,} rows took {seeded:.0f} s"
+    )
+    print(
+        "load averages (start, after each part): "
+        + "; ".join(" ".join(f"{v:.2f}" for v in triple) for triple in load)
+    )
+    print(
+        f"model server, direct load generator ({args.direct_rows:,} rows): {direct:,.0f} rows/s "
+        f"(before the runners {before:,.0f}, after {after:,.0f})"
+    )
+    print(
+        f"streaming runner, {args.storage} provider, {rows:,} rows: {rate:,.0f} rows/s over the "
+        f"whole stream ({one['seconds']:.1f} s; {one['wallSeconds']:.1f} s wall with process "
+        f"start) = {rate / direct:.2f} of the direct rate; {one['pages']} pages, "
+        f"{one['chunks']} chunks"
+    )
+    print(f"streaming runner peak RSS: {one['peakRssMiB']:.0f} MiB for {rows:,} rows")
+    print(
+        f"CPU seconds during that run: model server {model_cpu:.1f}, runner "
+        f"{one['cpuSeconds']:.1f} (with its start), for {one['wallSeconds']:.1f} s wall; "
+        f"runner's own cost {one['runCpuSeconds'] / rows * 1e6:.2f} CPU-us per row "
+        "(from the run's start, imports excluded)"
+    )
+    print(
+        f"stored: {one_check['count']:,} rows, {one_check['keys']:,} distinct (shard, row) keys, "
+        f"{one_check['ids']:,} distinct input ids {one_check['min']}..{one_check['max']}"
+    )
+    if killed is not None:
+        print(
+            f"kill at {args.kill_at:.0%}: SIGKILL once {killed['seen']:,} rows were stored "
+            f"({killed['atKill']:,} after the kill landed; the first pod had predicted "
+            f"{killed['first']:,}); the second pod resumed at {killed['second']['resumedRows']:,} "
+            f"and finished in {killed['second']['seconds']:.1f} s; rows predicted twice: "
+            f"{killed['redone']:,} ({killed['redone'] / page:.2f} chunks of {page:,}); stored "
+            f"{killed['count']:,} rows, {killed['keys']:,} distinct keys, {killed['ids']:,} "
+            f"distinct ids; second pod peak RSS {killed['second']['peakRssMiB']:.0f} MiB"
+        )
+    if sharded is not None:
+        shards = sharded["shards"]
+        sharded_rate = rows / sharded["wallSeconds"]
+        one_rate = rows / one["wallSeconds"]
+        print(
+            f"{args.shards} shards at once: {sharded_rate:,.0f} rows/s by wall time "
+            f"({sharded['wallSeconds']:.1f} s) vs one shard {one_rate:,.0f} rows/s "
+            f"({one['wallSeconds']:.1f} s) = {sharded_rate / one_rate:.2f}x; rows per shard "
+            f"{[s['rows'] for s in shards]}, peak RSS per shard "
+            f"{[round(s['peakRssMiB']) for s in shards]} MiB; stored "
+            f"{sharded['check']['count']:,} rows, {sharded['check']['keys']:,} distinct keys"
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.runner_throughput",
@@ -434,9 +613,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--child", nargs=2, metavar=("CONTRACT", "STORAGE_URL"), help=argparse.SUPPRESS
     )
+    parser.add_argument(
+        "--storage",
+        choices=("http", "s3", "postgres"),
+        default="http",
+        help="http: the SQLite look-alike (default); s3: versitygw, Parquet in and out; "
+        "postgres: a private PostgreSQL (bench.runner_stores)",
+    )
     args = parser.parse_args(argv)
     if args.child:
         return child(*args.child)
+    if args.storage != "http":
+        return store_main(args)
 
     model_port, storage_port = free_port(), free_port()
     model_url = f"http://127.0.0.1:{model_port}/v2/models/{MODEL}/infer"
