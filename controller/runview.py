@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import yaml
+
 from controller.api import GROUP, VERSION
+from controller.naming import COMPLETION_INDEX_LABEL
 
 Obj = dict[str, Any]
 
@@ -29,10 +33,18 @@ class Exit(enum.IntEnum):
     SUCCEEDED = 0
     FAILED = 1
     USAGE = 2  # argparse's own code for a bad command line
-    ERROR = 3  # the run cannot go on as it is (invalid spec, missing config, refused)
+    ERROR = 3  # the run cannot go on as it is (invalid spec, missing or bad config, refused)
     TIMEOUT = 4  # --timeout passed before the run finished
     DELETED = 5  # the run (or the Job followed) was deleted while followed
     NOT_FOUND = 6  # nothing of that name, or the wrong kind of run for the command
+    NO_KUBECONFIG = 7  # --kubeconfig (or every file of $KUBECONFIG) does not exist
+    BAD_KUBECONFIG = 8  # a kubeconfig that cannot be read: not YAML, or not a kubeconfig
+    NO_CONTEXT = 9  # --context (or the current context) is not in the kubeconfig
+
+
+# What ``kubectl infer`` calls a run on the command line and in ``-o name``.
+RESOURCE = f"inferencerun.{GROUP}"
+OUTPUT_FORMATS = ("json", "yaml", "name")
 
 
 class UsageError(ValueError):
@@ -107,6 +119,11 @@ def rerun_of(run: Mapping[str, Any], name: str | None = None) -> Obj:
     }
 
 
+def suspend_patch(suspend: bool) -> Obj:
+    """The merge patch ``kubectl infer suspend``/``resume`` sends."""
+    return {"spec": {"suspend": suspend}}
+
+
 def manual_job_name(cronjob_name: str, token: str) -> str:
     """``<cronjob>-m<token>``: at most 63 characters, apart from the CronJob's own Job names."""
     suffix = f"-m{token}"
@@ -167,6 +184,56 @@ def run_outcome(run: Mapping[str, Any]) -> Exit | None:
     if phase == "Error":
         return Exit.ERROR
     return None
+
+
+def is_suspended(run: Mapping[str, Any]) -> bool:
+    return bool((run.get("spec") or {}).get("suspend"))
+
+
+def shard_count(run: Mapping[str, Any]) -> int:
+    """How many shards (pods at a time) the run asks for: ``spec.parallelism``, else 1."""
+    value = (run.get("spec") or {}).get("parallelism")
+    return value if isinstance(value, int) and value > 0 else 1
+
+
+def check_shard(run: Mapping[str, Any], shard: int | None) -> None:
+    """``--shard N`` must name one of the run's shards (0 to parallelism - 1)."""
+    if shard is None:
+        return
+    count = shard_count(run)
+    if not 0 <= shard < count:
+        name = (run.get("metadata") or {}).get("name")
+        raise UsageError(
+            f"--shard {shard}: {name!r} has {count} shard{'s' if count > 1 else ''} "
+            f"(0 to {count - 1})"
+        )
+
+
+def pod_shard(pod: Mapping[str, Any]) -> int:
+    """The shard a runner pod works on (the Indexed Job's completion index; 0 if not indexed)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    value = labels.get(COMPLETION_INDEX_LABEL) or annotations.get(COMPLETION_INDEX_LABEL)
+    try:
+        return int(value) if value is not None else 0
+    except ValueError:
+        return 0
+
+
+def log_pods(
+    pods: Iterable[Mapping[str, Any]], *, shard: int | None = None
+) -> list[Mapping[str, Any]]:
+    """The pods whose logs ``kubectl infer logs`` prints, in order: by shard, then oldest first;
+    only ``shard``'s when one is given."""
+    chosen = [p for p in pods if shard is None or pod_shard(p) == shard]
+    return sorted(
+        chosen,
+        key=lambda p: (
+            pod_shard(p),
+            (p.get("metadata") or {}).get("creationTimestamp") or "",
+            (p.get("metadata") or {}).get("name") or "",
+        ),
+    )
 
 
 def job_outcome(job: Mapping[str, Any]) -> Exit | None:
@@ -237,6 +304,40 @@ def event_line(event: Mapping[str, Any]) -> str:
     count = event.get("count") or (event.get("series") or {}).get("count")
     times = f" (x{count})" if isinstance(count, int) and count > 1 else ""
     return f"event: {kind:<7} {event.get('reason', '')}{times}: {event.get('message', '')}"
+
+
+def check_output(output: str | None, *, following: bool) -> None:
+    """``-o json|yaml`` prints one document: it cannot be mixed with following lines."""
+    if output in ("json", "yaml") and following:
+        raise UsageError(f"-o {output} prints the run, not its progress: leave out --watch")
+
+
+def render(objects: Sequence[Mapping[str, Any]], output: str, *, as_list: bool) -> str:
+    """Runs as ``kubectl get -o json|yaml|name`` prints them.
+
+    ``as_list``: a ``List`` document (what ``list`` prints, even of no runs), else the one
+    object. Objects read from a list have no ``apiVersion``/``kind``; they get them back.
+    """
+    if output not in OUTPUT_FORMATS:
+        raise UsageError(f"-o {output}: the formats are {', '.join(OUTPUT_FORMATS)}")
+    full = [
+        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceRun", **dict(obj)} for obj in objects
+    ]
+    if output == "name":
+        return "\n".join(f"{RESOURCE}/{obj['metadata']['name']}" for obj in full)
+    document: Any
+    if as_list:
+        document = {
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": full,
+            "metadata": {"resourceVersion": ""},
+        }
+    else:
+        (document,) = full
+    if output == "json":
+        return json.dumps(document, indent=4)
+    return str(yaml.safe_dump(document, default_flow_style=False, sort_keys=True)).rstrip("\n")
 
 
 def runs_table(runs: Sequence[Mapping[str, Any]], *, now: dt.datetime, all_namespaces: bool) -> str:

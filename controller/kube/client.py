@@ -220,11 +220,11 @@ class KubeClient:
         )
 
     async def read_pod_log(
-        self, namespace: str, name: str, *, container: str, tail_lines: int
+        self, namespace: str, name: str, *, container: str, tail_lines: int | None
     ) -> str:
-        """The last ``tail_lines`` lines a pod's container wrote (``pods/log``)."""
+        """The last ``tail_lines`` lines a pod's container wrote (``pods/log``); None: all."""
         path = PODS.path(namespace, name, "log")
-        params = {"container": container, "tailLines": str(tail_lines)}
+        params = _params(container=container, tailLines=tail_lines)
         timeout = aiohttp.ClientTimeout(total=self.request_timeout)
         async with self.transport.open(
             "get", "GET", path, params=params, timeouts=timeout

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 import pytest
+import yaml
 
 from controller import runview
 from controller.api import InferenceRun
@@ -193,3 +195,68 @@ def test_ages_read_like_kubectl() -> None:
     assert ages == ["0s", "59s", "1m", "2h", "3d"]
     assert runview._age(None, NOW) == "?"
     assert runview._age("yesterday", NOW) == "?"
+
+
+def pod(name: str, index: int | None, created: str = "2026-11-23T11:53:00Z") -> dict[str, Any]:
+    labels = {} if index is None else {"batch.kubernetes.io/job-completion-index": str(index)}
+    return {"metadata": {"name": name, "labels": labels, "creationTimestamp": created}}
+
+
+def test_logs_are_read_by_shard_then_oldest_first_and_a_shard_must_exist() -> None:
+    pods = [
+        pod("b-retry", 1, "2026-11-23T11:55:00Z"),
+        pod("a", 0),
+        pod("b", 1),
+        pod("plain", None, "2026-11-23T11:52:00Z"),
+    ]
+    assert [p["metadata"]["name"] for p in runview.log_pods(pods)] == [
+        "plain",
+        "a",
+        "b",
+        "b-retry",
+    ]
+    assert [p["metadata"]["name"] for p in runview.log_pods(pods, shard=1)] == ["b", "b-retry"]
+    sharded = run("r")
+    sharded["spec"]["parallelism"] = 3
+    runview.check_shard(sharded, 2)
+    runview.check_shard(run("single"), None)
+    for bad, shard, says in ((sharded, 3, "has 3 shards (0 to 2)"), (run("one"), 1, "1 shard ")):
+        with pytest.raises(UsageError, match=r"\(0 to"):
+            runview.check_shard(bad, shard)
+        with pytest.raises(UsageError) as refused:
+            runview.check_shard(bad, shard)
+        assert says in str(refused.value)
+    with pytest.raises(UsageError):
+        runview.check_shard(sharded, -1)
+
+
+def test_runs_print_as_kubectl_get_prints_them() -> None:
+    listed = [run("a", "Succeeded"), run("b")]
+    for item in listed:  # as a list answer has them: without apiVersion and kind
+        del item["apiVersion"], item["kind"]
+    assert runview.render(listed, "name", as_list=True) == (
+        "inferencerun.ai.krateo.io/a\ninferencerun.ai.krateo.io/b"
+    )
+    document = json.loads(runview.render(listed, "json", as_list=True))
+    assert document["kind"] == "List"
+    assert [i["kind"] for i in document["items"]] == ["InferenceRun", "InferenceRun"]
+    assert document["items"][0]["apiVersion"] == "ai.krateo.io/v1"
+    one = yaml.safe_load(runview.render([run("c")], "yaml", as_list=False))
+    assert (one["kind"], one["metadata"]["name"]) == ("InferenceRun", "c")
+    empty = json.loads(runview.render([], "json", as_list=True))
+    assert empty["items"] == []
+    with pytest.raises(UsageError):
+        runview.render(listed, "wide", as_list=True)
+    with pytest.raises(UsageError, match="leave out --watch"):
+        runview.check_output("yaml", following=True)
+    runview.check_output("name", following=True)
+    runview.check_output(None, following=True)
+
+
+def test_suspend_and_resume_patch_only_spec_suspend() -> None:
+    assert runview.suspend_patch(True) == {"spec": {"suspend": True}}
+    assert runview.suspend_patch(False) == {"spec": {"suspend": False}}
+    suspended = run("s")
+    suspended["spec"]["suspend"] = True
+    assert runview.is_suspended(suspended)
+    assert not runview.is_suspended(run("t"))
