@@ -12,7 +12,7 @@ TEST_WORKERS ?= 4
 # `make test TEST_ORDER=node,faults,parallel` runs the suite's three runs in another order.
 TEST_ORDER ?= parallel,faults,node
 
-.PHONY: help setup lock binaries node-prereqs storage-prereqs demo demo-node test unit integration node lint format cluster bench clean
+.PHONY: chart-docs help setup lock binaries node-prereqs storage-prereqs demo demo-node test unit integration node lint format cluster bench clean
 
 help:
 	@echo "make demo    - the whole system end to end on a local control plane"
@@ -23,6 +23,7 @@ help:
 	@echo "make cluster - a local control plane in the foreground (Ctrl-C stops it)"
 	@echo "make lock    - update uv.lock (LOCK_ARGS=--upgrade for newest) and the image pins"
 	@echo "make lint    - uv.lock current, ruff check, ruff format --check, mypy, lint-imports (layering)"
+	@echo "make chart-docs - the chart README's values table from values.yaml (helm-docs)"
 
 # The install is locked: uv.lock pins every distribution (the `dev` extra with
 # the test tools, and uv itself), so a fresh clone gets exactly what CI got.
@@ -52,6 +53,11 @@ binaries:
 	bash hack/promtool/build.sh >/dev/null
 	bash hack/kwok/build.sh >/dev/null
 	bash hack/versitygw/build.sh >/dev/null
+	bash hack/helm-docs/build.sh >/dev/null
+
+# The chart README (its values table from values.yaml's `# --` comments) made by helm-docs.
+chart-docs: $(STAMP)
+	$(PY) -c 'from hack.chart import helm_docs; helm_docs()'
 
 lint: $(STAMP)
 	$(PY) -m hack.lock check

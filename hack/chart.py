@@ -49,6 +49,7 @@ Obj = dict[str, Any]
 REPO = Path(__file__).resolve().parents[1]
 CHART_DIR = REPO / "deploy" / "kserve-inference-controller"
 HELM_BUILD_SCRIPT = REPO / "hack" / "helm" / "build.sh"
+HELM_DOCS_BUILD_SCRIPT = REPO / "hack" / "helm-docs" / "build.sh"
 
 RELEASE = "kserve-inference-controller"
 # With RELEASE as the release name, the chart's object prefix is the release name.
@@ -87,6 +88,21 @@ def helm_binary() -> Path:
     if not os.access(path, os.X_OK):
         raise HelmError(f"{HELM_BUILD_SCRIPT} printed {path}, which is not an executable")
     return path
+
+
+def helm_docs(*args: str) -> subprocess.CompletedProcess[str]:
+    """The pinned helm-docs (built on first use, about a minute, and cached; ``HELM_DOCS``
+    overrides) on the chart: the README from README.md.gotmpl and values.yaml."""
+    done = subprocess.run(
+        ["bash", str(HELM_DOCS_BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=True
+    )
+    binary = done.stdout.strip().splitlines()[-1]
+    return subprocess.run(
+        [binary, "--chart-search-root", str(CHART_DIR), "--log-level", "warning", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
 
 
 def helm(

@@ -512,7 +512,8 @@ async def test_the_helm_test_hook_runs_the_self_check_as_the_controller() -> Non
     pod = selfcheck_pod(objects)
     assert pod["metadata"]["annotations"] == {
         "helm.sh/hook": "test",
-        "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded",
+        "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded,hook-failed",
+        "helm.sh/hook-output-log-policy": "hook-failed",
     }
     assert pod["metadata"]["name"] == f"{RELEASE}-selfcheck"
     assert pod["metadata"]["namespace"] == "ksc-system"
@@ -568,3 +569,48 @@ async def test_the_helm_test_hook_runs_the_self_check_as_the_controller() -> Non
     assert settings.leader_election
     assert (settings.lease_namespace, settings.lease_name) == ("ksc-system", RELEASE)
     assert settings.watch_namespaces == ()
+
+
+# What every namespace has, whoever installed what in it.
+NAMESPACE_DEFAULTS = {"configmap/kube-root-ca.crt", "serviceaccount/default"}
+
+
+def namespace_objects(cluster: LocalCluster, namespace: str) -> list[str]:
+    """Every object in ``namespace`` but Events and what every namespace has."""
+    kinds = cluster.kubectl("api-resources", "--verbs=list", "--namespaced", "-o", "name").stdout
+    wanted = [k for k in kinds.split() if not k.startswith("events")]
+    got = cluster.kubectl("get", ",".join(wanted), "-n", namespace, "-o", "name").stdout
+    return [line for line in got.splitlines() if line.strip() and line not in NAMESPACE_DEFAULTS]
+
+
+async def test_helm_test_leaves_no_pod_and_helm_uninstall_leaves_nothing(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    helm(
+        "install", RELEASE, str(CHART_DIR), "--namespace", namespace,
+        "--set", "crds.install=false",  # the run's shared CRDs were applied without Helm
+        kubeconfig=cluster.kubeconfig,
+    )  # fmt: skip
+    try:
+        # The node agent cannot run the controller image's check (it has no such image),
+        # so the hook pod fails here: the path where a pod used to be left behind. The
+        # passing path runs on real nodes (tests/node/test_chart_on_nodes.py).
+        tested = helm(
+            "test", RELEASE, "-n", namespace, "--logs", "--timeout", "3m",
+            check=False, kubeconfig=cluster.kubeconfig, timeout=400,
+        )  # fmt: skip
+        assert tested.returncode != 0, tested.stdout
+        assert f"{RELEASE}-selfcheck" in tested.stdout + tested.stderr, tested
+        hooks = cluster.kubectl(
+            "get", "pods", "-n", namespace, "-l", "app.kubernetes.io/component=selfcheck",
+            "-o", "name",
+        ).stdout  # fmt: skip
+        assert hooks.strip() == "", f"the helm test pod was left behind: {hooks}"
+        assert namespace_objects(cluster, namespace), "the release should still be there"
+    finally:
+        helm("uninstall", RELEASE, "-n", namespace, "--wait", kubeconfig=cluster.kubeconfig)
+
+    async def nothing_left() -> bool:
+        return not namespace_objects(cluster, namespace)
+
+    await eventually(nothing_left, within=120, what=f"nothing left in {namespace}")

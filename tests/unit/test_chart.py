@@ -36,6 +36,7 @@ from tests.chart import (
     exported_metric_names,
     find,
     helm,
+    helm_docs,
     one,
     promql_metric_names,
     render,
@@ -266,6 +267,62 @@ def test_service_monitor_scrapes_the_metrics_service(monitored_objects: list[Obj
     )
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["http-metrics"]
     assert monitor["spec"]["namespaceSelector"]["matchNames"] == [NS]
+
+
+def test_service_monitor_takes_relabelings_honor_labels_and_a_namespace() -> None:
+    relabel = [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}]
+    drop = [{"sourceLabels": ["__name__"], "regex": "python_gc_.*", "action": "drop"}]
+    objects = render(
+        {
+            "serviceMonitor": {
+                "enabled": True,
+                "namespace": "monitoring",
+                "honorLabels": True,
+                "relabelings": relabel,
+                "metricRelabelings": drop,
+            }
+        },
+        namespace=NS,
+        api_versions=WITH_PROMETHEUS_OPERATOR,
+    )
+    monitor = one(objects, "ServiceMonitor")
+    assert monitor["metadata"]["namespace"] == "monitoring"
+    # It still scrapes the release's metrics Service.
+    assert monitor["spec"]["namespaceSelector"]["matchNames"] == [NS]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["honorLabels"] is True
+    assert endpoint["relabelings"] == relabel
+    assert endpoint["metricRelabelings"] == drop
+
+
+def test_service_monitor_defaults_add_no_relabeling(monitored_objects: list[Obj]) -> None:
+    monitor = one(monitored_objects, "ServiceMonitor")
+    assert monitor["metadata"]["namespace"] == NS
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert not {"honorLabels", "relabelings", "metricRelabelings"} & endpoint.keys()
+    with pytest.raises(HelmError, match="namespace"):
+        render({"serviceMonitor": {"namespace": "Not_A_Namespace"}}, namespace=NS)
+
+
+def test_runbook_urls_follow_the_value() -> None:
+    objects = render(
+        {
+            "prometheusRule": {
+                "enabled": True,
+                "runbookUrl": "https://wiki.example/ml/kserve-runbooks",
+            }
+        },
+        namespace=NS,
+        api_versions=WITH_PROMETHEUS_OPERATOR,
+    )
+    (rule_object,) = find(objects, "PrometheusRule")
+    alerts = [r for g in rule_object["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert alerts
+    for alert in alerts:
+        expected = f"https://wiki.example/ml/kserve-runbooks#{alert['alert'].lower()}"
+        assert alert["annotations"]["runbook_url"] == expected
+    with pytest.raises(HelmError, match="runbookUrl"):
+        render({"prometheusRule": {"runbookUrl": "operator-guide.md"}}, namespace=NS)
 
 
 def test_monitoring_objects_are_off_by_default(default_objects: list[Obj]) -> None:
@@ -922,3 +979,51 @@ def test_kube_version_is_what_the_chart_needs() -> None:
     with pytest.raises(HelmError, match="kubeVersion"):
         render_text(extra_args=["--kube-version", "1.28.9"])
     render_text(extra_args=["--kube-version", "1.29.0"])
+
+
+# ----------------------------------------------------------------------------- values table
+
+
+def test_the_readme_values_table_is_what_helm_docs_makes_of_values_yaml() -> None:
+    made = helm_docs("--dry-run").stdout
+    readme = (CHART_DIR / "README.md").read_text()
+    assert made == readme, "the chart README is stale: run `make chart-docs`"
+    # Every value has a row, and every row a description (a `# --` comment).
+    rows = [line for line in readme.splitlines() if re.match(r"^\| [a-zA-Z]", line)]
+    keys = {row.split("|")[1].strip() for row in rows}
+    assert {"serviceMonitor.relabelings", "prometheusRule.runbookUrl", "replicaCount"} <= keys
+    undescribed = [row.split("|")[1].strip() for row in rows if not row.split("|")[4].strip()]
+    assert not undescribed, f"values without a `# --` comment: {undescribed}"
+    assert len(rows) > 50
+
+
+# ----------------------------------------------------------------------------- NOTES
+
+# A path of the repository, written as one (not inside a link).
+REPOSITORY_PATH = re.compile(r"(?<![\w/.-])(?:docs|examples|crds|deploy|hack|controller|runner)/")
+
+
+def notes(*sets: str) -> str:
+    """What `helm install` prints after NOTES: with these --set values."""
+    args = [f"--set={value}" for value in sets]
+    out = helm("install", RELEASE, str(CHART_DIR), "-n", NS, "--dry-run=client", *args).stdout
+    return out.partition("NOTES:")[2]
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        (),
+        ("crds.install=false",),
+        ("watchNamespaces={a,b}", "sharding.shards=2"),
+        ("serviceMonitor.enabled=true", "prometheusRule.enabled=true"),
+    ],
+)
+def test_notes_link_to_the_docs_and_never_name_a_repository_path(sets: tuple[str, ...]) -> None:
+    text = notes(*sets)
+    assert "kubectl get infrun" in text, text
+    assert not REPOSITORY_PATH.findall(text), text
+    home = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())["home"]
+    links = re.findall(r"https?://[^\s)]+", text)
+    assert links, text
+    assert all(link.startswith(home) for link in links), links
