@@ -1027,3 +1027,23 @@ def test_notes_link_to_the_docs_and_never_name_a_repository_path(sets: tuple[str
     links = re.findall(r"https?://[^\s)]+", text)
     assert links, text
     assert all(link.startswith(home) for link in links), links
+
+
+def shell_commands(markdown: str) -> list[str]:
+    """Each command of the markdown's ```sh blocks (continuation lines joined) and inline code."""
+    commands = []
+    for block in re.findall(r"```(?:sh|bash|console)\n(.*?)```", markdown, re.DOTALL):
+        commands += block.replace("\\\n", " ").splitlines()
+    commands += re.findall(r"`([^`\n]+)`", markdown)
+    return commands
+
+
+def test_every_helm_template_recipe_leaves_the_test_hook_out() -> None:
+    """Applied, the `helm test` pod would run once and stay: recipes pass --skip-tests."""
+    recipes = []
+    for page in (REPO / "README.md", REPO / "docs" / "operator-guide.md", CHART_DIR / "README.md"):
+        for command in shell_commands(page.read_text()):
+            if "helm template" in command and re.search(r"\|\s*kubectl (apply|delete)", command):
+                recipes.append(command)
+                assert "--skip-tests" in command, f"{page.name}: {command}"
+    assert len(recipes) >= 3, recipes
