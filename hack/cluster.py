@@ -758,12 +758,28 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopSignals()
     with running_cluster(args.workdir, keep=args.workdir is not None) as cluster:
         print(f"control plane ready at {cluster.server}")
-        print(f"  export KUBECONFIG={cluster.kubeconfig}")
-        print(f"  kubectl:  {cluster.bin_dir / 'kubectl'}")
         print(f"  logs:     {cluster.log_dir}   audit log: {cluster.audit_log}")
+        print(next_steps(cluster.kubeconfig, cluster.bin_dir))
         print("Ctrl-C stops it and removes its files.", flush=True)
         stop.wait(cluster._check_alive)
     return 0
+
+
+def next_steps(kubeconfig: Path, bin_dir: Path) -> str:
+    """What ``make cluster`` tells a newcomer to do next: the CRDs, then the controller."""
+    return "\n".join(
+        [
+            "Next, in another shell at the repository's root:",
+            f"  export KUBECONFIG={kubeconfig} PATH={bin_dir}:$PWD/.venv/bin:$PATH",
+            "  kubectl apply --server-side -f crds/            # the two kinds",
+            "  kubectl wait --for=condition=Established crd --all",
+            "  kubectl create namespace demo",
+            "  WATCH_NAMESPACE=demo LEADER_ELECT=false python -m controller   # the controller",
+            "  kubectl infer -n demo list                      # then submit runs to it",
+            "`make demo DEMO_ARGS=--keep` does all of this, with a model server, storage and an"
+            " iris run.",
+        ]
+    )
 
 
 if __name__ == "__main__":
