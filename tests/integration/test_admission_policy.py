@@ -299,6 +299,39 @@ async def test_jobs_run_only_as_the_runner_service_account(
     )
 
 
+async def test_updates_are_judged_only_when_they_change_what_runs(
+    cluster: LocalCluster, namespace: str, all_namespaces_release: list[Any]
+) -> None:
+    # Adopting a Job that upstream's controller left, which runs as the
+    # namespace's default account, is a label and owner patch: its pod does
+    # not change, and the refusal used to keep such a run from ever finishing.
+    await wait_pods_policy(cluster, namespace, namespace)
+    user = chart.service_account_user(namespace, chart.CONTROLLER_SERVICE_ACCOUNT)
+    left = runner_job("left-by-upstream", account=None)
+    left["spec"]["suspend"] = True
+    cron = runner_cronjob("cron", chart.RUNNER_SERVICE_ACCOUNT)
+    for body in (left, cron):
+        cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(body))
+
+    adopted = cluster.kubectl(
+        "label", "job", "left-by-upstream", "adopted=yes", "-n", namespace, f"--as={user}",
+        check=False,
+    )  # fmt: skip
+    assert adopted.returncode == 0, adopted.stderr
+    rescheduled = cluster.kubectl(
+        "patch", "cronjob", "cron", "-n", namespace, f"--as={user}", "--type=merge",
+        "-p", json.dumps({"spec": {"schedule": "5 * * * *"}}), check=False,
+    )  # fmt: skip
+    assert rescheduled.returncode == 0, rescheduled.stderr
+    borrowed = {"serviceAccountName": "admin-ish"}
+    changed = cluster.kubectl(
+        "patch", "cronjob", "cron", "-n", namespace, f"--as={user}", "--type=merge",
+        "-p", json.dumps({"spec": {"jobTemplate": {"spec": {"template": {"spec": borrowed}}}}}),
+        check=False,
+    )  # fmt: skip
+    assert_refused(changed, "may only run cronjobs as", "would run as admin-ish")
+
+
 async def test_kube_system_accounts_cannot_be_borrowed(
     cluster: LocalCluster, namespace: str, all_namespaces_release: list[Any]
 ) -> None:

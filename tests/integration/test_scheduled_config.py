@@ -105,8 +105,9 @@ async def test_a_scheduled_run_is_suspended_while_its_config_is_invalid_and_resu
     await runs.wait_phase("tick", "Scheduled")
     assert (await _cronjob(api_client, namespace, uid)).spec.suspend is False
 
-    # modelUrl removed: the schema takes it, the controller cannot use it.
-    await runs.patch("cfg", {"spec": {"kserve": {"modelUrl": None}}}, CONFIGS)
+    # A modelUrl of spaces: the schema takes it (it only asks for a URL or an
+    # InferenceService), the controller finds no URL in it.
+    await runs.patch("cfg", {"spec": {"kserve": {"modelUrl": " "}}}, CONFIGS)
 
     async def suspended() -> bool:
         return bool((await _cronjob(api_client, namespace, uid)).spec.suspend)
