@@ -35,9 +35,10 @@ request's rows (:func:`runner.httputil.server_message`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -339,7 +340,7 @@ class ModelClient:
     async def infer(self, spec: TensorSpec, rows: Sequence[Any], time_limit: float) -> list[Any]:
         v2 = self.endpoint.protocol == "v2"
         body = v2_request(spec, rows) if v2 else v1_request(rows)
-        try:
+        with model_call_failures(time_limit):
             async with self._session.post(
                 self.endpoint.url,
                 data=body,
@@ -349,15 +350,24 @@ class ModelClient:
                 answer = await response.read()
                 if not 200 <= response.status < 300:
                     raise classify(response.status, answer, response.headers.get("Retry-After"))
-        except aiohttp.ClientSSLError as error:
-            raise ModelRefused(f"model call failed: TLS: {trim(str(error))}") from None
-        except (aiohttp.ClientError, ConnectionError) as error:
-            raise Transient(
-                f"model call failed: {type(error).__name__}: {trim(str(error))}"
-            ) from None
-        except TimeoutError:
-            raise Transient(f"model call timed out after {time_limit:.1f}s") from None
         return parse_v2_response(answer, len(rows)) if v2 else parse_v1_response(answer, len(rows))
+
+
+@contextlib.contextmanager
+def model_call_failures(time_limit: float) -> Iterator[None]:
+    """A model call that got no answer, as the runner's errors (whatever the protocol).
+
+    A TLS failure is refused (a wrong CA or name does not mend itself); a
+    connection failure or a timeout after ``time_limit`` seconds is transient.
+    """
+    try:
+        yield
+    except aiohttp.ClientSSLError as error:
+        raise ModelRefused(f"model call failed: TLS: {trim(str(error))}") from None
+    except (aiohttp.ClientError, ConnectionError) as error:
+        raise Transient(f"model call failed: {type(error).__name__}: {trim(str(error))}") from None
+    except TimeoutError:
+        raise Transient(f"model call timed out after {time_limit:.1f}s") from None
 
 
 @dataclass(frozen=True)

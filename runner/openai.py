@@ -63,8 +63,8 @@ import orjson
 from runner.batching import map_ordered
 from runner.contract import OPENAI_ROW_FIELDS, KServe, OpenAI, OpenAIEndpoint
 from runner.exitcodes import ContractError, InputRejected
-from runner.httputil import RETRYABLE_4XX, retry_after_seconds, server_message, trim
-from runner.inference import BatchPlan, ModelRefused, normalise_url
+from runner.httputil import RETRYABLE_4XX, retry_after_seconds, server_message
+from runner.inference import BatchPlan, ModelRefused, model_call_failures, normalise_url
 from runner.join import Selection, SelectionError
 from runner.retry import Deadline, Transient, call_with_retries
 from runner.storage.base import Page, Partition
@@ -465,7 +465,7 @@ class OpenAIClient:
         return timeout
 
     async def post(self, endpoint: OpenAIEndpoint, body: dict[str, Any], limit: float) -> Reply:
-        try:
+        with model_call_failures(limit):
             async with self._session.post(
                 self._urls[endpoint],
                 data=orjson.dumps(body),
@@ -479,14 +479,6 @@ class OpenAIClient:
                         response.status, answer, response.headers.get("Retry-After"), request_id
                     )
                 return Reply(response.status, answer, request_id)
-        except aiohttp.ClientSSLError as error:
-            raise ModelRefused(f"model call failed: TLS: {trim(str(error))}") from None
-        except (aiohttp.ClientError, ConnectionError) as error:
-            raise Transient(
-                f"model call failed: {type(error).__name__}: {trim(str(error))}"
-            ) from None
-        except TimeoutError:
-            raise Transient(f"model call timed out after {limit:.1f}s") from None
 
 
 def openai_plan(plan: BatchPlan) -> BatchPlan:
