@@ -359,18 +359,8 @@ async def _execute(
         except SelectionError as error:
             raise InferenceRejected(f"the model's answers: {error}") from None
 
-    state.stage = "output"
-    with storage_failures("output"):
-        await work.output.store(ctx, predictions)
-    finished = clock()
-    log.info(
-        "stage timings",
-        inputSeconds=round(input_done - started, 3),
-        inferenceSeconds=round(inference_done - input_done, 3),
-        outputSeconds=round(finished - inference_done, 3),
-    )
-    return RunResult(
-        rows=len(rows), predictions=len(predictions), duration_seconds=finished - started
+    return await _store(
+        work, ctx, predictions, state, log, clock, (started, input_done, inference_done), len(rows)
     )
 
 
@@ -408,11 +398,7 @@ async def _execute_openai(
         work.contract.job_id,
         on_retry=log_retries(log, MODEL_RETRY_EVENT),
     )
-    shard_fields = (
-        {"shardIndex": work.shard_index, "shardCount": work.shard_count}
-        if work.shard_count > 1
-        else {}
-    )
+    shard_fields = _shard_fields(work)
 
     def emit(progress: Progress) -> None:
         state.rows_done = progress.rows_done
@@ -431,6 +417,36 @@ async def _execute_openai(
     inference_done = clock()
     predictions = openai.join(target.settings, work.selection, carried, outputs)
 
+    return await _store(
+        work,
+        ctx,
+        predictions,
+        state,
+        log,
+        clock,
+        (started, input_done, inference_done),
+        len(inputs),
+        rowErrors=predictor.row_errors,
+    )
+
+
+async def _store(
+    work: Plan,
+    ctx: StorageContext,
+    predictions: list[Any],
+    state: RunState,
+    log: Any,
+    clock: Callable[[], float],
+    marks: tuple[float, float, float],
+    rows: int,
+    **timing_fields: Any,
+) -> RunResult:
+    """Step 5 of a one-read run: store the predictions, log the stage timings, the result.
+
+    ``marks`` are the clock at the start, once the input was read and once the
+    model answered.
+    """
+    started, input_done, inference_done = marks
     state.stage = "output"
     with storage_failures("output"):
         await work.output.store(ctx, predictions)
@@ -440,11 +456,16 @@ async def _execute_openai(
         inputSeconds=round(input_done - started, 3),
         inferenceSeconds=round(inference_done - input_done, 3),
         outputSeconds=round(finished - inference_done, 3),
-        rowErrors=predictor.row_errors,
+        **timing_fields,
     )
-    return RunResult(
-        rows=len(inputs), predictions=len(predictions), duration_seconds=finished - started
-    )
+    return RunResult(rows=rows, predictions=len(predictions), duration_seconds=finished - started)
+
+
+def _shard_fields(work: Plan) -> dict[str, int]:
+    """The shard's index and count for progress lines, when the run has shards."""
+    if work.shard_count > 1:
+        return {"shardIndex": work.shard_index, "shardCount": work.shard_count}
+    return {}
 
 
 async def _prepare_output(work: Plan, ctx: StorageContext, state: RunState) -> None:
@@ -540,11 +561,7 @@ async def _infer(
     state: RunState,
     log: Any,
 ) -> list[Any]:
-    shard_fields = (
-        {"shardIndex": work.shard_index, "shardCount": work.shard_count}
-        if work.shard_count > 1
-        else {}
-    )
+    shard_fields = _shard_fields(work)
 
     def emit(progress: Progress) -> None:
         state.rows_done = progress.rows_done
