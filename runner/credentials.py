@@ -129,6 +129,10 @@ _CHARS = r"[A-Za-z0-9._~+/=\-]"
 _SCHEME_CREDENTIAL = re.compile(
     rf"(?i)\b(?:(bearer|basic)\s+{_CHARS}+|(token)\s+{_CHARS}{{4,}})",
 )
+# A short lower-case word: in prose ("token expired", "credentials: model
+# answered 401") it is English, not a secret. Generated tokens and keys mix
+# case, digits or punctuation, or run longer than any word.
+_PROSE_WORD = re.compile(r"[a-z]{1,23}")
 # Any `key: value` or `key=value` (the key optionally quoted); the key decides.
 _ASSIGNMENT = re.compile(
     r"""(?x)
@@ -180,11 +184,31 @@ def is_credential_env(name: str) -> bool:
     return name not in NOT_CREDENTIAL_ENV and is_credential_key(name)
 
 
+def _redact_scheme(match: re.Match[str]) -> str:
+    if match.group(2) is not None:  # "token x"
+        value = match.group(0)[len(match.group(2)) :].lstrip()
+        if _PROSE_WORD.fullmatch(value):
+            return match.group(0)
+    return f"{match.group(1) or match.group(2)} {REDACTED}"
+
+
+def _is_prose(text: str, match: re.Match[str]) -> bool:
+    """Whether an unquoted ``key: value`` is a sentence, not a setting: the
+    value is a short lower-case word and more words follow on the line
+    (``credentials: model answered 401``). ``password: hunter`` alone, a
+    quoted value and ``key=value`` are always taken for settings."""
+    if match["quote"] or match["op"].strip() != ":" or not match["op"].endswith(" "):
+        return False
+    if not _PROSE_WORD.fullmatch(match["value"]):
+        return False
+    return re.match(r" +[A-Za-z0-9]", text[match.end("value") :]) is not None
+
+
 def _redact_assignments(text: str) -> str:
     out: list[str] = []
     pos = 0
     while (match := _ASSIGNMENT.search(text, pos)) is not None:
-        if is_credential_key(match["key"]):
+        if is_credential_key(match["key"]) and not _is_prose(text, match):
             out.append(text[pos : match.start("value")])
             out.append(REDACTED)
             pos = match.end("value")
@@ -201,7 +225,7 @@ def redact_text(text: str) -> str:
     """``text`` with every credential-shaped part replaced by :data:`REDACTED`."""
     for shape in CREDENTIAL_SHAPES:
         text = shape.sub(REDACTED, text)
-    text = _SCHEME_CREDENTIAL.sub(lambda m: f"{m.group(1) or m.group(2)} {REDACTED}", text)
+    text = _SCHEME_CREDENTIAL.sub(_redact_scheme, text)
     text = _redact_assignments(text)
     text = _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
     return _URL_PASSWORD.sub(lambda m: f"{m.group(1)}{REDACTED}{m.group(3)}", text)

@@ -238,7 +238,7 @@ def test_credentials_are_never_repeated(settings: dict[str, Any], secret: str) -
 
 # Logs hide more than admission refuses, on purpose: a whole value under a
 # credential key even when it is a reference, a URL's userinfo even without a
-# password, and `password = ...`/`token xxxx` in prose. These look-alikes are
+# password, and `password = ...` in prose. These look-alikes are
 # legal settings, but their log lines are redacted anyway.
 HIDDEN_IN_LOGS_ONLY = [
     {"token": {"secretKeyRef": {"name": "s", "key": "token"}}},
@@ -246,7 +246,6 @@ HIDDEN_IN_LOGS_ONLY = [
     {"url": "https://user@example.com/data"},
     {"query": "SELECT id FROM users WHERE password = $1"},
     {"path": "/api/token: x"},
-    {"description": "a token bucket rate limiter"},
     {"token": None},
 ]
 

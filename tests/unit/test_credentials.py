@@ -68,6 +68,17 @@ def test_keys_that_only_name_a_secret_are_kept(key: str) -> None:
         ("nothing to see here", "nothing to see here"),
         ("tokenizer ready", "tokenizer ready"),
         ("the token is", "the token is"),
+        # Prose keeps its words; anything shaped like a generated value goes.
+        ("token expired", "token expired"),
+        ("the token expired at noon", "the token expired at noon"),
+        ("credentials: model answered 401", "credentials: model answered 401"),
+        ("password: hunter", "password: [REDACTED]"),
+        ("password: hunter2 was refused", "password: [REDACTED] was refused"),
+        ('password: "hunter" was refused', 'password: "[REDACTED]" was refused'),
+        ("password=hunter was refused", "password=[REDACTED] was refused"),
+        ("token abcd1234", "token [REDACTED]"),
+        ("token AbCdEfGh", "token [REDACTED]"),
+        ("token abcdefghijklmnopqrstuvwxyz", "token [REDACTED]"),
     ],
 )
 def test_credentials_inside_strings(text: str, expected: str) -> None:
