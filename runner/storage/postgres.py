@@ -405,12 +405,14 @@ class PostgresProvider:
             data = await ctx.secrets.read(namespace, ref.name)
         except SecretError as error:
             raise StorageError(str(error)) from None
+        # A Secret that exists without its key stays so on every retry:
+        # refused, like an S3 Secret without its keys.
         password = data.get("password") or ""
         if not password:
-            raise StorageError(f"{source} has no password")
+            raise StorageRejected(f"{source} has no password")
         user = self.settings.user or (data.get("username") or "").strip()
         if not user:
-            raise StorageError(f"{source} has no username, and the entry sets no user")
+            raise StorageRejected(f"{source} has no username, and the entry sets no user")
         parts: dict[str, Any] = {
             "host": self.settings.host,
             "port": self.settings.port,

@@ -368,6 +368,28 @@ async def test_a_wrong_password_is_a_clear_error_and_shows_nowhere(
         assert postgres.server.password not in text
 
 
+@pytest.mark.parametrize("role", ["input", "output"])
+async def test_a_secret_without_a_password_is_refused_at_once(
+    world: World, postgres: Database, role: str
+) -> None:
+    seed(postgres, 10)
+    given = secrets(postgres)
+    run = contract(world.model_server.infer_url(), postgres)
+    other = "output" if role == "input" else "input"
+    run[other]["postgres"]["secretRef"]["name"] = "right"
+    given.secrets[(NAMESPACE, "right")] = dict(given.secrets[(NAMESPACE, SECRET)])
+    del given.secrets[(NAMESPACE, SECRET)]["password"]
+
+    outcome = await world.run(run, given)
+
+    # As for an S3 Secret without its keys: no retry brings the key back, so
+    # the Job must not spend its attempts on it (6 input, 8 output).
+    code = ExitCode.INPUT_REJECTED if role == "input" else ExitCode.OUTPUT_REJECTED
+    assert outcome.exit_code == code, outcome.termination
+    assert f"Secret {NAMESPACE}/{SECRET} has no password" in outcome.termination
+    assert postgres.server.password not in outcome.stdout + outcome.stderr
+
+
 @contextmanager
 def writes_held_after(db: Database, rows: int) -> Iterator[psycopg.Connection[Any]]:
     """Inserts into ``predictions`` wait, once ``rows`` are stored, until this lets go.
