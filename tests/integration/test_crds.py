@@ -134,13 +134,17 @@ async def test_get_shows_the_printer_columns(crds: LocalCluster, namespace: str)
         crds, namespace, "infcfg", "cfg", InferenceConfigStatus(conditions=[ready]).to_api()
     )
 
-    runs = table(crds.kubectl("get", "-n", namespace, "infrun").stdout)
-    assert runs[0] == [
-        "NAME", "PHASE", "CONFIG", "PROGRESS", "JOB", "LAST SCHEDULE", "NEXT", "AGE",
-    ]  # fmt: skip
-    assert runs[1][:5] == ["run", "Running", "cfg", "120/500 (24%)", "inf-run-12345678"]
+    # REASON by default; a one-shot run has no LAST SCHEDULE or NEXT: -o wide has them.
+    shown = crds.kubectl("get", "-n", namespace, "infrun")
+    assert shown.returncode == 0
+    runs = table(shown.stdout)
+    assert runs[0] == ["NAME", "PHASE", "CONFIG", "PROGRESS", "JOB", "REASON", "AGE"]
+    assert runs[1][:6] == ["run", "Running", "cfg", "120/500 (24%)", "inf-run-12345678", "Running"]
     wide = table(crds.kubectl("get", "-n", namespace, "infrun", "-o", "wide").stdout)
-    assert wide[0][-5:] == ["SCHEDULE", "TIME ZONE", "REASON", "MESSAGE", "AGE"]
+    assert wide[0] == [
+        "NAME", "PHASE", "CONFIG", "PROGRESS", "JOB", "REASON", "LAST SCHEDULE", "NEXT",
+        "SCHEDULE", "TIME ZONE", "MESSAGE", "AGE",
+    ]  # fmt: skip
     assert "batch 3 of 10" in wide[1]
 
     configs = table(crds.kubectl("get", "-n", namespace, "infcfg").stdout)

@@ -764,8 +764,7 @@ def test_printer_columns() -> None:
         "Config",
         "Progress",
         "Job",
-        "Last Schedule",
-        "Next",
+        "Reason",
         "Age",
     ]
     assert columns["inferenceconfigs"] == ["Ready", "Probed", "Image", "Age"]
