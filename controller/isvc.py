@@ -20,7 +20,8 @@ condition's reason and message):
   the service's name.
 - **Ready**: the service's ``Ready`` condition. While it is not True (or the
   service has no URL yet) the problem is ``ModelNotReady`` with KServe's own
-  condition message.
+  condition message. A one-shot run waits for it (``Pending``); a scheduled
+  run's CronJob is suspended until it is Ready (``controller.plan``).
 
 What the controller could not read is a problem too (:class:`Access`): the
 InferenceService CRD is not installed (``InferenceServiceCRDMissing``), the
@@ -92,6 +93,10 @@ class AccessState:
 class ModelProblem:
     reason: str
     message: str
+    # What the service (or the controller's access to it) says, as opposed to
+    # a cache still being filled: only a settled problem suspends a scheduled
+    # run's CronJob (a controller restarting must not pause every schedule).
+    settled: bool = True
 
 
 @dataclass(frozen=True)
@@ -194,7 +199,9 @@ def resolve(
         )
     if state.access is Access.SYNCING and isvc is None:
         return ModelProblem(
-            REASON_MODEL_NOT_READY, f"{what}: the controller is still reading InferenceServices"
+            REASON_MODEL_NOT_READY,
+            f"{what}: the controller is still reading InferenceServices",
+            settled=False,
         )
     if isvc is None:
         return ModelProblem(REASON_NOT_FOUND, f"{what} not found")

@@ -31,7 +31,11 @@ The rules that keep a stale or partial view from doing harm:
   unusable (invalid, out of the controller's reach: the reason says which),
   since its last contract was rendered from a config that no longer stands,
   and resumed with a new contract when the config is usable again, unless the
-  run asks to be suspended. Suspending and resuming are decided on a confirmed view too.
+  run asks to be suspended. Likewise while the InferenceService its config names
+  is not Ready (or cannot be resolved: missing, out of reach): the CronJob is
+  suspended (the run is ``Pending``, reason ``ModelNotReady`` or the service's
+  own, with KServe's words) and resumed, with the service's URL as it is then,
+  once the model is Ready. Suspending and resuming are decided on a confirmed view too.
 - **Nothing is deleted by an edit.** Adding or removing ``spec.schedule`` on a
   run whose Job or CronJob exists is not applied (the CRD refuses it; older
   objects get an ``Error`` saying so). Other edits to a one-shot run whose Job
@@ -374,7 +378,7 @@ def _children(view: View) -> _Children:
         return out
     if config is None or view.refusal is not None:
         if run.spec.scheduled and view.refusal is None and config_unusable(view):
-            _suspend_for_config(view, out)
+            _suspend_cronjob(view, out)
         return out
     workload = workload_of(view)
     name = names_for(view)
@@ -413,7 +417,9 @@ def _children(view: View) -> _Children:
         return out  # finished, and its Job collected or deleted since: never run again
     if model_problem(view) is not None:
         # The model's InferenceService is not Ready (or cannot be read): nothing
-        # is created, and a scheduled run's contract keeps the last URL resolved.
+        # is created, and a scheduled run's CronJob must not fire against it.
+        if suspends_for_model(view):
+            _suspend_cronjob(view, out)
         return out
     if (configmap is None or workload is None) and not view.confirmed:
         # Creating is irreversible (a Job runs), and the runs cache may lag:
@@ -462,19 +468,40 @@ def config_unusable(view: View) -> bool:
     return view.config is None and view.config_problem is not None
 
 
-def _suspend_for_config(view: View, out: _Children) -> None:
-    """Suspend a scheduled run's CronJob whose config is unusable: it must not fire an old contract.
+def suspends_for_model(view: View) -> bool:
+    """Whether a scheduled run's CronJob is held back by its model (not Ready, not resolvable).
 
-    Its drift annotation goes too, so that when the config is back the
-    CronJob differs from what is rendered and is updated (``suspend`` as the
-    run asks, and the ConfigMap with the new contract). A CronJob suspended
-    already (the run asks for it, or done before) is left as it is.
+    Not while the controller is still filling its InferenceServices cache (a
+    restart must not pause every schedule), nor for a run the user suspended
+    (its CronJob is suspended anyway, and the run says so).
+    """
+    problem = model_problem(view)
+    return (
+        problem is not None
+        and problem.settled
+        and view.run.spec.scheduled
+        and not view.run.spec.suspend
+        and view.config is not None
+        and view.refusal is None
+    )
+
+
+def _suspend_cronjob(view: View, out: _Children) -> None:
+    """Suspend a scheduled run's CronJob: its config is unusable, or its model not Ready.
+
+    Its drift annotation goes too, so that when the config (or the model) is
+    back the CronJob differs from what is rendered and is updated
+    (``suspend`` as the run asks, and the ConfigMap with the new contract). A
+    CronJob suspended already (the run asks for it, or done before) is left
+    as it is.
     """
     cron = workload_of(view)
     if cron is None or (cron.get("spec") or {}).get("suspend"):
         return
     if not view.confirmed:
-        out.confirm = True  # the config may only be missing from a lagging cache
+        # The config (or the service) may only look so from a lagging cache:
+        # the live read of a confirm reads both again.
+        out.confirm = True
         return
     meta = cron["metadata"]
     out.writes.append(
@@ -550,7 +577,14 @@ def plan(view: View) -> Plan:
     )
     if duplicates is not None:
         warnings.append(duplicates)
-    if waiting_for_model is not None and workload is not None and run.spec.scheduled:
+    held_back = workload is not None and suspends_for_model(view)
+    if (
+        waiting_for_model is not None
+        and workload is not None
+        and run.spec.scheduled
+        and not held_back
+    ):
+        # Still reading InferenceServices, or the run is suspended anyway.
         warnings.append(
             (
                 waiting_for_model.reason,
@@ -599,6 +633,9 @@ def plan(view: View) -> Plan:
         and problem is view.config_problem
     ):
         _suspended_for_config(status, view, workload)
+    elif held_back and problem is None and waiting_for_model is not None:
+        assert workload is not None
+        _suspended_for_model(status, view, workload, waiting_for_model)
     used = config_used(_pick(view.configmaps, names_for(view)))
     if used[0] is not None or used[1] is not None:
         status.config_resource_version, status.config_generation = used
@@ -621,7 +658,10 @@ def plan(view: View) -> Plan:
     out.requeue_after = _requeue_after(view, status, workload)
     if waiting is not None and view.config_problem is not None:
         out.requeue_after = waiting
-    elif waiting_for_model is not None and workload is None and problem is None:
+    elif problem is None and (
+        (waiting_for_model is not None and workload is None)
+        or (held_back and out.requeue_after is None)
+    ):
         out.requeue_after = MODEL_RECHECK
     return out
 
@@ -669,6 +709,19 @@ def _suspended_for_config(status: InferenceRunStatus, view: View, cron: Obj) -> 
     status.conditions = kstatus_conditions(
         set_condition(status.conditions, ready), status, view.now, generation
     )
+
+
+def _suspended_for_model(
+    status: InferenceRunStatus, view: View, cron: Obj, problem: ModelProblem
+) -> None:
+    """A scheduled run whose model is not Ready: Pending, its CronJob suspended until it is."""
+    status.phase, status.reason = "Pending", problem.reason
+    status.message = (
+        f"{problem.message}; CronJob {cron['metadata']['name']} is suspended until the "
+        "model is Ready (an execution under way goes on)"
+    )
+    status.next_schedule_time = None
+    status.conditions = _waiting_conditions(status, view, problem.reason)
 
 
 def _waiting_conditions(

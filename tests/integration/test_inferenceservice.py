@@ -8,8 +8,10 @@ child at all: these tests need no runner.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
@@ -17,9 +19,10 @@ from kubernetes_asyncio import client
 from hack.cluster import LocalCluster
 from hack.crds import install_inferenceservice_crd, remove_inferenceservice_crd
 from tests.controllerproc import ControllerProcess, controller_for, running
-from tests.isvc import InferenceServices, inference_service, ready_status
-from tests.kubehelpers import eventually
-from tests.runs import Runs, inference_config, inference_run, status
+from tests.integration.test_controller import children
+from tests.isvc import InferenceServices, inference_service, not_ready_status, ready_status
+from tests.kubehelpers import eventually, wait_for_events
+from tests.runs import Runs, condition, inference_config, inference_run, status
 
 OK = "ghcr.io/krateoplatformops/kserve-krateo-runner:0.1.0"
 CONFIGS = "inferenceconfigs"
@@ -173,3 +176,75 @@ async def test_kserves_words_reach_a_waiting_run(
             return await no_jobs(api_client, namespace)
 
         assert await eventually(quiet, what="no Job while the model is not Ready")
+
+
+async def cronjobs_of(api: client.ApiClient, namespace: str, uid: str) -> list[Any]:
+    return (await children(api, namespace, uid))["cronjobs"]
+
+
+async def contract_url(api: client.ApiClient, namespace: str, uid: str) -> str:
+    (configmap,) = (await children(api, namespace, uid))["configmaps"]
+    return str(json.loads(configmap.data["contract.json"])["kserve"]["modelUrl"])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.usefixtures("isvc_crd", "controller")
+async def test_a_scheduled_run_is_suspended_while_its_model_is_not_ready_and_resumed_after(
+    runs: Runs, api_client: client.ApiClient, namespace: str
+) -> None:
+    # Its CronJob used to go on firing against the model that was down: the
+    # run only carried a warning, and every execution burnt its retries.
+    services = InferenceServices(api_client, namespace)
+    await services.create(inference_service("iris"))
+    first = f"http://iris-predictor.{namespace}.svc.cluster.local"
+    await services.set_status("iris", ready_status(first))
+    await runs.create(isvc_config("cfg", "iris"))
+    # A tick that never comes during the test: only the CronJob's suspend is looked at.
+    tick = await runs.create(inference_run("tick", "cfg", schedule="0 0 1 1 *"))
+    uid = tick["metadata"]["uid"]
+    await runs.wait_phase("tick", "Scheduled", within=60)
+    (cron,) = await cronjobs_of(api_client, namespace, uid)
+    assert cron.spec.suspend is False
+    assert await contract_url(api_client, namespace, uid) == f"{first}/v2/models/iris/infer"
+
+    # KServe's controller: the new revision fails.
+    said = "Revision iris-predictor-00002 failed with message: container exited with code 1"
+    await services.set_status("iris", not_ready_status("RevisionFailed", said))
+
+    async def suspended() -> bool:
+        return bool((await cronjobs_of(api_client, namespace, uid))[0].spec.suspend)
+
+    await eventually(suspended, within=60, what="the CronJob suspended while its model is down")
+    down = await runs.wait_reason("tick", "ModelNotReady", within=60)
+    assert status(down)["phase"] == "Pending"
+    assert status(down)["message"] == (
+        f"InferenceService {namespace}/iris is not Ready: {said}; CronJob "
+        f"{cron.metadata.name} is suspended until the model is Ready "
+        "(an execution under way goes on)"
+    )
+    assert "nextScheduleTime" not in status(down)
+    ready = condition(down, "Ready")
+    assert ready is not None
+    assert (ready["status"], ready["reason"]) == ("False", "ModelNotReady")
+    assert said in ready["message"]
+    await wait_for_events(
+        api_client, namespace, "tick", "ModelNotReady", what="a ModelNotReady Warning Event"
+    )
+    # A scheduled run made while the model is down gets no CronJob at all.
+    late = await runs.create(inference_run("late", "cfg", schedule="0 0 1 1 *"))
+    waiting = await runs.wait_reason("late", "ModelNotReady", within=60)
+    assert status(waiting)["phase"] == "Pending"
+    assert said in status(waiting)["message"]
+    assert await cronjobs_of(api_client, namespace, late["metadata"]["uid"]) == []
+
+    # Ready again, at another address: both CronJobs fire there from now on.
+    moved = f"http://iris-predictor-moved.{namespace}.svc.cluster.local"
+    await services.set_status("iris", ready_status(moved))
+    await runs.wait_phase("tick", "Scheduled", within=60)
+    assert (await cronjobs_of(api_client, namespace, uid))[0].spec.suspend is False
+    assert await contract_url(api_client, namespace, uid) == f"{moved}/v2/models/iris/infer"
+    await runs.wait_phase("late", "Scheduled", within=60)
+    (late_cron,) = await cronjobs_of(api_client, namespace, late["metadata"]["uid"])
+    assert late_cron.spec.suspend is False
+    late_url = await contract_url(api_client, namespace, late["metadata"]["uid"])
+    assert late_url == f"{moved}/v2/models/iris/infer"

@@ -17,10 +17,12 @@ from controller.isvc import (
     contract_model,
     resolve,
 )
-from controller.kube.resources import CONFIGMAPS, JOBS
-from controller.plan import Create, View, plan
+from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS
+from controller.naming import DESIRED_HASH_ANNOTATION
+from controller.plan import Create, Patch, View, plan
 from controller.probe import ConfigView, plan_config
 from controller.reconcile import inferenceservice_index
+from controller.render import desired_configmap, desired_workload
 from tests.unit.helpers import NOW, UID
 
 READY = AccessState(Access.READY)
@@ -177,6 +179,8 @@ def test_what_cannot_be_read_says_why(
     assert got.reason == reason
     assert words in got.message
     assert "models/iris" in got.message
+    # Only a cache still being filled is not a settled answer.
+    assert got.settled is (state.access is not Access.SYNCING)
 
 
 def test_a_service_outside_the_watched_namespaces_is_out_of_reach() -> None:
@@ -275,6 +279,165 @@ def test_a_ready_model_reaches_the_contract() -> None:
     assert out.status is not None
     assert out.status.contract is not None
     assert out.status.contract["kserve"]["modelUrl"] == f"{INTERNAL}/v2/models/iris/infer"
+
+
+# ------------------------------------------------------------ scheduled runs
+
+NOT_READY = ModelProblem(
+    "ModelNotReady",
+    "InferenceService models/iris is not Ready: Revision iris-predictor-00002 failed",
+)
+
+
+def scheduled(suspend: bool = False) -> InferenceRun:
+    return InferenceRun.model_validate(
+        {
+            "metadata": {"name": "r", "namespace": "ns", "uid": UID, "generation": 1},
+            "spec": {"configRef": {"name": "cfg"}, "schedule": "0 * * * *", "suspend": suspend},
+            "status": {"phase": "Scheduled"},
+        }
+    )
+
+
+def scheduled_children(r: InferenceRun) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ConfigMap and CronJob made while the model was Ready, as the API server returns them."""
+    kserve = contract_model(config(), resolve(config(), isvc(), READY))
+    made = [desired_configmap(r, config(), kserve=kserve), desired_workload(r, config())]
+    for obj in made:
+        obj["metadata"] |= {"uid": f"{obj['kind']}-uid", "resourceVersion": "7"}
+    return made[0], made[1]
+
+
+def test_a_scheduled_runs_cronjob_is_suspended_while_its_model_is_not_ready() -> None:
+    # It used to go on firing against the model that is down, run after run.
+    r = scheduled()
+    cm, cron = scheduled_children(r)
+    seen = {"config": config(), "model": NOT_READY, "configmaps": [cm], "cronjobs": [cron]}
+    first = plan(View(run=r, now=NOW, **seen))
+    assert first.confirm  # the service may only look so from a lagging cache
+    assert first.writes == []
+
+    out = plan(View(run=r, now=NOW, confirmed=True, **seen))
+    (patch,) = out.writes
+    assert isinstance(patch, Patch)
+    name = cron["metadata"]["name"]
+    assert (patch.resource, patch.name) == (CRONJOBS, name)
+    assert patch.patch["spec"] == {"suspend": True}
+    assert patch.patch["metadata"] == {
+        "resourceVersion": "7",
+        "annotations": {DESIRED_HASH_ANNOTATION: None},
+    }
+    assert out.status is not None
+    assert (out.status.phase, out.status.reason) == ("Pending", "ModelNotReady")
+    assert out.status.message == (
+        f"{NOT_READY.message}; CronJob {name} is suspended until the model is Ready "
+        "(an execution under way goes on)"
+    )
+    assert out.status.next_schedule_time is None
+    ready = next(c for c in out.status.conditions if c.type == "Ready")
+    assert (ready.status, ready.reason, ready.message) == (
+        "False",
+        "ModelNotReady",
+        out.status.message,
+    )
+    assert [(e.type, e.reason) for e in out.events] == [("Warning", "ModelNotReady")]
+    assert out.requeue_after is not None
+
+    # Suspended: nothing more to write, and the run still says why.
+    cron["spec"]["suspend"] = True
+    del cron["metadata"]["annotations"][DESIRED_HASH_ANNOTATION]
+    later = plan(View(run=r, now=NOW, **seen))
+    assert (later.writes, later.confirm) == ([], False)
+    assert later.status is not None
+    assert (later.status.phase, later.status.reason) == ("Pending", "ModelNotReady")
+
+
+@pytest.mark.parametrize("reason", ["InferenceServiceNotFound", "InferenceServiceForbidden"])
+def test_a_model_that_cannot_be_resolved_suspends_the_cronjob_too(reason: str) -> None:
+    r = scheduled()
+    cm, cron = scheduled_children(r)
+    problem = ModelProblem(reason, f"InferenceService models/iris: {reason}")
+    out = plan(
+        View(
+            run=r,
+            now=NOW,
+            config=config(),
+            model=problem,
+            configmaps=[cm],
+            cronjobs=[cron],
+            confirmed=True,
+        )
+    )
+    assert [w.patch["spec"] for w in out.writes] == [{"suspend": True}]  # type: ignore[union-attr]
+    assert out.status is not None
+    assert (out.status.phase, out.status.reason) == ("Pending", reason)
+
+
+def test_the_model_ready_again_resumes_the_cronjob_with_its_url_as_it_is_then() -> None:
+    r = scheduled()
+    cm, cron = scheduled_children(r)
+    cron["spec"]["suspend"] = True
+    del cron["metadata"]["annotations"][DESIRED_HASH_ANNOTATION]
+    moved = resolve(config(), isvc(address="http://iris-moved.models.svc"), READY)
+    seen = {"config": config(), "model": moved, "configmaps": [cm], "cronjobs": [cron]}
+    first = plan(View(run=r, now=NOW, **seen))
+    assert first.confirm  # firing again needs the fresh view a create has
+    assert first.writes == []
+
+    out = plan(View(run=r, now=NOW, confirmed=True, **seen))
+    assert [(type(w), w.resource) for w in out.writes] == [(Patch, CONFIGMAPS), (Patch, CRONJOBS)]
+    configmap, cronjob = (w.patch for w in out.writes)  # type: ignore[union-attr]
+    contract = json.loads(configmap["data"]["contract.json"])
+    assert contract["kserve"]["modelUrl"] == "http://iris-moved.models.svc/v2/models/iris/infer"
+    assert cronjob["spec"]["suspend"] is False
+    assert out.status is not None
+    assert out.status.phase == "Scheduled"
+
+
+def test_a_cache_still_filling_does_not_suspend_the_cronjob() -> None:
+    # A restarting controller reads InferenceServices anew: no schedule is paused for that.
+    r = scheduled()
+    cm, cron = scheduled_children(r)
+    syncing = resolve(config(), None, AccessState(Access.SYNCING))
+    out = plan(
+        View(
+            run=r,
+            now=NOW,
+            config=config(),
+            model=syncing,
+            configmaps=[cm],
+            cronjobs=[cron],
+            confirmed=True,
+        )
+    )
+    assert (out.writes, out.confirm) == ([], False)
+    assert out.status is not None
+    assert out.status.phase == "Scheduled"
+    warning = next(c for c in out.status.conditions if c.type == "Warning")
+    assert warning.reason == "ModelNotReady"
+
+
+def test_a_run_the_user_suspended_is_left_suspended_while_its_model_is_down() -> None:
+    r = scheduled(suspend=True)
+    cm, cron = scheduled_children(r)
+    assert cron["spec"]["suspend"] is True
+    out = plan(
+        View(run=r, now=NOW, config=config(), model=NOT_READY, configmaps=[cm], cronjobs=[cron])
+    )
+    assert (out.writes, out.confirm) == ([], False)
+    assert out.status is not None
+    assert out.status.phase == "Suspended"
+
+
+def test_a_scheduled_run_gets_no_cronjob_while_its_model_is_not_ready() -> None:
+    out = plan(View(run=scheduled(), now=NOW, config=config(), model=NOT_READY, confirmed=True))
+    assert out.writes == []
+    assert out.status is not None
+    assert (out.status.phase, out.status.reason, out.status.message) == (
+        "Pending",
+        "ModelNotReady",
+        NOT_READY.message,
+    )
 
 
 # -------------------------------------------------------------------- configs
