@@ -3,9 +3,13 @@
 versitygw (built from its Go module by ``hack/versitygw/build.sh``, cached like
 the other Go tools) serves ``<directory>/<bucket>/<key>`` over the S3 API, with
 one root user (:data:`ROOT_ACCESS_KEY`, :data:`ROOT_SECRET_KEY`) signing with
-AWS Signature V4 in region :data:`REGION`. The s3 provider's tests start one per
-session (``tests/servers.py``, ``s3_server``) and give each test its own bucket;
-the demo starts one for ``--storage s3``. Path-style addressing only.
+AWS Signature V4 in region :data:`REGION`. Its internal IAM service keeps more
+accounts in ``<directory>/iam`` (:meth:`S3Server.create_user`, through the
+gateway's admin API): an account of role ``user`` may use only the buckets it
+owns, so a bucket made here by the root is theirs to be refused. The s3
+provider's tests start one per session (``tests/servers.py``, ``s3_server``)
+and give each test its own bucket; the demo starts one for ``--storage s3``.
+Path-style addressing only.
 
 Run alone: ``python -m hack.s3server [--port N] [--dir D]`` serves until Ctrl-C
 and prints its URL and credentials.
@@ -65,8 +69,13 @@ class S3Server:
     def data(self) -> Path:
         return self.directory / "data"
 
+    @property
+    def iam(self) -> Path:
+        return self.directory / "iam"
+
     def start(self, within: float = 60.0) -> S3Server:
         self.data.mkdir(parents=True, exist_ok=True)
+        self.iam.mkdir(parents=True, exist_ok=True)
         log = self.log or self.directory / "versitygw.log"
         args = [
             str(versitygw_binary()),
@@ -78,6 +87,8 @@ class S3Server:
             ROOT_SECRET_KEY,
             "--region",
             REGION,
+            "--iam-dir",
+            str(self.iam),
         ]
         if self.cert and self.key:
             args += ["--cert", str(self.cert), "--key", str(self.key)]
@@ -99,6 +110,21 @@ class S3Server:
         if self._process is not None:
             stop_process(self._process, grace=10)
             self._process = None
+
+    def create_user(self, access: str, secret: str, role: str = "user") -> None:
+        """A new IAM account (``versitygw admin create-user``, signed by the root user).
+
+        A ``user`` owns no bucket: every request of theirs to a bucket made by
+        :meth:`create_bucket` is refused with ``AccessDenied`` (403).
+        """
+        args = [str(versitygw_binary()), "admin", "--access", ROOT_ACCESS_KEY]
+        args += ["--secret", ROOT_SECRET_KEY, "--region", REGION, "--endpoint-url", self.url]
+        if self.cert:
+            args.append("--allow-insecure")
+        args += ["create-user", "--access", access, "--secret", secret, "--role", role]
+        done = subprocess.run(args, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"versitygw admin create-user {access}: {done.stderr.strip()}")
 
     def create_bucket(self, name: str | None = None) -> str:
         """A new, empty bucket (a fresh name unless given): its directory under the root.

@@ -55,11 +55,11 @@ manifests written last mark a shard and the whole output complete
 (:mod:`runner.storage._s3layout`). An s3 output needs a streaming input (an
 ``s3`` input, or another with ``paging``).
 
-**Errors.** A missing bucket or object, access denied (a wrong key or secret),
-a wrong region, a malformed row (the object and row are named), a Parquet
-object whose columns differ from the first one's: rejected (exit 6 input,
-8 output; not retried). No connection, timeouts and 5xx are retried by the S3
-client (3 times), then exit 3 or 5.
+**Errors.** A missing bucket or object, access denied (a wrong key or secret,
+or an account without rights on the bucket), a wrong region, a malformed row
+(the object and row are named), a Parquet object whose columns differ from the
+first one's: rejected (exit 6 input, 8 output; not retried). No connection,
+timeouts and 5xx are retried by the S3 client (3 times), then exit 3 or 5.
 
 **Probe** (``--check``): a HEAD of ``key`` (or each of ``keys``), or one listing
 page of ``prefix`` (the output's too): the bucket exists and the credentials
@@ -347,6 +347,12 @@ def failure(error: BaseException, what: str, region: str | None = None) -> Stora
             "the store gave no reason (a HEAD's answer has no body); a 400 here most often "
             f"means a wrong region: requests are signed for {region or 'the default region'}"
             ", so check the entry's region and endpointUrl"
+        )
+    if status == 403 and not _S3_CODE.search(text):
+        said = (
+            "the store gave no reason (a HEAD's answer has no body): either the access key "
+            "and secret do not match, or the account they name has no right on this bucket "
+            "or object"
         )
     if isinstance(error, NotFoundError | FileNotFoundError) or status == 404:
         return StorageRejected(f"{what}: not found (no such bucket or object): {said}")

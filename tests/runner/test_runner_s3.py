@@ -546,6 +546,35 @@ async def test_a_wrong_secret_is_denied_and_its_value_shown_nowhere(
     assert await bucket.keys("out") == []
 
 
+async def test_a_user_without_rights_on_the_bucket_is_denied_by_name(
+    world: World, bucket: Bucket
+) -> None:
+    """A valid account (its signature checks out) that the bucket does not allow."""
+    await bucket.put("in.csv", csv_bytes(random_iris_rows(10)))
+    secret = "unprivileged-secret-value-8a1e37"
+    bucket.server.create_user("ksc-s3-nobody", secret)
+    secrets = s3_secrets(access="ksc-s3-nobody", secret=secret)
+    contract = s3_contract(world, bucket.entry(key="in.csv"), bucket.entry(prefix="out"))
+
+    outcome = await run_s3(world, contract, secrets=secrets)
+    checked = await world.check(contract, secrets)
+
+    assert outcome.exit_code == ExitCode.OUTPUT_REJECTED, outcome.termination
+    assert outcome.termination.startswith(f"output: listing s3://{bucket.name}/out/")
+    assert checked.exit_code == ExitCode.INPUT_REJECTED, checked.termination
+    assert checked.termination.startswith(f"input: s3://{bucket.name}/in.csv: access denied")
+    # The listing's answer has the store's code: the signature was good, the account refused.
+    assert "access denied (403): AccessDenied: Access Denied" in outcome.termination
+    # A HEAD's answer has no body: the message says both causes a 403 can have.
+    assert "has no right on this bucket or object" in checked.termination
+    for result in (outcome, checked):
+        assert "SignatureDoesNotMatch" not in result.termination
+        for text in (result.termination, result.stdout, result.stderr):
+            assert secret not in text
+    assert await bucket.keys("out") == []
+    assert await bucket.keys() == ["in.csv"]
+
+
 async def test_a_malformed_csv_row_names_the_object_and_row(world: World, bucket: Bucket) -> None:
     good = csv_bytes(random_iris_rows(40))
     await bucket.put("in/0.csv", good)

@@ -355,3 +355,15 @@ def test_the_provider_needs_prepare_before_it_talks() -> None:
     assert isinstance(provider, S3Provider)
     with pytest.raises(RuntimeError, match="prepare"):
         _ = provider.client
+
+
+def test_a_403_without_a_reason_names_both_causes() -> None:
+    from obstore.exceptions import PermissionDeniedError
+
+    head = PermissionDeniedError(
+        "Error performing HEAD http://s/b/k - Server returned non-2xx status code: 403 Forbidden:"
+    )
+    said = failure(head, "s3://b/k").message
+    assert said.startswith("s3://b/k: access denied (403): the store gave no reason")
+    assert "the access key and secret do not match" in said
+    assert "has no right on this bucket or object" in said
