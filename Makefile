@@ -12,7 +12,7 @@ TEST_WORKERS ?= 4
 # `make test TEST_ORDER=node,faults,parallel` runs the suite's three runs in another order.
 TEST_ORDER ?= parallel,faults,node
 
-.PHONY: chart-docs help setup lock binaries node-prereqs storage-prereqs demo demo-node test unit integration node lint format cluster bench clean
+.PHONY: chart-docs help setup lock binaries node-prereqs storage-prereqs demo demo-node test unit integration node lint format cluster clean
 
 help:
 	@echo "make demo    - the whole system end to end on a local control plane"

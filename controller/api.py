@@ -91,7 +91,6 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 CONDITION_READY = "Ready"
 CONDITION_COMPLETE = "Complete"
 CONDITION_FAILED = "Failed"
-CONDITION_SUSPENDED = "Suspended"
 # kstatus' conditions (cli-utils, read by Flux and kpt): abnormal-true polarity.
 CONDITION_RECONCILING = "Reconciling"
 CONDITION_STALLED = "Stalled"

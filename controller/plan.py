@@ -49,7 +49,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -107,7 +107,6 @@ MAX_STATUS_STRING = 1024
 
 REASON_SCHEDULE_CHANGE = "ScheduleChangeNotApplied"
 REASON_SPEC_CHANGE = "SpecChangeNotApplied"
-REASON_NAME_CONFLICT = "NameConflict"
 # A run applied in one file with its config is often seen first: its config is
 # missing for a moment. For this long after the run's creation that is
 # "waiting", not an error with a Warning Event.
@@ -814,7 +813,3 @@ def phase_events(
         if reason not in known:
             events.append(Event("Warning", reason, message))
     return events
-
-
-def with_refusal(view: View, refusal: Refusal) -> View:
-    return replace(view, refusal=refusal)
