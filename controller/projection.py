@@ -25,7 +25,9 @@ the controller reads of it, under 1 KB). The readers, and what they read:
   ``lastScheduleTime``; ``controller.probe``: a probe Job's conditions and
   generation annotation; the indexes): metadata with the labels of
   :data:`LABELS`, the annotations of :data:`ANNOTATIONS` and the owner
-  references, ``spec.suspend`` and those status fields.
+  references, ``spec.suspend`` (a Job's ``backoffLimit``,
+  ``backoffLimitPerIndex`` and ``podFailurePolicy`` too: whether a failed pod
+  fails it) and those status fields.
 - **ConfigMaps** (found by owner, drift by the desired-hash annotation, the
   config version of the contract by its annotations (``controller.plan``);
   ``binaryData`` only for whether it is there): metadata as for Jobs and
@@ -36,10 +38,10 @@ the controller reads of it, under 1 KB). The readers, and what they read:
   pod is being deleted, its node and memory limit; the progress reader: which
   runner runs, its namespace, name and completion index): metadata as for
   Jobs, ``spec.nodeName``, each container's ``resources.limits.memory`` (by
-  name, only when set), ``status.containerStatuses`` (name and state: running;
-  terminated exit code, reason (``OOMKilled``), message and finish time;
-  waiting reason and message) and ``status.conditions`` (type, status,
-  reason, message).
+  name, only when set), ``status.phase``, ``status.containerStatuses`` (name
+  and state: running; terminated exit code, reason (``OOMKilled``), message
+  and finish time; waiting reason and message) and ``status.conditions``
+  (type, status, reason, message).
 
 Everything else a reader looks at is absent, which the readers already take
 as "not set" (``.get``): a projection changes what is kept, never what a
@@ -103,6 +105,8 @@ TERMINATED_FIELDS = ("exitCode", "reason", "message", "finishedAt")
 WAITING_FIELDS = ("reason", "message")
 # The counters tell how many pods a Job has run: more than one attempt wrote the output.
 JOB_STATUS_FIELDS = ("startTime", "completionTime", "failed", "succeeded")
+# A failed pod's fate is read from these before the Job controller writes it.
+JOB_SPEC_FIELDS = ("backoffLimit", "backoffLimitPerIndex", "podFailurePolicy")
 
 Projection = Callable[[Obj], Obj | None]
 
@@ -202,6 +206,11 @@ def _child(obj: Obj, status: dict[str, Any] | None = None) -> Obj:
     spec = _dict(obj.get("spec"))
     if "suspend" in spec:
         out["spec"] = {"suspend": spec["suspend"]}
+    if obj.get("kind") == "Job":
+        # Whether a failed pod fails the Job (controller.status.job_will_fail).
+        kept_spec = {k: shared(spec[k]) for k in JOB_SPEC_FIELDS if k in spec}
+        if kept_spec:
+            out["spec"] = {**out.get("spec", {}), **kept_spec}
     if status:
         out["status"] = status
     return out
@@ -287,6 +296,8 @@ def project_pod(obj: Obj) -> Obj:
         kept["containerStatuses"] = containers
     if status.get("conditions"):
         kept["conditions"] = _conditions(status, POD_CONDITION_FIELDS)
+    if status.get("phase"):
+        kept["phase"] = intern(status["phase"])
     out = _child(obj, kept)
     spec = _pod_spec(_dict(obj.get("spec")))
     if spec:

@@ -12,6 +12,8 @@ Job condition (status True)            run phase    reason
                                                     else the runner's exit (e.g.
                                                     ``InferenceFailed``); else the
                                                     Job's (``BackoffLimitExceeded``)
+none, a runner pod failed and the Job  Failed       the runner's exit, as above
+fails for it (:func:`job_will_fail`)
 ``Suspended``                          Suspended    ``Suspended``
 ``Suspended``, Job in a Kueue queue,   Pending      ``Queued`` (message names the
 the run not suspended                               queue)
@@ -459,6 +461,12 @@ def _job_outcome(
         return "Running", "Running", ""
     retrying = runner_failure(pods)
     if retrying is not None:
+        if job_will_fail(job, pods):
+            # The Job controller has yet to say it (it batches pod updates), but
+            # no attempt follows: a failure its podFailurePolicy ends the Job on
+            # (the runner's exit codes that retrying cannot help), or the last
+            # retry spent. Never "Retrying" before "Failed".
+            return "Failed", retrying[0], retrying[1]
         # A pod failed and the Job will try again: the run is under way (no
         # Running -> Pending -> Running flap between attempts); say why.
         return "Running", "Retrying", retrying[1]
@@ -466,6 +474,71 @@ def _job_outcome(
     if stuck is not None:
         return "Pending", stuck[0], stuck[1]
     return "Pending", "Pending", ""
+
+
+# The Job API's default backoffLimit.
+DEFAULT_BACKOFF_LIMIT = 6
+
+
+def _matches(rule: Json, pod: Json) -> bool:
+    """Whether one ``podFailurePolicy`` rule matches a failed pod, as the Job controller reads it.
+
+    ``onExitCodes``: a container (``containerName``'s, else any) that ended with
+    a non-zero code ``In`` (or ``NotIn``) the values; ``onPodConditions``: a pod
+    condition of that type with that status (``True`` when unset).
+    """
+    codes = rule.get("onExitCodes")
+    if codes:
+        name, values = codes.get("containerName"), set(codes.get("values") or [])
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            if name and status.get("name") != name:
+                continue
+            code = ((status.get("state") or {}).get("terminated") or {}).get("exitCode")
+            if not code:
+                continue
+            if (code in values) == (codes.get("operator") == "In"):
+                return True
+        return False
+    for wanted in rule.get("onPodConditions") or []:
+        found = _condition(pod, str(wanted.get("type")))
+        if found is not None and found.get("status") == (wanted.get("status") or "True"):
+            return True
+    return False
+
+
+def _policy_action(job: Json, pod: Json) -> str | None:
+    """The action of the first rule of ``job``'s podFailurePolicy that matches ``pod``."""
+    policy = (job.get("spec") or {}).get("podFailurePolicy") or {}
+    for rule in policy.get("rules") or []:
+        if _matches(rule, pod):
+            return str(rule.get("action"))
+    return None
+
+
+def job_will_fail(job: Json, pods: Sequence[Json]) -> bool:
+    """Whether the Job fails for a pod that failed, before its controller says so.
+
+    The Job controller batches pod updates (up to a second) before it sets
+    ``FailureTarget``/``Failed``; meanwhile the failed pod is already seen. The
+    Job fails when a failed pod matches a ``FailJob`` rule of its
+    ``podFailurePolicy`` (the runner's permanent exit codes), or when its
+    failed pods (those no ``Ignore`` rule matches) exceed ``backoffLimit``.
+    Failures are never over-counted: when in doubt, the Job retries.
+    """
+    failed = [p for p in pods if (p.get("status") or {}).get("phase") == "Failed"]
+    counted = 0
+    for pod in failed:
+        action = _policy_action(job, pod)
+        if action == "FailJob":
+            return True
+        if action != "Ignore":
+            counted += 1
+    spec = job.get("spec") or {}
+    if spec.get("backoffLimitPerIndex") is not None:
+        return False  # per index: the index fails, not necessarily the Job
+    limit = spec.get("backoffLimit")
+    limit = DEFAULT_BACKOFF_LIMIT if limit is None else int(limit)
+    return max(counted, _ended(job, "failed")) > limit
 
 
 # Waiting reasons that are a normal step of a pod's start, not a problem.

@@ -392,6 +392,16 @@ SCENARIOS: dict[str, Scenario] = {
         [served_pod(JOB, terminated(137))],
     ),
     "retrying": one_shot({"status": job_status(active=1)}, [served_pod(JOB, terminated(1, "x"))]),
+    # Exit 7: the Job's podFailurePolicy fails it; its controller has not said so yet.
+    "rejected, the Job not failed yet": one_shot(
+        {"status": job_status(active=1)},
+        [served_pod(JOB, terminated(7, "inference: 422"), phase="Failed")],
+    ),
+    "last retry spent, the Job not failed yet": one_shot(
+        {"status": job_status()},
+        [served_pod(JOB, terminated(4, "inference: 503"), phase="Failed")],
+        backoffLimit=0,
+    ),
     "image pull": one_shot({"status": job_status()}, [served_pod(JOB, waiting("ErrImagePull"))]),
     "unschedulable": one_shot(
         {"status": job_status()},
@@ -598,6 +608,21 @@ def test_plan_and_status_are_the_same_on_projected_objects(name: str, recorded: 
         assert not projected.status_changed  # nothing new: no write, as before
 
 
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("rejected, the Job not failed yet", "InferenceRejected"),
+        ("last retry spent, the Job not failed yet", "InferenceFailed"),
+    ],
+)
+def test_a_pod_the_job_fails_on_is_failed_from_projected_objects(name: str, reason: str) -> None:
+    # The projection keeps what tells it: the pod's phase, the Job's policy and backoffLimit.
+    run_raw, kw = SCENARIOS[name]()
+    projected = plan(view(project_custom(slim(run_raw)), **project_view_kw(kw)))
+    assert projected.status is not None
+    assert (projected.status.phase, projected.status.reason) == ("Failed", reason)
+
+
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_the_reconcilers_helpers_read_the_same_from_projected_children(name: str) -> None:
     _, kw = SCENARIOS[name]()
@@ -731,7 +756,7 @@ def test_projections_drop_what_nobody_reads() -> None:
     run_raw, kw = SCENARIOS["succeeded"]()
     job = project_job(kw["jobs"][0])
     assert set(job) == {"apiVersion", "kind", "metadata", "spec", "status"}
-    assert job["spec"] == {"suspend": False}
+    assert set(job["spec"]) == {"suspend", "backoffLimit", "podFailurePolicy"}
     assert set(job["status"]) == {"startTime", "completionTime", "conditions", "succeeded"}
     assert set(job["metadata"]["labels"]) == {"ai.krateo.io/run-uid"}
     assert set(job["metadata"]["annotations"]) == {

@@ -175,6 +175,86 @@ def test_failed_pod_before_retry_keeps_the_run_running_with_the_reason() -> None
     assert "output: 200 with error" in status.message
 
 
+PERMANENT_RULE = {
+    "action": "FailJob",
+    "onExitCodes": {"containerName": "inference", "operator": "In", "values": [2, 6, 7, 8, 9]},
+}
+IGNORE_DISRUPTION = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+
+
+def failed_pod(code: int, message: str = "", **extra: Any) -> dict[str, Any]:
+    failed = pod(terminated(code, message))
+    failed["status"]["phase"] = "Failed"
+    failed["status"].update(extra)
+    return failed
+
+
+def policy_job(backoff: int | None = 3, **status: Any) -> dict[str, Any]:
+    made = job(**status)
+    made["spec"]["podFailurePolicy"] = {"rules": [PERMANENT_RULE, IGNORE_DISRUPTION]}
+    if backoff is not None:
+        made["spec"]["backoffLimit"] = backoff
+    return made
+
+
+def test_a_failure_the_job_fails_on_is_failed_before_the_job_says_so() -> None:
+    # Exit 7: the podFailurePolicy fails the Job; its controller has not said it yet.
+    status = derive(job=policy_job(active=1), pods=[failed_pod(7, "inference: model answered 422")])
+    assert (status.phase, status.reason) == ("Failed", "InferenceRejected")
+    assert "422" in status.message
+    assert cond(status, "Failed").status == "True"
+    # Then the Job says it: the same words, so no second Event.
+    later = derive(
+        job=policy_job(("Failed", "True", "PodFailurePolicy"), failed=1),
+        pods=[failed_pod(7, "inference: model answered 422")],
+    )
+    assert (later.phase, later.reason, later.message) == (
+        status.phase,
+        status.reason,
+        status.message,
+    )
+    old = InferenceRunStatus(phase="Running", reason="Running")
+    assert [(e.type, e.reason) for e in phase_events(old, status, [])] == [
+        ("Warning", "InferenceRejected")
+    ]
+    assert phase_events(status, later, []) == []
+
+
+@pytest.mark.parametrize(
+    ("backoff", "counted", "pods", "phase"),
+    [
+        # The last retry spent: fails (backoffLimit 0, the first failure).
+        (0, 0, [failed_pod(4)], "Failed"),
+        (1, 2, [failed_pod(4)], "Failed"),  # the Job counted earlier ones
+        (1, 1, [failed_pod(4)], "Running"),  # the one counted may be this one
+        (1, 0, [failed_pod(4), failed_pod(4)], "Failed"),
+        # Retries left: Retrying.
+        (1, 0, [failed_pod(4)], "Running"),
+        (None, 5, [failed_pod(4)], "Running"),  # the API's default backoffLimit is 6
+        (None, 0, [failed_pod(4)] * 7, "Failed"),
+        # An evicted pod the policy ignores costs no retry.
+        (0, 0, [failed_pod(4, conditions=[{"type": "DisruptionTarget", "status": "True"}])],
+         "Running"),
+        # Exit 7 matches FailJob whatever the retries left.
+        (6, 0, [failed_pod(7)], "Failed"),
+        # A container that is not the runner's does not match the rule.
+        (6, 0, [{"metadata": {"name": "p"}, "status": {"phase": "Failed", "containerStatuses": [
+            {"name": "inference", "state": terminated(4)},
+            {"name": "sidecar", "state": terminated(7)},
+        ]}}], "Running"),
+    ],
+)  # fmt: skip
+def test_a_failed_pod_fails_the_run_only_when_the_job_fails_for_it(
+    backoff: int | None, counted: int, pods: list[dict[str, Any]], phase: str
+) -> None:
+    status = derive(job=policy_job(backoff, active=0, failed=counted), pods=pods)
+    assert status.phase == phase
+    why = runner_failure(pods)
+    assert why is not None
+    assert status.reason == ("Retrying" if phase == "Running" else why[0])
+    assert status.message == why[1]
+
+
 def test_success_reads_the_runner_result() -> None:
     message = '{"rows":150,"predictions":150,"durationSeconds":1.5}'
     status = derive(

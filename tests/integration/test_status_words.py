@@ -1,0 +1,100 @@
+"""The status words users act on, on the real control plane with the real controller.
+
+Runner pods are stand-ins run by the node agent (``test.local/fake-*``, see
+``hack/cluster.py``): real pod outcomes seen by the real Job controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client, watch
+
+from tests.controllerproc import ControllerProcess
+from tests.kubehelpers import wait_for_events
+from tests.runs import GROUP, VERSION, Runs, condition, inference_config, inference_run, status
+
+Obj = dict[str, Any]
+REJECTED = "test.local/fake-rejected:1"
+
+
+class StatusLog:
+    """Every (phase, reason) a run's status showed, from a watch started before the run."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str | None, str | None]] = []
+
+    def reasons(self) -> list[str | None]:
+        return [reason for _, reason in self.seen]
+
+
+@contextlib.asynccontextmanager
+async def status_log(api: client.ApiClient, namespace: str, name: str) -> AsyncIterator[StatusLog]:
+    custom = client.CustomObjectsApi(api)
+    listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "inferenceruns")
+    log = StatusLog()
+
+    async def follow() -> None:
+        version = listed["metadata"]["resourceVersion"]
+        while True:  # a watch the API server ends is started again where it stopped
+            stream = watch.Watch().stream(
+                custom.list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                "inferenceruns",
+                field_selector=f"metadata.name={name}",
+                resource_version=version,
+                timeout_seconds=300,
+            )
+            async for event in stream:
+                obj = event["object"]
+                version = obj["metadata"]["resourceVersion"]
+                seen = (status(obj).get("phase"), status(obj).get("reason"))
+                if not log.seen or log.seen[-1] != seen:
+                    log.seen.append(seen)
+
+    task = asyncio.create_task(follow())
+    try:
+        yield log
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+# ------------------------------------------------------------------- exit 7: no Retrying
+
+
+@pytest.mark.timeout(180)
+async def test_a_runner_that_exits_7_is_failed_without_ever_retrying(
+    api_client: client.ApiClient, runs: Runs, namespace: str, controller: ControllerProcess
+) -> None:
+    await runs.create(inference_config("cfg", REJECTED))
+    async with status_log(api_client, namespace, "r") as log:
+        await runs.create(inference_run("r", "cfg", backoffLimit=3))
+        failed = await runs.wait_phase("r", "Failed", within=90)
+        # The Failed Event is out: every Event of the run before it is there too.
+        reasons = await wait_for_events(
+            api_client, namespace, "r", "InferenceRejected", what="the Failed Event"
+        )
+        # The status as the watch saw it settle after the Job's own Failed.
+        job_failed = await runs.wait(
+            "r",
+            lambda r: (condition(r, "Failed") or {}).get("status") == "True",
+            what="the run's Failed condition",
+        )
+    assert (status(failed)["reason"], status(job_failed)["reason"]) == (
+        "InferenceRejected",
+        "InferenceRejected",
+    )
+    assert log.seen, "the watch saw no status"
+    assert log.seen[-1] == ("Failed", "InferenceRejected"), log.seen
+    assert "Retrying" not in log.reasons(), log.seen
+    assert "Retrying" not in reasons, reasons
+    # One Warning for the failure, said once.
+    assert reasons.count("InferenceRejected") == 1, reasons
