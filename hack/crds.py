@@ -1,8 +1,9 @@
 """Install this repository's CRDs into a cluster (idempotent, once per cluster).
 
 ``install_crds(cluster)`` applies ``crds/`` server-side, waits until both CRDs
-are Established and until kubectl can resolve them (discovery and the
-published OpenAPI lag the Established condition by a moment).
+are Established, until kubectl can resolve them and until they can be listed
+(discovery, the published OpenAPI and the watch cache lag the Established
+condition by a moment).
 
 ``install_inferenceservice_crd(cluster)`` installs the **test stand-in** for
 KServe's InferenceService CRD (``hack/kserve/``: not KServe's own, only the
@@ -40,14 +41,20 @@ def install_crds(cluster: LocalCluster, timeout: float = 60.0) -> None:
     )
     deadline = time.monotonic() + timeout
     while True:
+        # A list too: right after Established the API server may still answer
+        # 503 "storage is (re)initializing" while its watch cache fills.
         probes = [
-            cluster.kubectl("explain", f"{kind}.spec", check=False)
-            for kind in ("inferencerun", "inferenceconfig")
+            *(
+                cluster.kubectl("explain", f"{kind}.spec", check=False)
+                for kind in ("inferencerun", "inferenceconfig")
+            ),
+            cluster.kubectl("get", "inferenceruns,inferenceconfigs", "-A", check=False),
         ]
         if all(p.returncode == 0 for p in probes):
             break
         if time.monotonic() > deadline:
-            raise AssertionError(f"CRDs not resolvable by kubectl: {probes[-1].stderr}")
+            failed = next(p for p in probes if p.returncode != 0)
+            raise AssertionError(f"CRDs not resolvable by kubectl: {failed.stderr}")
         time.sleep(0.5)
     _installed.add(cluster.server)
 
