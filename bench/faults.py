@@ -18,7 +18,7 @@ One control plane, one namespace, the controller under the Helm chart's RBAC
      by ``start_apiserver``, saw it); the last of the six is
      when the controller's caches can all be trusted again. Whether each came
      back by a relist or by resuming its watch is shown, and the relists are
-     also counted from the controller's ``informer_lists`` metric;
+     also counted from the controller's ``kserve_inference_informer_lists`` metric;
    - **Job of a run created right after**: a run is created as soon as the API
      server is ready; the controller's ``create jobs`` for it in the audit log.
 
@@ -141,7 +141,7 @@ def outages(
         time.sleep(3)
         for n, (label, down) in enumerate(plan):
             audit = AuditLog(cluster, NAMESPACE)
-            lists = metric(proc, "informer_lists_total")
+            lists = metric(proc, "kserve_inference_informer_lists_total")
             cluster.stop_apiserver()  # killed outright, as a crash
             time.sleep(down)
             starting = now()
@@ -163,7 +163,7 @@ def outages(
                     "outage": label,
                     "ready": ready_s,
                     "back": {k: (seconds(r.received, ready), r.verb) for k, r in back.items()},
-                    "relists": metric(proc, "informer_lists_total") - lists,
+                    "relists": metric(proc, "kserve_inference_informer_lists_total") - lists,
                     "job": seconds(job.received, ready),
                 }
             )

@@ -41,7 +41,7 @@ orphaning it, say) is read again and deleted only if it is still the run's.
 Deletes are work-queue items (keyed by run uid) drained by the leader's
 ``workloadcleanup`` workers, so a failed one is retried with backoff. Every
 delete is logged ("deleted a deleted run's workload", with kind, name, run and
-reason) and counted in ``inference_run_workloads_deleted_total{kind,reason}``.
+reason) and counted in ``kserve_inference_run_workloads_deleted_total{kind,reason}``.
 """
 
 from __future__ import annotations

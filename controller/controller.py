@@ -37,7 +37,6 @@ leader is elected on the shard's own Lease.
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, get_args
 
@@ -242,19 +241,11 @@ class Controller:
             metrics=metrics,
             sweep_interval=settings.polling_interval,
         )
-        for phase in PHASES:
-            metrics.inference_runs.labels(phase=phase).set_function(
-                functools.partial(self._count_phase, phase)
-            )
+        # Counted from the cache at scrape time: never stale, costs no request.
+        metrics.inference_runs.count(self.caches.runs.list, PHASES)
         self.elector: LeaderElector | None = None
         self.servers: Servers | None = None
         self._wire()
-
-    def _count_phase(self, phase: str) -> int:
-        # Computed at scrape time from the cache: never stale, costs no request.
-        return sum(
-            1 for run in self.caches.runs.list() if (run.get("status") or {}).get("phase") == phase
-        )
 
     # ----------------------------------------------------------------- events
 

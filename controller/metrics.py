@@ -1,9 +1,10 @@
 """Every Prometheus metric the controller exports, in one place.
 
-The names follow the libraries operators already have dashboards for:
-client-go's ``workqueue_*`` and ``rest_client_requests_total``,
-controller-runtime's ``controller_runtime_reconcile_*`` and client-go's
-leader-election ``leader_election_master_status``.
+The controller's own metrics share one prefix, ``kserve_inference_``. The
+others follow the libraries operators already have dashboards for: client-go's
+``workqueue_*`` and ``rest_client_requests_total``, controller-runtime's
+``controller_runtime_reconcile_*`` and client-go's leader-election
+``leader_election_master_status``.
 
 Metrics live on a dedicated :class:`~prometheus_client.CollectorRegistry`
 held by a :class:`Metrics` object that is passed to whoever records, never on
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import platform
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from importlib import metadata
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,6 +29,8 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
 )
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 # No ``<counter>_created`` / ``<histogram>_created`` series: they double the
 # number of series, client-go and controller-runtime export none, and
@@ -72,10 +76,10 @@ REQUEST_DURATION_BUCKETS: tuple[float, ...] = (
 )
 
 # Kept in step with controller/kube/events.py: the values of the ``outcome``
-# label of controller_events_total.
+# label of kserve_inference_controller_events_total.
 EVENT_OUTCOMES: tuple[str, ...] = ("created", "patched", "aggregated", "dropped", "failed")
 
-# The values of the ``result`` label of inference_runs_finished_total.
+# The values of the ``result`` label of kserve_inference_runs_finished_total.
 RUN_RESULTS: tuple[str, ...] = ("Succeeded", "Failed")
 
 
@@ -158,6 +162,73 @@ RECONCILE_RESULTS: tuple[str, ...] = (
     "requeue_after",
     "terminal_error",
 )
+
+
+# What RunsByPhase counts: the runs in the controller's cache, as the API returns them.
+RunSource = Callable[[], Iterable[Mapping[str, Any]]]
+
+
+def runs_by_phase(
+    runs: Iterable[Mapping[str, Any]], phases: Iterable[str]
+) -> dict[tuple[str, str, str], int]:
+    """``(namespace, config, phase) -> count`` of ``runs``, every phase of a pair present.
+
+    ``config`` is ``spec.configRef.name``, as in ``kserve_inference_runs_finished_total``.
+    Every ``(namespace, config)`` that has a run gets every phase of ``phases``
+    (at 0 when none is in it), so a panel shows 0 rather than "No data" and a
+    run leaving a phase drops the count to 0 instead of making it vanish. A run
+    without a phase yet (just created) or with one outside ``phases`` counts in
+    none. Pairs with no run left have no series at all: the label values are
+    bounded by the runs that exist now, never by the ones that came and went.
+    """
+    known = tuple(phases)
+    counts: dict[tuple[str, str, str], int] = {}
+    for run in runs:
+        namespace = str((run.get("metadata") or {}).get("namespace") or "")
+        config = str(((run.get("spec") or {}).get("configRef") or {}).get("name") or "")
+        for known_phase in known:
+            counts.setdefault((namespace, config, known_phase), 0)
+        phase = (run.get("status") or {}).get("phase")
+        if phase in known:
+            counts[(namespace, config, str(phase))] += 1
+    return counts
+
+
+class RunsByPhase(Collector):
+    """``kserve_inference_runs{namespace, config, phase}``, counted from the cache at scrape time.
+
+    A custom collector rather than a Gauge: the series of a namespace/config
+    pair go away with its last run (a Gauge's children stay until removed), and
+    the count is never stale and costs no request.
+    """
+
+    NAME = "kserve_inference_runs"
+    DOC = (
+        "InferenceRuns in the controller's cache, by the run's namespace, its "
+        "InferenceConfig (spec.configRef.name) and its status phase"
+    )
+    LABELS = ("namespace", "config", "phase")
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self._source: RunSource | None = None
+        self._phases: tuple[str, ...] = ()
+        if registry is not None:
+            registry.register(self)
+
+    def count(self, source: RunSource, phases: Iterable[str]) -> None:
+        """Count the runs ``source`` returns on every scrape, by ``phases``."""
+        self._source, self._phases = source, tuple(phases)
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(self.NAME, self.DOC, labels=self.LABELS)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(self.NAME, self.DOC, labels=self.LABELS)
+        if self._source is not None:
+            counted = runs_by_phase(self._source(), self._phases)
+            for (namespace, config, phase), value in sorted(counted.items()):
+                family.add_metric([namespace, config, phase], value)
+        yield family
 
 
 class Metrics:
@@ -273,34 +344,29 @@ class Metrics:
         )
 
         # --- the product ---
-        self.inference_runs = Gauge(
-            "inference_runs",
-            "InferenceRuns in the controller's cache, by status phase",
-            ["phase"],
-            registry=r,
-        )
+        self.inference_runs = RunsByPhase(registry=r)
         self.inference_runs_finished_total = Counter(
-            "inference_runs_finished",
+            "kserve_inference_runs_finished",
             "One-shot InferenceRuns whose phase turned Succeeded or Failed, by the run's "
             "namespace and InferenceConfig",
             ["namespace", "config", "result"],
             registry=r,
         )
         self.inference_run_duration_seconds = Histogram(
-            "inference_run_duration_seconds",
+            "kserve_inference_run_duration_seconds",
             "Duration of finished InferenceRuns, start to completion",
             ["namespace", "config", "result"],
             buckets=RUN_DURATION_BUCKETS,
             registry=r,
         )
         self.inference_rows_total = Counter(
-            "inference_rows",
+            "kserve_inference_rows",
             "Input rows read by finished InferenceRuns (the runner's result)",
             ["namespace", "config"],
             registry=r,
         )
         self.inference_run_workloads_deleted_total = Counter(
-            "inference_run_workloads_deleted",
+            "kserve_inference_run_workloads_deleted",
             "Jobs and CronJobs the controller deleted because their InferenceRun was deleted "
             "(RunDeleted), is being deleted (RunDeleting) or was found gone by the sweep "
             "(RunGone), instead of waiting for the garbage collector",
@@ -308,7 +374,7 @@ class Metrics:
             registry=r,
         )
         self.inference_predictions_total = Counter(
-            "inference_predictions",
+            "kserve_inference_predictions",
             "Predictions written by finished InferenceRuns (the runner's result)",
             ["namespace", "config"],
             registry=r,
@@ -340,19 +406,19 @@ class Metrics:
 
         # --- informers ---
         self.informer_lists_total = Counter(
-            "informer_lists",
+            "kserve_inference_informer_lists",
             "Full lists made by informers (the first one and every relist)",
             ["resource"],
             registry=r,
         )
         self.informer_watch_events_total = Counter(
-            "informer_watch_events",
+            "kserve_inference_informer_watch_events",
             "Watch events received by informers, by event type",
             ["resource", "type"],
             registry=r,
         )
         self.informer_watch_errors_total = Counter(
-            "informer_watch_errors",
+            "kserve_inference_informer_watch_errors",
             "Watch or list failures that made an informer back off or relist, by reason",
             ["resource", "reason"],
             registry=r,
@@ -369,7 +435,7 @@ class Metrics:
 
         # --- events ---
         self.events_total = Counter(
-            "controller_events",
+            "kserve_inference_controller_events",
             "Kubernetes Events handled by the recorder, by outcome "
             "(created, patched, aggregated, dropped, failed)",
             ["outcome"],

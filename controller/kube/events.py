@@ -6,7 +6,7 @@ and EventCorrelator do:
 
 - ``record()`` is synchronous and never fails the caller: events go to a
   bounded in-memory queue written by one background task (:meth:`run`); a
-  full queue drops the event (counted in ``controller_events_total``).
+  full queue drops the event (counted in ``kserve_inference_controller_events_total``).
 - **Aggregation.** An event identical to an earlier one (same object, type,
   reason and message) is not a new Event: the existing one's ``count`` and
   ``lastTimestamp`` are patched, at most once per ``aggregate_interval`` per

@@ -13,7 +13,7 @@ client-go's reflector and indexer, in asyncio, on raw watch streams:
   nor a bookmark for ``idle_timeout`` seconds (75 by default, from opening
   the request) is taken for a stalled connection (one that stays open but
   carries nothing, which no read timeout notices in time): it is closed,
-  counted (``informer_watch_errors_total{reason="idle"}``), logged as a
+  counted (``kserve_inference_informer_watch_errors_total{reason="idle"}``), logged as a
   warning, and reopened after 0.5-1 s from its last ``resourceVersion``,
   with no list (unless that version is gone by then: 410, below).
 - **410 Gone** (as the watch's HTTP status or as an ``ERROR`` event with code
@@ -860,7 +860,7 @@ def _is_older(candidate: str | None, cached: str | None) -> bool:
 
 
 def _error_reason(exc: Exception) -> str:
-    """The ``reason`` label of informer_watch_errors_total."""
+    """The ``reason`` label of kserve_inference_informer_watch_errors_total."""
     if isinstance(exc, ApiError):
         return str(exc.status) if exc.status else "transport"
     return type(exc).__name__

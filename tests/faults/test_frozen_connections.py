@@ -10,7 +10,7 @@ minute) must notice it within 90 s of the freeze:
 
 - **new connections work**: runs created right after the freeze are
   reconciled (they get a status) within 90 s of it, and the stall was
-  counted (``informer_watch_errors_total{reason="idle"}``) and logged with
+  counted (``kserve_inference_informer_watch_errors_total{reason="idle"}``) and logged with
   the resource;
 - **new connections freeze too** (accepted, never forwarded): the stall is
   counted within 90 s of the freeze all the same; once the proxy lets
@@ -57,7 +57,9 @@ async def test_frozen_connections_are_noticed(world: World, new_connections: str
     async def stalls() -> float:
         # /metrics is served on loopback directly, not through the proxy;
         # scraped off the event loop, which the proxy runs on.
-        return await asyncio.to_thread(proc.metric, "informer_watch_errors_total", reason="idle")
+        return await asyncio.to_thread(
+            proc.metric, "kserve_inference_informer_watch_errors_total", reason="idle"
+        )
 
     through(proc.kubeconfig, f"https://127.0.0.1:{proxy.port}")
     violations: list[str] = []

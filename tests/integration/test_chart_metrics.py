@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -188,7 +189,41 @@ def quiet(eval_time: str) -> dict[str, object]:
     return {"expr": 'ALERTS{alertstate="firing"}', "eval_time": eval_time, "exp_samples": []}
 
 
-def alert_tests(scrape: Scrape, run_namespace: str, *, election: bool) -> list[dict[str, object]]:
+def told(
+    rules: list[dict[str, Any]],
+    alert: str,
+    eval_time: str,
+    labels: Mapping[str, str],
+    *,
+    value: str,
+) -> dict[str, object]:
+    """A promtool alert test: ``alert`` fires at ``eval_time`` with ``labels``, and its
+    annotations read the rule's text with those labels and ``value`` filled in.
+
+    The expected text is the rendered rule's own with the label references
+    replaced, so promtool checks that the templates render to it; the test then
+    checks that the summary and description say whose runs (namespace, config).
+    """
+    (rule,) = [r for g in rules for r in g["rules"] if r.get("alert") == alert]
+    expected: dict[str, str] = {}
+    for key, text in rule["annotations"].items():
+        for name, label in labels.items():
+            text = text.replace(f"{{{{ $labels.{name} }}}}", label)
+        expected[key] = text.replace("{{ $value }}", value)
+    for key in ("summary", "description"):
+        assert "{{" not in expected[key], f"{alert} {key}: a reference the test did not fill in"
+        assert labels["exported_namespace"] in expected[key], f"{alert} {key} names no namespace"
+        assert labels["config"] in expected[key], f"{alert} {key} names no config"
+    return {
+        "eval_time": eval_time,
+        "alertname": alert,
+        "exp_alerts": [{"exp_labels": dict(labels), "exp_annotations": expected}],
+    }
+
+
+def alert_tests(
+    scrape: Scrape, rules: list[dict[str, Any]], run_namespace: str, *, election: bool
+) -> list[dict[str, object]]:
     """promtool test groups: every alert fires when it should and not when it should not."""
     leader, standby = "controller-0", "controller-1"
     pods = [leader, standby] if election else [leader]
@@ -202,7 +237,9 @@ def alert_tests(scrape: Scrape, run_namespace: str, *, election: bool) -> list[d
     leading = {leader: "1x60", standby: "0x60"}
     queue = scrape.labels("workqueue_depth", name="inferenceruns")["name"]
     failed = {"namespace": run_namespace, "config": "cfg", "result": "Failed"}
-    finished = "inference_runs_finished_total"
+    finished = "kserve_inference_runs_finished_total"
+
+    in_error = {"namespace": run_namespace, "config": "cfg", "phase": "Error"}
 
     def healthy(
         *,
@@ -217,8 +254,10 @@ def alert_tests(scrape: Scrape, run_namespace: str, *, election: bool) -> list[d
             *lease(lease_values),
             scrape.series(finished, failures, pod=leader, **failed),
             scrape.series(finished, "0+1x60", pod=leader, **{**failed, "result": "Succeeded"}),
-            scrape.series("inference_runs", error_phase, pod=leader, phase="Error"),
-            scrape.series("inference_runs", "3x60", pod=leader, phase="Failed"),
+            scrape.series("kserve_inference_runs", error_phase, pod=leader, **in_error),
+            scrape.series(
+                "kserve_inference_runs", "3x60", pod=leader, **{**in_error, "phase": "Failed"}
+            ),
             scrape.series("workqueue_depth", depth, pod=leader, name=queue),
             scrape.series(
                 "workqueue_longest_running_processor_seconds", longest, pod=leader, name=queue
@@ -261,7 +300,7 @@ def alert_tests(scrape: Scrape, run_namespace: str, *, election: bool) -> list[d
             firing("InferenceRunsFailing", "47m"),
         ),
         case(
-            healthy(error_phase="0x10 2x50"), *onset("InferenceRunsInError", "20m", "28m", warning)
+            healthy(error_phase="0x10 2x50"), *onset("InferenceRunsInError", "20m", "28m", config)
         ),
         case(
             healthy(errors="0+10x60"),
@@ -285,6 +324,16 @@ def alert_tests(scrape: Scrape, run_namespace: str, *, election: bool) -> list[d
             *onset(no_leader, "14m", "18m", critical),
         ),
     ]
+    # Whose runs: the two run alerts name the namespace and the config, as promtool renders them.
+    groups.append(
+        {
+            **case(healthy(failures="_x30 1x30", error_phase="0x10 2x50")),
+            "alert_rule_test": [
+                told(rules, "InferenceRunsFailing", "31m", config, value="1"),
+                told(rules, "InferenceRunsInError", "28m", config, value="2"),
+            ],
+        }
+    )
     if election:
         # The standby claims the Lease too.
         groups.append(
@@ -332,9 +381,9 @@ def dashboard_variable_metrics(objects: list[dict[str, object]]) -> dict[str, se
     return found
 
 
-def rule_groups(objects: list[dict[str, object]]) -> list[dict[str, object]]:
+def rule_groups(objects: list[dict[str, object]]) -> list[dict[str, Any]]:
     (rule,) = chart.find(objects, "PrometheusRule")
-    groups: list[dict[str, object]] = rule["spec"]["groups"]
+    groups: list[dict[str, Any]] = rule["spec"]["groups"]
     return groups
 
 
@@ -380,11 +429,56 @@ async def test_every_alert_fires_when_it_should_on_series_of_a_live_scrape(
     for variable, names in dashboard_variable_metrics(monitored).items():
         for name in names:
             assert scrape.samples.get(name), f"dashboard variable ${variable}: no {name} sample"
-    finished = "inference_runs_finished_total"
+    finished = "kserve_inference_runs_finished_total"
     assert {"namespace": namespace, "config": "cfg", "result": "Failed"} in [
         {k: v for k, v in labels.items() if k in ("namespace", "config", "result")}
         for labels in scrape.samples.get(finished, [])
-    ], "the failed run was not counted in inference_runs_finished_total"
+    ], "the failed run was not counted in kserve_inference_runs_finished_total"
     run_promtool(
-        binary, rule_groups(monitored), alert_tests(scrape, namespace, election=election), tmp_path
+        binary,
+        rule_groups(monitored),
+        alert_tests(scrape, rule_groups(monitored), namespace, election=election),
+        tmp_path,
     )
+
+
+def test_the_migration_guides_recording_rules_give_the_old_names_back(tmp_path: Path) -> None:
+    binary = require_promtool()
+    text = (chart.REPO / "docs" / "migration.md").read_text()
+    marker = "<!-- migration: recording rules -->\n```yaml\n"
+    start = text.index(marker) + len(marker)
+    rules = yaml.safe_load(text[start : text.index("```", start)])
+    pod = {"job": JOB, "namespace": RELEASE_NAMESPACE, "pod": "controller-0"}
+    a = {**pod, "exported_namespace": "a", "config": "cfg", "phase": "Running"}
+    b = {**pod, "exported_namespace": "b", "config": "other", "phase": "Running"}
+    rows = {**pod, "exported_namespace": "a", "config": "cfg"}
+    tests = [
+        {
+            "interval": "1m",
+            "input_series": [
+                {"series": selector("kserve_inference_runs", a), "values": "2x5"},
+                {"series": selector("kserve_inference_runs", b), "values": "1x5"},
+                {"series": selector("kserve_inference_rows_total", rows), "values": "0+10x5"},
+            ],
+            "promql_expr_test": [
+                {
+                    "expr": "inference_runs",
+                    "eval_time": "5m",
+                    "exp_samples": [
+                        {
+                            "labels": selector("inference_runs", {**pod, "phase": "Running"}),
+                            "value": 3,
+                        }
+                    ],
+                },
+                {
+                    "expr": "inference_rows_total",
+                    "eval_time": "5m",
+                    "exp_samples": [
+                        {"labels": selector("inference_rows_total", rows), "value": 50}
+                    ],
+                },
+            ],
+        }
+    ]
+    run_promtool(binary, rules["groups"], tests, tmp_path)

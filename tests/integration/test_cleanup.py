@@ -75,9 +75,9 @@ class Harness(NamespaceCaches):
         await self.stop()
 
     def deleted(self, kind: str, reason: str) -> float:
-        """``inference_run_workloads_deleted_total{kind, reason}`` as a scrape shows it."""
+        """``kserve_inference_run_workloads_deleted_total{kind, reason}`` as a scrape shows it."""
         value = self.metrics.registry.get_sample_value(
-            "inference_run_workloads_deleted_total", {"kind": kind, "reason": reason}
+            "kserve_inference_run_workloads_deleted_total", {"kind": kind, "reason": reason}
         )
         assert value is not None, "the series exists from the start"
         return value

@@ -258,7 +258,7 @@ async def test_job_deleted_out_of_band_is_recreated_only_while_unfinished(
     await runs.wait_phase("finished", "Succeeded")
     (done_job,) = (await children(api_client, namespace, finished["metadata"]["uid"]))["jobs"]
     deletes = controller.metric(
-        "informer_watch_events_total", resource="jobs.batch", type="DELETED"
+        "kserve_inference_informer_watch_events_total", resource="jobs.batch", type="DELETED"
     )
     await batch.delete_namespaced_job(
         done_job.metadata.name, namespace, propagation_policy="Background"
@@ -272,7 +272,10 @@ async def test_job_deleted_out_of_band_is_recreated_only_while_unfinished(
     # controller's Job informer saw the delete: wait for both.
     async def delete_seen() -> bool:
         seen = await asyncio.to_thread(
-            controller.metric, "informer_watch_events_total", resource="jobs.batch", type="DELETED"
+            controller.metric,
+            "kserve_inference_informer_watch_events_total",
+            resource="jobs.batch",
+            type="DELETED",
         )
         return seen > deletes
 
@@ -446,7 +449,10 @@ async def test_chart_alerts_and_dashboard_use_metrics_the_running_controller_exp
     await runs.create_and_wait(inference_run("r", "cfg"), "Succeeded")
     page = controller.metrics()
     served = chart.scraped_metric_names(page)
-    assert 'inference_runs{phase="Succeeded"} 1.0' in page
+    ran = {"namespace": runs.namespace, "config": "cfg"}
+    assert controller.metric("kserve_inference_runs", page, phase="Succeeded", **ran) == 1
+    assert controller.metric("kserve_inference_runs", page, phase="Failed", **ran) == 0
+    assert 'kserve_inference_runs{config="cfg",namespace=' in page
     used = chart.chart_metric_names(
         chart.render({"prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}})
     )

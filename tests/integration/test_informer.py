@@ -121,7 +121,10 @@ async def test_a_big_list_arrives_in_pages(
     await started(informer, tasks)
     assert sorted(o["metadata"]["name"] for o in informer.list()) == [f"cm-{i}" for i in range(7)]
     assert (
-        metrics.registry.get_sample_value("informer_lists_total", {"resource": "configmaps"}) == 1
+        metrics.registry.get_sample_value(
+            "kserve_inference_informer_lists_total", {"resource": "configmaps"}
+        )
+        == 1
     )
 
 
@@ -197,7 +200,10 @@ async def test_watches_that_time_out_are_reopened_without_a_list_or_a_lost_event
         await asyncio.sleep(0.7)
     await seen.wait_for(*[("add", f"{namespace}/r{i}") for i in range(6)])
     assert (
-        metrics.registry.get_sample_value("informer_lists_total", {"resource": "configmaps"}) == 1
+        metrics.registry.get_sample_value(
+            "kserve_inference_informer_lists_total", {"resource": "configmaps"}
+        )
+        == 1
     )
     watches = [
         event
@@ -238,7 +244,8 @@ async def test_recovers_from_a_network_partition_and_catches_up(
         await seen.wait_for(("add", f"{namespace}/during"), ("delete", f"{namespace}/doomed"))
         assert sorted(o["metadata"]["name"] for o in informer.list()) == ["before", "during"]
         errors = metrics.registry.get_sample_value(
-            "informer_watch_errors_total", {"resource": "configmaps", "reason": "transport"}
+            "kserve_inference_informer_watch_errors_total",
+            {"resource": "configmaps", "reason": "transport"},
         )
         assert errors is not None
         assert errors >= 1

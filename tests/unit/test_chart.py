@@ -538,8 +538,8 @@ def test_promql_metric_names_finds_selectors_only() -> None:
         "leader_election_master_status",
         "up",
     }
-    assert promql_metric_names('label_values(inference_runs{namespace="a"}, phase)') == {
-        "inference_runs"
+    assert promql_metric_names('label_values(kserve_inference_runs{namespace="a"}, phase)') == {
+        "kserve_inference_runs"
     }
 
 

@@ -180,7 +180,10 @@ async def test_spam_filter_caps_distinct_events_per_object(
     metrics = recorder._metrics
     assert metrics is not None
     assert (
-        metrics.registry.get_sample_value("controller_events_total", {"outcome": "dropped"}) == 16
+        metrics.registry.get_sample_value(
+            "kserve_inference_controller_events_total", {"outcome": "dropped"}
+        )
+        == 16
     )
 
 

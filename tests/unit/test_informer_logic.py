@@ -559,14 +559,14 @@ async def test_410_gone_relists_and_reports_what_changed_meanwhile(
     assert sorted(o["metadata"]["name"] for o in informer.list()) == ["arrives", "changes", "stays"]
     assert (
         metrics.registry.get_sample_value(
-            "informer_watch_errors_total",
+            "kserve_inference_informer_watch_errors_total",
             {"resource": "inferenceruns.ai.krateo.io", "reason": "gone"},
         )
         == 1
     )
     assert (
         metrics.registry.get_sample_value(
-            "informer_lists_total", {"resource": "inferenceruns.ai.krateo.io"}
+            "kserve_inference_informer_lists_total", {"resource": "inferenceruns.ai.krateo.io"}
         )
         == 2
     )
@@ -637,7 +637,7 @@ async def test_a_server_that_does_not_answer_is_retried_every_second_without_gro
     assert informer.get("ns", "a")["metadata"]["resourceVersion"] == "12"  # type: ignore[index]
     assert len(source.list_calls) == 1
     errors = metrics.registry.get_sample_value(
-        "informer_watch_errors_total",
+        "kserve_inference_informer_watch_errors_total",
         {"resource": "inferenceruns.ai.krateo.io", "reason": "transport"},
     )
     assert errors == 61
@@ -867,7 +867,7 @@ async def test_cancelling_the_informer_closes_its_watch(source: FakeSource) -> N
 
 def idle_errors(metrics: Metrics) -> float | None:
     return metrics.registry.get_sample_value(
-        "informer_watch_errors_total",
+        "kserve_inference_informer_watch_errors_total",
         {"resource": "inferenceruns.ai.krateo.io", "reason": "idle"},
     )
 

@@ -6,13 +6,20 @@ import asyncio
 import re
 
 import pytest
+import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.kube.errors import ApiError
 from controller.kube.workers import Workers
 from controller.kube.workqueue import WorkQueue
-from controller.metrics import RECONCILE_RESULTS, WORKQUEUE_BUCKETS, Metrics, api_host
+from controller.metrics import (
+    RECONCILE_RESULTS,
+    WORKQUEUE_BUCKETS,
+    Metrics,
+    api_host,
+    runs_by_phase,
+)
 from tests.chart import REPO
 
 pytestmark = [pytest.mark.unit]
@@ -93,7 +100,9 @@ def test_reconcile_series_exist_at_zero_before_the_first_reconcile() -> None:
 def test_event_outcomes_exist_at_zero_from_the_start() -> None:
     metrics = Metrics()
     for outcome in ("created", "patched", "aggregated", "dropped", "failed"):
-        assert sample(metrics, "controller_events_total", outcome=outcome) == 0, outcome
+        assert sample(metrics, "kserve_inference_controller_events_total", outcome=outcome) == 0, (
+            outcome
+        )
 
 
 @pytest.mark.looptime
@@ -127,18 +136,18 @@ def test_run_finished_counts_results_durations_rows_and_predictions() -> None:
     metrics = Metrics()
     metrics.run_finished("team-a", "iris", "Succeeded", 90.0, rows=150, predictions=150)
     labels = {"namespace": "team-a", "config": "iris"}
-    finished = "inference_runs_finished_total"
+    finished = "kserve_inference_runs_finished_total"
     assert sample(metrics, finished, **labels, result="Succeeded") == 1
     # The other result exists at 0, so its first increment is seen by increase().
     assert sample(metrics, finished, **labels, result="Failed") == 0
     metrics.run_finished("team-a", "iris", "Failed", 7200.0, rows=None, predictions=None)
     assert sample(metrics, finished, **labels, result="Failed") == 1
-    duration = "inference_run_duration_seconds"
+    duration = "kserve_inference_run_duration_seconds"
     assert sample(metrics, f"{duration}_sum", **labels, result="Succeeded") == 90
     assert sample(metrics, f"{duration}_bucket", **labels, result="Failed", le="3600.0") == 0
     assert sample(metrics, f"{duration}_bucket", **labels, result="Failed", le="7200.0") == 1
-    assert sample(metrics, "inference_rows_total", **labels) == 150
-    assert sample(metrics, "inference_predictions_total", **labels) == 150
+    assert sample(metrics, "kserve_inference_rows_total", **labels) == 150
+    assert sample(metrics, "kserve_inference_predictions_total", **labels) == 150
     with pytest.raises(ValueError, match="result"):
         metrics.run_finished("team-a", "iris", "Error")
 
@@ -171,3 +180,144 @@ def test_metrics_md_lists_exactly_what_metrics_serves() -> None:
     documented = documented_names()
     assert served - documented == set(), "served but not in docs/metrics.md"
     assert documented - served == set(), "in docs/metrics.md but not served"
+
+
+# The names borrowed from the libraries operators already have dashboards for;
+# every other metric is the project's own and carries its one prefix.
+LIBRARY_PREFIXES = ("workqueue_", "rest_client_", "controller_runtime_", "process_")
+LIBRARY_NAMES = {"leader_election_master_status"}
+OWN_PREFIX = "kserve_inference_"
+
+
+def test_the_projects_own_metrics_share_one_prefix() -> None:
+    served = served_names(page(Metrics()))
+    own = {n for n in served if not n.startswith(LIBRARY_PREFIXES) and n not in LIBRARY_NAMES}
+    assert len(own) >= 10, own  # the run, informer and event metrics at least
+    assert {n for n in own if not n.startswith(OWN_PREFIX)} == set()
+    # Nothing of the libraries' own was renamed.
+    assert {"workqueue_depth", "rest_client_requests_total", "leader_election_master_status"} <= (
+        served
+    )
+    assert "controller_runtime_reconcile_total" in served
+
+
+def _run(namespace: str, config: str, phase: str | None) -> dict[str, object]:
+    run: dict[str, object] = {
+        "metadata": {"namespace": namespace, "name": f"r-{phase}"},
+        "spec": {"configRef": {"name": config}},
+    }
+    if phase is not None:
+        run["status"] = {"phase": phase}
+    return run
+
+
+def test_runs_by_phase_counts_per_namespace_and_config_with_every_phase_present() -> None:
+    phases = ("Pending", "Running", "Failed", "Error")
+    runs = [
+        _run("a", "cfg", "Running"),
+        _run("a", "cfg", "Running"),
+        _run("a", "cfg", "Failed"),
+        _run("b", "cfg", "Error"),
+        _run("b", "other", None),  # no phase yet: counted in none, its pair still present
+        _run("b", "other", "Bogus"),  # not a known phase: counted in none
+    ]
+    counted = runs_by_phase(runs, phases)
+    assert counted == {
+        ("a", "cfg", "Pending"): 0,
+        ("a", "cfg", "Running"): 2,
+        ("a", "cfg", "Failed"): 1,
+        ("a", "cfg", "Error"): 0,
+        ("b", "cfg", "Pending"): 0,
+        ("b", "cfg", "Running"): 0,
+        ("b", "cfg", "Failed"): 0,
+        ("b", "cfg", "Error"): 1,
+        ("b", "other", "Pending"): 0,
+        ("b", "other", "Running"): 0,
+        ("b", "other", "Failed"): 0,
+        ("b", "other", "Error"): 0,
+    }
+    assert runs_by_phase([], phases) == {}
+
+
+def test_kserve_inference_runs_follows_the_cache_and_forgets_pairs_with_no_run_left() -> None:
+    metrics = Metrics(process=False)
+    cache = [_run("a", "cfg", "Running"), _run("b", "cfg2", "Error")]
+    # Before the controller wires its cache in: the family, no series.
+    assert "kserve_inference_runs{" not in page(metrics)
+    metrics.inference_runs.count(lambda: list(cache), ("Running", "Error"))
+    running = {"namespace": "a", "config": "cfg", "phase": "Running"}
+    errored = {"namespace": "b", "config": "cfg2", "phase": "Error"}
+    assert sample(metrics, "kserve_inference_runs", **running) == 1
+    assert sample(metrics, "kserve_inference_runs", **errored) == 1
+    assert sample(metrics, "kserve_inference_runs", **{**errored, "phase": "Running"}) == 0
+    cache.pop()  # the run in b is deleted: its pair's series go with it
+    assert sample(metrics, "kserve_inference_runs", **errored) is None
+    assert sample(metrics, "kserve_inference_runs", **running) == 1
+    families = {f.name: f for f in text_string_to_metric_families(page(metrics))}
+    assert families["kserve_inference_runs"].type == "gauge"
+
+
+MIGRATION_MD = REPO / "docs" / "migration.md"
+
+
+def _migration_section() -> str:
+    text = MIGRATION_MD.read_text()
+    start = text.index("## Metric renames")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def _yaml_blocks(section: str) -> list[object]:
+    return [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", section, re.DOTALL)]
+
+
+def test_the_migration_guide_lists_every_rename_with_working_recipes() -> None:
+    section = _migration_section()
+    renames = dict(re.findall(r"^\| `([a-z_]+)`[^|]* \| `([a-z_]+)`", section, re.MULTILINE))
+    served = served_names(page(Metrics()))
+    own = {
+        n
+        for n in served
+        if n.startswith(OWN_PREFIX) and n != "kserve_inference_controller_build_info"
+    }
+    assert own, "no metric of the project's own is served"
+    # Every renamed metric is in the table, under the name it had before.
+    assert set(renames.values()) == own
+    for old, new in renames.items():
+        assert new in {f"kserve_{old}", f"{OWN_PREFIX}{old}"}, (old, new)
+    histograms = {
+        f.name for f in text_string_to_metric_families(page(Metrics())) if f.type == "histogram"
+    }
+
+    def series(name: str, histogram: bool) -> list[str]:
+        """The names a scrape stores for a metric: a histogram's three."""
+        return [f"{name}_{s}" for s in ("bucket", "sum", "count")] if histogram else [name]
+
+    recording, relabeling = _yaml_blocks(section)
+    # The recording rules record every old series from its new one.
+    assert isinstance(recording, dict)
+    ((group,),) = [recording["groups"]]
+    recorded = {r["record"]: r["expr"] for r in group["rules"]}
+    expected = {
+        o: n
+        for old, new in renames.items()
+        for o, n in zip(series(old, new in histograms), series(new, new in histograms), strict=True)
+    }
+    assert recorded.keys() == expected.keys()
+    for old, new in expected.items():
+        assert re.search(rf"\b{new}\b", recorded[old]), (old, recorded[old])
+    # The scrape-time relabelings give every new name its old one back, and nothing else.
+    assert isinstance(relabeling, dict)
+    rules = relabeling["serviceMonitor"]["metricRelabelings"]
+
+    def relabelled(name: str) -> str:
+        for rule in rules:  # Prometheus anchors the regex and applies the rules in order
+            match = re.fullmatch(rule["regex"], name)
+            if match:
+                name = match.expand(rule["replacement"].replace("$1", r"\1"))
+        return name
+
+    for old, new in expected.items():
+        assert relabelled(new) == old, new
+    for name in served - own:
+        assert relabelled(name) == name, name
