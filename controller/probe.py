@@ -44,7 +44,13 @@ from controller.kube.resources import Obj
 from controller.naming import PROBE_GENERATION_ANNOTATION, probe_name
 from controller.plan import Event
 from controller.render import CONTAINER_NAME, desired_probe
-from controller.status import CONDITION_WARNING, EXIT_REASONS, one_line, parse_time
+from controller.status import (
+    CONDITION_WARNING,
+    EXIT_REASONS,
+    container_cannot_start,
+    one_line,
+    parse_time,
+)
 
 # While a probe runs, look again at least this often (its pod's events also bring the config back).
 PROBE_RECHECK = 15.0
@@ -124,6 +130,20 @@ def probe_outcome(job: Obj, pods: Sequence[Obj]) -> tuple[bool, str, str]:
         return True, "ProbeSucceeded", ""
     reason = "ProbeTimedOut" if cond.get("reason") == "DeadlineExceeded" else "ProbeFailed"
     return False, reason, one_line(f"probe Job {name}: {cond.get('message') or 'failed'}")
+
+
+def probe_stuck(job: Obj, pods: Sequence[Obj]) -> tuple[str, str] | None:
+    """``(reason, message)`` of a running probe whose pod cannot start (``ErrImagePull``...).
+
+    Said at once, not as ``ProbeTimedOut`` when the Job's deadline ends it (the
+    Job then deletes the pod that said why).
+    """
+    name = job["metadata"]["name"]
+    mine = [p for p in pods if (p["metadata"].get("labels") or {}).get("job-name") == name]
+    stuck = container_cannot_start(mine)
+    if stuck is None:
+        return None
+    return stuck[0], one_line(f"probe pod could not start: {stuck[1]}")
 
 
 def _condition(
@@ -211,7 +231,11 @@ def plan_config(view: ConfigView) -> ConfigPlan:
     jobs = sorted(view.probe_jobs, key=_age_order)
     finished = [j for j in jobs if _finished(j) is not None]
     running = [j for j in jobs if _finished(j) is None]
-    out.delete = finished
+    # A probe whose pod cannot start is over: its outcome is that pod's reason.
+    stuck = {j["metadata"]["name"]: probe_stuck(j, view.probe_pods) for j in running}
+    stuck_jobs = [j for j in running if stuck[j["metadata"]["name"]] is not None]
+    running = [j for j in running if stuck[j["metadata"]["name"]] is None]
+    out.delete = finished + stuck_jobs
     probing = (
         view.config is not None
         and view.invalid is None
@@ -222,10 +246,16 @@ def plan_config(view: ConfigView) -> ConfigPlan:
         status.conditions = [c for c in status.conditions if c.type != CONDITION_PROBED]
         status.last_probe_time = None
         out.delete = list(jobs)
-    elif finished:
-        newest = finished[-1]
-        passed, reason, message = probe_outcome(newest, view.probe_pods)
-        done_at = parse_time((_finished(newest) or {}).get("lastTransitionTime")) or view.now
+    elif finished or stuck_jobs:
+        newest = max(finished + stuck_jobs, key=_age_order)
+        cannot_start = stuck.get(newest["metadata"]["name"])
+        if cannot_start is not None:
+            passed, (reason, message) = False, cannot_start
+            # When the probe started: the same on every pass until its Job is gone.
+            done_at = parse_time(newest["metadata"].get("creationTimestamp")) or view.now
+        else:
+            passed, reason, message = probe_outcome(newest, view.probe_pods)
+            done_at = parse_time((_finished(newest) or {}).get("lastTransitionTime")) or view.now
         status.conditions = set_condition(
             status.conditions,
             _condition(CONDITION_PROBED, passed, reason, message, view.now, _generation(newest)),

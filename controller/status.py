@@ -543,6 +543,28 @@ def job_will_fail(job: Json, pods: Sequence[Json]) -> bool:
 
 # Waiting reasons that are a normal step of a pod's start, not a problem.
 _STARTING = frozenset({"ContainerCreating", "PodInitializing"})
+# Waiting reasons of a container that does not start by itself: its image cannot
+# be pulled, or what it is made from (a Secret, a ConfigMap key) is missing.
+CANNOT_START = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+    }
+)
+
+
+def container_cannot_start(pods: Sequence[Json]) -> tuple[str, str] | None:
+    """``(reason, message)`` of a container in ``pods`` waiting for a :data:`CANNOT_START` one."""
+    for pod in pods:
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            waiting = (status.get("state") or {}).get("waiting") or {}
+            reason = waiting.get("reason")
+            if reason in CANNOT_START:
+                return str(reason), one_line(waiting.get("message") or str(reason))
+    return None
 
 
 def pod_waiting(pods: Sequence[Json]) -> tuple[str, str] | None:

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client, watch
 
+from hack.cluster import LocalCluster
 from tests.controllerproc import ControllerProcess
-from tests.kubehelpers import wait_for_events
+from tests.kubehelpers import eventually, wait_for_events
 from tests.runs import GROUP, VERSION, Runs, condition, inference_config, inference_run, status
 
 Obj = dict[str, Any]
@@ -98,3 +99,42 @@ async def test_a_runner_that_exits_7_is_failed_without_ever_retrying(
     assert "Retrying" not in reasons, reasons
     # One Warning for the failure, said once.
     assert reasons.count("InferenceRejected") == 1, reasons
+
+
+# ------------------------------------------------------- a probe pod that cannot start
+
+MISSING_IMAGE = "test.local/no-such-image:1"  # the node agent answers ErrImagePull
+CONFIGS = "inferenceconfigs"
+
+
+@pytest.mark.timeout(180)
+async def test_a_probe_whose_image_cannot_be_pulled_says_err_image_pull_at_once(
+    api_client: client.ApiClient,
+    runs: Runs,
+    namespace: str,
+    probing_controller: ControllerProcess,
+    cluster: LocalCluster,
+) -> None:
+    await runs.create(inference_config("cfg", MISSING_IMAGE))
+    # Well before the probe Job's 120 s deadline, which would say ProbeTimedOut.
+    probed = await runs.wait_condition(
+        "cfg", "Probed", plural=CONFIGS, within=60, what="a Probed condition"
+    )
+    assert (probed["status"], probed["reason"]) == ("False", "ErrImagePull"), probed
+    assert probed["message"].startswith("probe pod could not start: "), probed
+    assert MISSING_IMAGE in probed["message"]
+    reasons = await wait_for_events(
+        api_client, namespace, "cfg", "ErrImagePull", what="the ErrImagePull Warning Event"
+    )
+    assert "ProbeTimedOut" not in reasons
+    batch = client.BatchV1Api(api_client)
+
+    async def probe_gone() -> bool:
+        return not (await batch.list_namespaced_job(namespace)).items
+
+    await eventually(probe_gone, within=60, what="the stuck probe's Job to be deleted")
+    shown = cluster.kubectl("get", "infcfg", "cfg", "-n", namespace, check=False)
+    assert shown.returncode == 0, shown.stderr
+    header, row = (line.split() for line in shown.stdout.strip().splitlines())
+    assert header[:3] == ["NAME", "READY", "PROBED"]
+    assert row[:3] == ["cfg", "True", "False"]

@@ -164,6 +164,56 @@ def test_a_probe_that_cannot_start_says_why() -> None:
     assert probe_outcome(job, [])[1] == "ProbeTimedOut"
 
 
+def waiting_pod(reason: str, job: str = "probe-1") -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"{job}-x", "labels": {"job-name": job}},
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [
+                {
+                    "name": "inference",
+                    "state": {"waiting": {"reason": reason, "message": f"{reason}: details"}},
+                }
+            ],
+        },
+    }
+
+
+def test_a_running_probe_whose_pod_cannot_pull_its_image_says_so_at_once() -> None:
+    running = probe_job(None)
+    out = plan_config(
+        view(raw_config(), probe_jobs=[running], probe_pods=[waiting_pod("ErrImagePull")])
+    )
+    probed = cond(out.status, "Probed")
+    assert (probed.status, probed.reason) == ("False", "ErrImagePull")
+    assert probed.message == "probe pod could not start: ErrImagePull: details"
+    assert [(e.type, e.reason) for e in out.events] == [("Warning", "ErrImagePull")]
+    assert out.delete == [running]  # the probe is over: its Job goes
+    assert out.create is None  # the next one is due a probe interval later
+    assert out.requeue_after is not None
+    assert out.requeue_after > 0
+    # The next pass, before the cache shows the Job gone: nothing new to write or say.
+    again = plan_config(
+        view(
+            raw_config(status=out.status.to_api()),
+            probe_jobs=[running],
+            probe_pods=[waiting_pod("ErrImagePull")],
+        )
+    )
+    assert not again.status_changed
+    assert again.events == []
+
+
+def test_a_probe_pod_on_its_way_is_waited_for() -> None:
+    running = probe_job(None)
+    for reason in ("ContainerCreating", "PodInitializing"):
+        out = plan_config(
+            view(raw_config(), probe_jobs=[running], probe_pods=[waiting_pod(reason)])
+        )
+        assert cond(out.status, "Probed") is None
+        assert out.delete == []
+
+
 def test_a_change_is_probed_again_and_a_running_probe_is_waited_for() -> None:
     probed = {
         "type": "Probed",
