@@ -13,9 +13,13 @@ handler each informer's events go to:
 - ``Cleanup.run_changed`` / ``run_deleted`` (controller/cleanup.py): a run
   deleted or being deleted has its Jobs and CronJobs deleted at once, and
   ``Cleanup.workload_changed``: a Job or CronJob of a run already gone goes too;
-- ``handle_owned_object`` (sample-controller's ``handleObject``): a child's
-  events (ConfigMap, Job, CronJob, pod) enqueue the run whose uid is its
-  ``ai.krateo.io/run-uid`` label, found through the runs cache;
+- ``handle_owned_change`` / ``handle_owned_object`` (sample-controller's
+  ``handleObject``): a child's events (ConfigMap, Job, CronJob, pod) enqueue
+  the run whose uid is its ``ai.krateo.io/run-uid`` label, found through the
+  runs cache: its additions and changes batched (one pass for the burst of
+  changes a pod and its Job go through within a second), its deletion at once;
+- an update that changed nothing the cache keeps (a projection equal but for
+  its resourceVersion) enqueues nothing;
 - ``enqueue_runs_of_config``: a config's events enqueue the config and every
   run that uses it (an index, not a scan);
 - ``enqueue_probed_config``: a probe's events (its Job, pod, ConfigMap:
@@ -62,7 +66,7 @@ from controller.kube.workers import Workers
 from controller.kube.workqueue import WorkQueue, default_rate_limiter
 from controller.metrics import Metrics
 from controller.naming import managed_selector
-from controller.projection import projection
+from controller.projection import projection, unchanged
 from controller.reconcile import (
     BY_CONFIG,
     BY_INFERENCESERVICE,
@@ -82,6 +86,12 @@ from controller.sharding import Shard, compose
 log = structlog.stdlib.get_logger(__name__)
 
 BY_UID = "uid"
+# A child's changes (a pod Pending, Running, then Succeeded; its Job counting
+# it, then Complete) come in bursts: they reach the run's queue this long
+# after the first of them, so that one pass reads them all. The Kubernetes Job
+# controller batches its pods' events the same way (syncJobBatchPeriod, 1 s).
+# A child's deletion is not batched: the run must recreate it or say so.
+CHILD_EVENTS_BATCH = 1.0
 PHASES = get_args(Phase)
 
 
@@ -95,10 +105,16 @@ def _ignore(_obj: Obj) -> None:
 
 
 def _with_new(handler: OnAdd) -> OnUpdate:
-    """An update handler that hands the new object to ``handler``."""
+    """An update handler that hands the new object to ``handler``.
 
-    def on_update(_old: Obj, new: Obj) -> None:
-        handler(new)
+    Not when the update changed nothing the cache keeps but the
+    resourceVersion (``controller.projection.unchanged``): a pod's IP or a
+    Job's ``active`` count is read by nobody, so it is no reason for work.
+    """
+
+    def on_update(old: Obj, new: Obj) -> None:
+        if not unchanged(old, new):
+            handler(new)
 
     return on_update
 
@@ -262,11 +278,12 @@ class Controller:
             (c.runs, self.cleanup.run_changed, self.cleanup.run_deleted),
             (c.jobs, self.cleanup.workload_changed, _ignore),
             (c.cronjobs, self.cleanup.workload_changed, _ignore),
-            # A child's events enqueue the run that owns it (handleObject).
-            (c.jobs, self.handle_owned_object, self.handle_owned_object),
-            (c.cronjobs, self.handle_owned_object, self.handle_owned_object),
-            (c.configmaps, self.handle_owned_object, self.handle_owned_object),
-            (c.pods, self.handle_owned_object, self.handle_owned_object),
+            # A child's events enqueue the run that owns it (handleObject),
+            # its changes batched for CHILD_EVENTS_BATCH.
+            (c.jobs, self.handle_owned_change, self.handle_owned_object),
+            (c.cronjobs, self.handle_owned_change, self.handle_owned_object),
+            (c.configmaps, self.handle_owned_change, self.handle_owned_object),
+            (c.pods, self.handle_owned_change, self.handle_owned_object),
             # A probe's Job, pod and ConfigMap enqueue the config they probe.
             (c.jobs, self.enqueue_probed_config, self.enqueue_probed_config),
             (c.configmaps, self.enqueue_probed_config, self.enqueue_probed_config),
@@ -293,10 +310,21 @@ class Controller:
         self.queue.add(key)
 
     def handle_owned_object(self, obj: Obj) -> None:
-        """A child changed: enqueue the run named by its ``ai.krateo.io/run-uid`` label."""
-        for uid in run_uid_index(obj):
-            for run in self.caches.runs.by_index(BY_UID, uid):
-                self.queue.add(object_key(run))
+        """A child is gone: enqueue the run named by its ``ai.krateo.io/run-uid`` label."""
+        for key in self._owner_keys(obj):
+            self.queue.add(key)
+
+    def handle_owned_change(self, obj: Obj) -> None:
+        """A child was added or changed: its run within ``CHILD_EVENTS_BATCH``, once."""
+        for key in self._owner_keys(obj):
+            self.queue.add_batched(key, CHILD_EVENTS_BATCH)
+
+    def _owner_keys(self, obj: Obj) -> list[str]:
+        return [
+            object_key(run)
+            for uid in run_uid_index(obj)
+            for run in self.caches.runs.by_index(BY_UID, uid)
+        ]
 
     def enqueue_runs_of_config(self, config: Obj) -> None:
         """A config changed: reconcile it (on its shard) and every run that uses it."""

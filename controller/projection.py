@@ -305,6 +305,26 @@ def project_pod(obj: Obj) -> Obj:
     return out
 
 
+def unchanged(old: Obj, new: Obj) -> bool:
+    """Whether two projections of one object differ only in ``metadata.resourceVersion``.
+
+    Then whatever changed (a pod's IP, a Job's ``active`` count, a finalizer
+    the Job controller removed) is nothing any reader of the cache reads: the
+    update is no reason to reconcile.
+    """
+    if old.keys() != new.keys():
+        return False
+    for part, value in new.items():
+        if part != "metadata" and old[part] != value:
+            return False
+    before, after = old.get("metadata"), new.get("metadata")
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return before == after
+    if before.keys() != after.keys():
+        return False
+    return all(before[k] == v for k, v in after.items() if k != "resourceVersion")
+
+
 PROJECTIONS: dict[str, Projection] = {
     "InferenceRun": project_custom,
     "InferenceConfig": project_custom,

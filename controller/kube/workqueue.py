@@ -35,6 +35,12 @@ Contract (each numbered line has its own test in tests/unit/test_workqueue.py):
 10. Many producers and consumers: any number of tasks may add, get and done
     concurrently (one event loop; adds are plain synchronous calls, so event
     handlers can enqueue without awaiting).
+11. Batched adds: ``add_batched(key, delay)`` is ``add_after(key, delay)``,
+    except when the key is already waiting at normal priority to be handed out
+    (queued, or re-added while processing): that coming pass reads the caches
+    after this change, so nothing more is scheduled. Changes that come close
+    together then cost one pass, not one each (the Kubernetes Job controller
+    batches its pod events the same way, for 1 s).
 
 The mechanism is client-go's: a FIFO per priority, a ``dirty`` map (keys that
 need processing, with their priority) and a ``processing`` set; delays are a
@@ -298,6 +304,12 @@ class WorkQueue(Generic[K]):
     def add_after(self, key: K, delay: float) -> None:
         """Queue ``key`` at normal priority after ``delay`` seconds (line 5)."""
         self._schedule(self._waiting, key, delay, Priority.NORMAL, keep_sooner=True)
+
+    def add_batched(self, key: K, delay: float) -> None:
+        """Queue ``key`` after ``delay`` seconds unless a pass of it is already due (line 11)."""
+        if self._dirty.get(key) is Priority.NORMAL:
+            return
+        self.add_after(key, delay)
 
     def add_rate_limited(self, key: K) -> None:
         """Queue ``key`` after its backoff and a token from the global bucket (lines 6, 7)."""

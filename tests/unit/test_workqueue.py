@@ -478,6 +478,76 @@ async def test_10_many_producers_and_consumers_process_every_key_after_its_last_
     assert all(last_start[key] >= last_add[key] for key in last_add)
 
 
+# 11. Batched adds ------------------------------------------------------------------
+
+
+async def test_11_batched_adds_of_an_idle_key_come_together_after_the_first_delay() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    queue.add_batched("a", 1.0)
+    await asyncio.sleep(0.4)
+    queue.add_batched("a", 1.0)  # within the first one's second: the same pass
+    await asyncio.sleep(0.4)
+    queue.add_batched("a", 1.0)
+    assert await queue.get() == "a"
+    assert loop.time() - start == pytest.approx(1.0)
+    queue.done("a")
+    assert await nothing_within(queue, 10)
+
+
+async def test_11_a_batched_add_of_a_key_waiting_to_be_handed_out_adds_no_pass() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    queue.add("a")
+    queue.add_batched("a", 1.0)  # the queued pass comes after this change
+    assert await drain(queue) == ["a"]
+    assert queue.num_waiting() == 0
+    assert await nothing_within(queue, 10)
+
+
+async def test_11_a_batched_add_while_processing_and_re_added_adds_no_pass() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    queue.add("a")
+    key = await queue.get()
+    queue.add(key)  # dirty: a pass after this one is due already
+    queue.add_batched(key, 1.0)
+    queue.done(key)
+    assert await drain(queue) == ["a"]
+    assert await nothing_within(queue, 10)
+
+
+async def test_11_a_batched_add_while_processing_comes_after_its_delay() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    loop = asyncio.get_running_loop()
+    queue.add("a")
+    key = await queue.get()
+    start = loop.time()
+    queue.add_batched(key, 1.0)  # the running pass may have read the caches before it
+    queue.done(key)
+    assert await queue.get() == "a"
+    assert loop.time() - start == pytest.approx(1.0)
+    queue.done("a")
+
+
+async def test_11_a_key_waiting_only_for_its_resync_still_gets_the_batched_pass() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    loop = asyncio.get_running_loop()
+    queue.resync_after("a", 0.1)
+    await asyncio.sleep(0.2)  # "a" waits in the low lane
+    queue.add("b")
+    start = loop.time()
+    queue.add_batched("a", 1.0)
+    assert await queue.get() == "b"
+    queue.done("b")
+    # "a" was handed out from its resync...
+    assert await queue.get() == "a"
+    queue.done("a")
+    # ...and the change comes once more, a second later: a resync is no pass of it.
+    assert await queue.get() == "a"
+    assert loop.time() - start == pytest.approx(1.0)
+    queue.done("a")
+
+
 # Metrics ---------------------------------------------------------------------------
 
 
