@@ -233,12 +233,21 @@ class Shard:
             )
 
 
-def make_shards(cluster: LocalCluster, workdir: Path, args: argparse.Namespace) -> list[Shard]:
+def make_shards(
+    cluster: LocalCluster, workdir: Path, args: argparse.Namespace, run_namespaces: Sequence[str]
+) -> list[Shard]:
+    """The shards' controllers (not started), under the chart's RBAC for all namespaces.
+
+    The runner ServiceAccount and Role go into every namespace of runs (the
+    chart's ``runner.namespaces``): the chart's admission policy refuses the
+    controller a Job that runs as any other ServiceAccount.
+    """
     shards = []
+    values = {"runner": {"namespaces": list(run_namespaces)}}
     for index in range(args.shards):
         namespace = f"ksc-system-{index}"
         cluster.kubectl("create", "namespace", namespace)
-        chart.apply(cluster, chart.controller_rbac_objects(namespace, []))
+        chart.apply(cluster, chart.controller_rbac_objects(namespace, [], values=values))
         kubeconfig = chart.service_account_kubeconfig(
             cluster, namespace, path=workdir / f"controller-{index}.kubeconfig", duration="6h"
         )
@@ -248,6 +257,7 @@ def make_shards(cluster: LocalCluster, workdir: Path, args: argparse.Namespace) 
             "LEADER_ELECT": "false",
             # Every Job counted is a run's: a config probe would add one per config.
             "PROBE_INTERVAL": "0",
+            "RUNNER_SERVICE_ACCOUNT": chart.RUNNER_SERVICE_ACCOUNT,
             "MAX_RECONCILE_RATE": str(args.workers),
             "LOG_LEVEL": "WARNING",
         }
@@ -475,7 +485,15 @@ class Bench:
         now = datetime.now(UTC)
         for raw in stored:
             run = InferenceRun.model_validate(raw)
-            planned = plan(View(run=run, now=now, config=config, confirmed=True))
+            planned = plan(
+                View(
+                    run=run,
+                    now=now,
+                    config=config,
+                    confirmed=True,
+                    runner_service_account=chart.RUNNER_SERVICE_ACCOUNT,
+                )
+            )
             writes = [w for w in planned.writes if isinstance(w, Create)]
             assert planned.status is not None, planned
             assert len(writes) == 2, planned
@@ -1027,8 +1045,8 @@ async def measure(
     started_utc = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     t_start = time.monotonic()
     install_crds(cluster)
-    shards = make_shards(cluster, workdir, args)
     kube = await KubeClient.connect(kubeconfig=str(cluster.kubeconfig), qps=5000, burst=10000)
+    shards: list[Shard] = []
     try:
         namespaces = [f"bench-{i:03d}" for i in range(args.namespaces)]
         labels = kwok.namespace_labels()
@@ -1038,6 +1056,7 @@ async def measure(
                 for n in namespaces
             )
         )
+        shards = await asyncio.to_thread(make_shards, cluster, workdir, args, namespaces)
         await asyncio.gather(
             *(kube.create(CONFIGS, n, config_body(n, CONFIG, IMAGE)) for n in namespaces)
         )
