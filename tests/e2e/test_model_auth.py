@@ -9,7 +9,9 @@ with an audience.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
 from collections.abc import AsyncIterator
 
@@ -19,6 +21,7 @@ from kubernetes_asyncio import client
 from hack.loopback import AuthProxy
 from tests.controllerproc import ControllerProcess
 from tests.e2e.conftest import E2E, iris_config, iris_run
+from tests.e2e.test_probe import probed
 from tests.runs import condition, status
 
 TOKEN = "model-token-3b9e61f0c2d7a845"
@@ -107,3 +110,80 @@ async def test_a_projected_service_account_token_carries_its_audience(
     claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
     assert claims["aud"] == [audience]
     assert claims["sub"].startswith(f"system:serviceaccount:{e2e.namespace}:")
+
+
+class ProbeLogs:
+    """The logs of a namespace's probe pods, read while they exist (the controller deletes them).
+
+    A pod's log is read again on every look until its container has ended,
+    then once more: ``logs`` holds the last read of each pod, ``ended`` the
+    pods whose log was read after their container ended.
+    """
+
+    SELECTOR = "app.kubernetes.io/component=inference-probe"
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.core = client.CoreV1Api(api)
+        self.namespace = namespace
+        self.logs: dict[str, str] = {}
+        self.ended: set[str] = set()
+
+    async def _look(self) -> None:
+        pods = await self.core.list_namespaced_pod(self.namespace, label_selector=self.SELECTOR)
+        for pod in pods.items:
+            name = pod.metadata.name
+            if name in self.ended:
+                continue
+            states = [s.state for s in pod.status.container_statuses or []]
+            ended = bool(states) and all(s.terminated is not None for s in states)
+            if not states:
+                continue
+            with contextlib.suppress(client.ApiException):  # not started yet, or deleted
+                self.logs[name] = await self.core.read_namespaced_pod_log(name, self.namespace)
+                if ended:
+                    self.ended.add(name)
+
+    async def follow(self) -> None:
+        while True:
+            with contextlib.suppress(client.ApiException):
+                await self._look()
+            await asyncio.sleep(0.1)
+
+
+async def test_the_probe_reports_a_refused_token_by_name_without_showing_it(
+    e2e: E2E, gateway: AuthProxy, probing_controller: ControllerProcess
+) -> None:
+    await token_secret(e2e, "model-token", WRONG)
+    config = auth_config("cfg", gateway, {"bearerTokenSecretRef": {"name": "model-token"}})
+    logs = ProbeLogs(e2e.api, e2e.namespace)
+    follower = asyncio.create_task(logs.follow())
+    try:
+        await e2e.runs.create(config)
+        result = await probed(e2e.runs, "cfg")
+        for _ in range(50):  # the last read of the pod's log, if it is still there
+            if logs.ended:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
+    assert (result["status"], result["reason"]) == ("False", "ModelAuthFailed"), result
+    assert "probe exited with code 9" in result["message"]
+    assert "the model refused access (see kserve.auth)" in result["message"]
+    assert "answered 401: Jwt verification fails" in result["message"]
+    assert WRONG in gateway.tokens  # sent by the probe, and refused
+    assert set(gateway.hosts) == {HOST}
+
+    events = await client.CoreV1Api(e2e.api).list_namespaced_event(e2e.namespace)
+    said = [f"{e.reason} {e.message}" for e in events.items]
+    assert any(line.startswith("ModelAuthFailed ") for line in said), said
+    assert logs.ended, "no probe pod's log was read after it ended"
+    pod_logs = "\n".join(logs.logs[name] for name in logs.ended)
+    assert "refused access" in pod_logs, pod_logs
+    stored = await e2e.runs.get("cfg", "inferenceconfigs")
+    assert stored is not None
+    assert WRONG not in json.dumps(stored)
+    assert WRONG not in "\n".join(said)
+    assert WRONG not in pod_logs
+    assert WRONG not in probing_controller.output()
