@@ -11,7 +11,10 @@ condition's reason and message):
   with ``preferAddress: internal`` (the default; ``status.url`` when the
   service has no address), or ``status.url`` with ``external``; then the
   protocol's inference path: ``<base>/v2/models/<model>/infer`` (v2),
-  ``<base>/v1/models/<model>:predict`` (v1).
+  ``<base>/v1/models/<model>:predict`` (v1), or for ``modelVersion: openai``
+  the OpenAI-compatible API's base, ``<base>/openai/v1`` (where KServe's
+  Hugging Face and vLLM runtimes serve ``chat/completions``, ``completions``
+  and ``embeddings``; the runner adds the endpoint).
 - **Protocol**: the config's ``modelVersion`` when set, else the predictor's
   ``protocolVersion`` (``spec.predictor.model``, or the older framework
   fields such as ``spec.predictor.sklearn``), else KServe's default ``v1``.
@@ -56,6 +59,10 @@ REASON_UNSUPPORTED_PROTOCOL = "UnsupportedProtocol"
 # KServe's default protocolVersion.
 DEFAULT_PROTOCOL = "v1"
 HTTP_PROTOCOLS = ("v1", "v2")
+# A config's modelVersion for OpenAI-compatible endpoints (runner.openai), and
+# the path under which KServe's runtimes serve them on the predictor.
+OPENAI_PROTOCOL = "openai"
+OPENAI_PATH = "/openai/v1"
 # The predictor's framework fields (KServe's older spelling of spec.predictor.model).
 _FRAMEWORKS = (
     "model",
@@ -156,6 +163,8 @@ def inference_url(base: str, protocol: str, model: str) -> str:
     base = base.rstrip("/")
     if protocol == "v1":
         return f"{base}/v1/models/{model}:predict"
+    if protocol == OPENAI_PROTOCOL:
+        return f"{base}{OPENAI_PATH}"
     return f"{base}/v2/models/{model}/infer"
 
 
@@ -207,7 +216,7 @@ def resolve(
         return ModelProblem(REASON_NOT_FOUND, f"{what} not found")
     kserve = config.spec.effective_kserve()
     protocol = (kserve.model_version or "").strip() or protocol_of(isvc)
-    if protocol.lower() in HTTP_PROTOCOLS:
+    if protocol.lower() in (*HTTP_PROTOCOLS, OPENAI_PROTOCOL):
         protocol = protocol.lower()
     elif protocol.lower().startswith("grpc"):
         return ModelProblem(
@@ -227,7 +236,8 @@ def resolve(
         where = "status.url" if ref.prefer_address == "external" else "status.address.url"
         return ModelProblem(REASON_MODEL_NOT_READY, f"{what} is Ready but has no {where} yet")
     model = (kserve.model_name or "").strip() or ref.name
-    url = inference_url(base, protocol, model) if protocol in HTTP_PROTOCOLS else base
+    known = (*HTTP_PROTOCOLS, OPENAI_PROTOCOL)
+    url = inference_url(base, protocol, model) if protocol in known else base
     return ResolvedModel(service=key, url=url, protocol=protocol, model_name=model)
 
 

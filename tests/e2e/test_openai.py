@@ -10,7 +10,7 @@ table) or a real S3 server (an OpenAI Batch API file).
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,10 +21,14 @@ import pytest
 from kubernetes_asyncio import client
 from obstore.store import S3Store
 
+from hack.cluster import LocalCluster
+from hack.crds import install_inferenceservice_crd
 from hack.openai_server import chat_reply
 from hack.s3server import REGION, ROOT_ACCESS_KEY, ROOT_SECRET_KEY, S3Server
 from hack.storage_service import StorageService
+from tests.controllerproc import ControllerProcess, controller_for, running
 from tests.e2e.conftest import PASSWORD, RUNNER_IMAGE, USER, endpoint_secret, krateo
+from tests.isvc import InferenceServices, inference_service, not_ready_status, ready_status
 from tests.runs import Runs, condition, inference_config, inference_run, status
 from tests.servers import OpenAIServer
 
@@ -235,3 +239,68 @@ async def test_an_openai_batch_file_round_trips_through_s3(llm: LLM, s3_server: 
         body = result["response"]["body"]
         assert body["model"] == "echo"
         assert body["choices"][0]["message"]["content"] == chat_reply(line["body"]["messages"])[0]
+
+
+@pytest.fixture
+def isvc_controller(
+    cluster: LocalCluster, namespace: str, tmp_path: Path
+) -> Iterator[ControllerProcess]:
+    """The ``controller`` fixture, started once the InferenceService CRD exists."""
+    install_inferenceservice_crd(cluster)
+    with running(controller_for(cluster, namespace, tmp_path)) as proc:
+        yield proc
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.usefixtures("isvc_controller")
+async def test_an_llm_named_by_its_inferenceservice_is_called_on_kserves_openai_routes(
+    llm: LLM,
+) -> None:
+    # A Hugging Face runtime's InferenceService (the stand-in CRD): KServe
+    # serves the OpenAI API under /openai/v1 on the predictor, and the model's
+    # name is the service's. The URL used to be the bare address, so every
+    # request went to <address>/chat/completions and was answered 404.
+    services = InferenceServices(llm.api, llm.namespace)
+    service = inference_service("echo")
+    service["spec"]["predictor"] = {
+        "model": {"modelFormat": {"name": "huggingface"}, "storageUri": "hf://echo/echo"}
+    }
+    await services.create(service)
+    said = "Revision echo-predictor-00001 is waiting for its first pod to be ready"
+    await services.set_status("echo", not_ready_status("RevisionMissing", said))
+    table = prompts(30)
+    llm.storage.seed_table("prompts", ("id", "prompt"), table)
+    config = llm.table_config("llm")
+    config["spec"]["kserve"] = {
+        "inferenceServiceRef": {"name": "echo"},
+        "modelVersion": "openai",
+        "openai": {"request": {"max_tokens": 64, "temperature": 0}},
+    }
+    await llm.runs.create(config)
+    await llm.runs.create(table_run("llm-run", "llm"))
+    waiting = await llm.runs.wait_reason("llm-run", "ModelNotReady")
+    assert said in status(waiting)["message"]
+
+    await services.set_status("echo", ready_status(llm.server.url))
+    done = await llm.runs.wait_phase("llm-run", "Succeeded", within=240)
+    kserve = status(done)["contract"]["kserve"]
+    assert (kserve["modelUrl"], kserve["modelName"], kserve["modelVersion"]) == (
+        f"{llm.server.url}/openai/v1",
+        "echo",
+        "openai",
+    )
+    assert status(done)["result"]["predictions"] == 30
+    stored = llm.storage.stored_values("answers")
+    assert len(stored) == 30
+    for (key, prompt), (_, answer) in zip(table, stored, strict=True):
+        assert answer["id"] == key
+        assert answer["prediction"] == chat_reply([{"role": "user", "content": prompt}], 64)[0]
+    assert (await llm.server.stats())["answered"] == 30
+    cfg = await llm.runs.get("llm", "inferenceconfigs")
+    assert cfg is not None
+    assert status(cfg)["model"] == {
+        "url": f"{llm.server.url}/openai/v1",
+        "protocol": "openai",
+        "name": "echo",
+        "inferenceService": f"{llm.namespace}/echo",
+    }

@@ -123,6 +123,44 @@ def test_internal_falls_back_to_the_url_and_external_does_not_fall_back() -> Non
     )
 
 
+@pytest.mark.parametrize("version", ["openai", "OpenAI"])
+def test_an_openai_model_calls_kserves_openai_routes_on_the_predictor(version: str) -> None:
+    # KServe's Hugging Face and vLLM runtimes serve the OpenAI API under
+    # /openai/v1; the runner adds chat/completions, completions or embeddings.
+    cfg = config(
+        {
+            "inferenceServiceRef": {"name": "iris", "namespace": "models"},
+            "modelVersion": version,
+            "openai": {"endpoint": "completions", "request": {"max_tokens": 8}},
+        }
+    )
+    got = resolve(cfg, isvc(protocol="v2", framework="huggingface"), READY)
+    assert got == ResolvedModel(
+        service="models/iris", url=f"{INTERNAL}/openai/v1", protocol="openai", model_name="iris"
+    )
+    kserve = contract_model(cfg, got)
+    assert (kserve.model_url, kserve.model_version, kserve.model_name) == (
+        f"{INTERNAL}/openai/v1",
+        "openai",
+        "iris",
+    )
+    assert kserve.openai is not None
+    assert kserve.openai.endpoint == "completions"
+    external = config(
+        {
+            "inferenceServiceRef": {
+                "name": "iris",
+                "namespace": "models",
+                "preferAddress": "external",
+            },
+            "modelVersion": "openai",
+        }
+    )
+    got = resolve(external, isvc(address=f"{INTERNAL}/"), READY)
+    assert isinstance(got, ResolvedModel)
+    assert got.url == f"{EXTERNAL}/openai/v1"
+
+
 def test_the_configs_model_name_and_version_override_the_services() -> None:
     cfg = config(
         {
