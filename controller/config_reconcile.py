@@ -8,6 +8,7 @@ the key comes back rate-limited, as for runs.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -95,6 +96,15 @@ class ConfigReconciler:
                 self.caches.configs.assume(updated)
             for event in plan.events:
                 self.events.record(raw, event.type, event.reason, event.message)
+            if plan.probed is not None:
+                job_name, passed, reason, message = plan.probed
+                log.log(
+                    logging.INFO if passed else logging.WARNING,
+                    "probe passed" if passed else "probe failed",
+                    job=job_name,
+                    reason=reason,
+                    message=message,
+                )
             for job in plan.delete:
                 await self._delete_probe(job)
             if plan.create is not None:

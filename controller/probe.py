@@ -82,6 +82,9 @@ class ConfigPlan:
     delete: list[Obj] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
+    # The outcome of the finished probe read this pass, for the log:
+    # (probe Job name, passed, reason, message).
+    probed: tuple[str, bool, str, str] | None = None
 
 
 def _finished(job: Obj) -> Obj | None:
@@ -256,6 +259,7 @@ def plan_config(view: ConfigView) -> ConfigPlan:
         else:
             passed, reason, message = probe_outcome(newest, view.probe_pods)
             done_at = parse_time((_finished(newest) or {}).get("lastTransitionTime")) or view.now
+        out.probed = (newest["metadata"]["name"], passed, reason, message)
         status.conditions = set_condition(
             status.conditions,
             _condition(CONDITION_PROBED, passed, reason, message, view.now, _generation(newest)),

@@ -49,6 +49,7 @@ collector the rest.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -131,6 +132,27 @@ class _Requeue(Exception):
 
 class _NamespaceTerminating(Exception):
     """A create refused because the run's namespace is being deleted: the run's last pass."""
+
+
+# The phases a run ends up in when it needs someone's attention: logged at warning.
+WARNING_PHASES = frozenset({"Failed", "Error"})
+
+
+def status_change_line(
+    before: tuple[str | None, str | None], after: tuple[str | None, str | None]
+) -> tuple[int, str] | None:
+    """The log line a run's new ``(phase, reason)`` is worth: ``(level, msg)``, or None.
+
+    ``phase changed`` only when the phase did, at warning when the run turned
+    Failed or Error (someone has to act), else at info; a new reason within
+    the same phase is ``reason changed`` at info; no change, no line.
+    """
+    (old_phase, old_reason), (phase, reason) = before, after
+    if phase != old_phase:
+        return (logging.WARNING if phase in WARNING_PHASES else logging.INFO), "phase changed"
+    if reason != old_reason:
+        return logging.INFO, "reason changed"
+    return None
 
 
 @dataclass
@@ -270,12 +292,18 @@ class Reconciler:
             and self.metrics is not None
         ):
             self._count_finished(run, status)
-        if status.phase != run.status.phase or status.reason != run.status.reason:
-            log.info(
-                "phase changed",
+        said = status_change_line(
+            (run.status.phase, run.status.reason), (status.phase, status.reason)
+        )
+        if said is not None:
+            level, line = said
+            log.log(
+                level,
+                line,
                 phase=status.phase,
                 reason=status.reason,
                 previous=run.status.phase,
+                previous_reason=run.status.reason,
                 message=status.message,
             )
         for event in current.events:
