@@ -103,9 +103,10 @@ PROGRESS_TAIL_LINES = 20
 MAX_ROUNDS = 4
 REFUSAL_BACKOFF = (5.0, 300.0)
 JOB_EVENTS_INTERVAL = 10.0
-# Parsed models kept (controller.api.ModelCache): a backlog's runs between their
-# reconciles, and every config in use.
-RUN_MODELS = 256
+# Parsed models kept (controller.api.ModelCache): the runs of the passes now
+# running and of the last few (a parsed run is ~13 KB, four times the cached
+# run: 256 of them were ~3 MB), and every config in use.
+RUN_MODELS = 32
 CONFIG_MODELS = 64
 
 

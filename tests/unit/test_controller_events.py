@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from controller.controller import CHILD_EVENTS_BATCH, Controller
+from controller.controller import CHILD_EVENTS_BATCH, PHASES, Controller
 from controller.kube.client import KubeClient
 from controller.kube.incluster import InClusterConfiguration
-from controller.metrics import Metrics
+from controller.metrics import Metrics, runs_by_phase
 from controller.projection import project_job, project_pod, unchanged
 from controller.settings import load_settings
 from tests.unit.test_projection import (
@@ -151,3 +151,32 @@ def test_unchanged_is_equality_but_for_the_resource_version() -> None:
     assert not unchanged(project_job(job), {**project_job(later), "extra": {}})
     pod = served_pod("j", running())
     assert not unchanged(project_pod(pod), project_pod(served_pod("j", terminated(0))))
+
+
+async def test_the_runs_gauge_counts_the_cache_own_writes_included(
+    controller: Controller,
+) -> None:
+    def gauge(phase: str, config: str = "cfg") -> float | None:
+        labels = {"namespace": "ns", "config": config, "phase": phase}
+        return controller.metrics.registry.get_sample_value("kserve_inference_runs", labels)
+
+    def from_the_runs() -> dict[tuple[str, str, str], int]:
+        return runs_by_phase(controller.caches.runs.list(), PHASES)
+
+    runs = controller.caches.runs
+    cases = (("a", "Running", "cfg"), ("b", "Running", "cfg"), ("c", "Succeeded", "cfg"))
+    for name, phase, config in (*cases, ("d", None, "cfg"), ("e", "Failed", "other")):
+        run = served_run({"phase": phase} if phase else {}, configRef={"name": config})
+        run["metadata"].update(name=name, uid=f"uid-{name}")
+        runs.handle_event(event("ADDED", run, "10"))
+    assert (gauge("Running"), gauge("Succeeded"), gauge("Failed")) == (2, 1, 0)
+    assert gauge("Failed", "other") == 1
+    assert runs_by_phase(controller._runs_by_phase(), PHASES) == from_the_runs()
+    # The controller's own status write goes into the cache without an event.
+    written = served_run({"phase": "Failed"})
+    written["metadata"].update(name="a", uid="uid-a", resourceVersion="11")
+    runs.assume(written)
+    assert (gauge("Running"), gauge("Succeeded"), gauge("Failed")) == (1, 1, 1)
+    runs.handle_event(event("DELETED", written, "12"))
+    assert (gauge("Running"), gauge("Succeeded"), gauge("Failed")) == (1, 1, 0)
+    assert runs_by_phase(controller._runs_by_phase(), PHASES) == from_the_runs()

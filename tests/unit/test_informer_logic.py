@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import tracemalloc
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import pytest
 from structlog.testing import capture_logs
 
@@ -240,16 +242,20 @@ def test_owner_helpers() -> None:
     assert owner_uids(obj("lonely", "1")) == []
 
 
-def test_store_indexes_follow_adds_updates_and_removals() -> None:
+@pytest.mark.parametrize("packed", [False, True])
+def test_store_indexes_follow_adds_updates_and_removals(packed: bool) -> None:
     def by_config(o: dict[str, Any]) -> list[str]:
         ref = o.get("spec", {}).get("configRef")
         return [f"{o['metadata']['namespace']}/{ref}"] if ref else []
 
-    store = Store({"by-config": by_config})
+    store = Store({"by-config": by_config}, packed=packed)
     store.upsert(obj("r1", "1", spec={"configRef": "iris"}))
     store.upsert(obj("r2", "1", spec={"configRef": "iris"}))
     store.upsert(obj("r3", "1", spec={"configRef": "ttm"}))
     assert store.index_keys("by-config", "ns/iris") == ["ns/r1", "ns/r2"]
+    assert store.index_count("by-config", "ns/iris") == 2
+    assert store.index_count("by-config", "ns/ttm") == 1
+    assert store.index_count("by-config", "nowhere") == 0
     store.upsert(obj("r2", "2", spec={"configRef": "ttm"}))
     assert store.index_keys("by-config", "ns/iris") == ["ns/r1"]
     assert [o["metadata"]["name"] for o in store.by_index("by-config", "ns/ttm")] == ["r2", "r3"]
@@ -265,14 +271,57 @@ def test_store_indexes_follow_adds_updates_and_removals() -> None:
         store.add_indexer("by-config", by_config)
 
 
-def test_store_lists_by_namespace() -> None:
-    store = Store()
+@pytest.mark.parametrize("packed", [False, True])
+def test_store_lists_by_namespace(packed: bool) -> None:
+    store = Store(packed=packed)
     store.upsert(obj("a", "1", namespace="one"))
     store.upsert(obj("b", "1", namespace="two"))
     assert [o["metadata"]["name"] for o in store.list("one")] == ["a"]
     assert len(store.list()) == 2
     assert "two/b" in store
     assert len(store) == 2
+
+
+def test_a_packed_store_keeps_json_and_hands_out_a_new_copy_on_every_read() -> None:
+    store = Store({"by-config": lambda o: [o["spec"]["configRef"]]}, packed=True)
+    kept = obj("r1", "1", spec={"configRef": "iris", "n": 1}, status={"phase": "Running"})
+    assert store.upsert(kept) is None
+    kept["status"]["phase"] = "changed by the writer afterwards"
+    first = store.get("ns/r1")
+    assert first == obj("r1", "1", spec={"configRef": "iris", "n": 1}, status={"phase": "Running"})
+    first["spec"]["n"] = 2  # a reader changing its copy
+    assert store.get("ns/r1") == store.list()[0] == store.by_index("by-config", "iris")[0]
+    assert store.get("ns/r1")["spec"]["n"] == 1  # type: ignore[index]
+    assert store.get("ns/r1") is not store.get("ns/r1")
+    # The replaced and the removed object come back whole, and unindexed.
+    old = store.upsert(obj("r1", "2", spec={"configRef": "ttm", "n": 3}))
+    assert old is not None
+    assert old["spec"] == {"configRef": "iris", "n": 1}
+    assert store.index_keys("by-config", "iris") == []
+    removed = store.remove("ns/r1")
+    assert removed is not None
+    assert removed["metadata"]["resourceVersion"] == "2"
+    assert store.index_keys("by-config", "ttm") == []
+    assert len(store) == 0
+    assert store.remove("ns/r1") is None
+
+
+def test_a_packed_store_keeps_each_object_in_bytes_of_its_json_size() -> None:
+    store = Store(packed=True)
+    objects = [obj(f"r{i}", "1", spec={"text": "x" * 1500}) for i in range(200)]
+    size = len(orjson.dumps(objects[0]))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for o in objects:
+            store.upsert(o)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert all(isinstance(v, bytes) for v in store._items.values())
+    # The JSON, the bytes header, the key and the dict's slot: not orjson's
+    # whole output buffer (16 KB for such an object).
+    assert grown / len(objects) < size + 400, (grown / len(objects), size)
 
 
 def test_backoff_doubles_from_0_8s_jittered_and_capped_at_30s() -> None:
