@@ -236,6 +236,12 @@ def check_rows(rows: Sequence[Any]) -> None:
             raise ValueError(f"row {index} has {got}, row 0 has {width}")
 
 
+def _data(rows: Sequence[Any]) -> Any:
+    """The rows for a JSON body: rows kept as JSON text (a columnar page's) go in as they are."""
+    fragment = getattr(rows, "fragment", None)
+    return rows if fragment is None else fragment()
+
+
 def v2_request(spec: TensorSpec, rows: Sequence[Any]) -> bytes:
     # Nested data with the full shape: OIP servers accept nested or flat row-major
     # data and reshape it to `shape`, so [n, 512] rows go out as [n, 512, 1].
@@ -246,7 +252,7 @@ def v2_request(spec: TensorSpec, rows: Sequence[Any]) -> bytes:
                     "name": spec.name,
                     "shape": [len(rows), *spec.row_shape],
                     "datatype": spec.datatype,
-                    "data": rows,
+                    "data": _data(rows),
                 }
             ]
         }
@@ -254,7 +260,7 @@ def v2_request(spec: TensorSpec, rows: Sequence[Any]) -> bytes:
 
 
 def v1_request(rows: Sequence[Any]) -> bytes:
-    return orjson.dumps({"instances": rows})
+    return orjson.dumps({"instances": _data(rows)})
 
 
 def flatten(values: Any) -> list[Any]:

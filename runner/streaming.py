@@ -129,31 +129,54 @@ async def _finish(
 
 @dataclass
 class Joiner:
-    """A streaming run's join (:mod:`runner.join`): each page's carried values until stored."""
+    """A streaming run's join (:mod:`runner.join`): each page's carried values until stored.
+
+    A page whose rows are kept columnar (an ``s3`` input's Arrow tables,
+    :mod:`runner.storage._columnar`) is split in Arrow when it can be: its
+    features go to the model as JSON text, its carried columns stay Arrow
+    columns; an output that stores tables (``columnar_output``) gets the page's
+    output as one table, any other the row path's objects.
+    """
 
     splitter: RowSplitter
     part: Partition
-    carried: dict[int, list[tuple[Any, ...]]]
+    carried: dict[int, Any]
+    columnar_output: bool = False
 
     @classmethod
-    def of(cls, selection: Selection | None, part: Partition) -> Joiner | None:
-        return None if selection is None else cls(RowSplitter(selection), part, {})
+    def of(
+        cls, selection: Selection | None, part: Partition, columnar_output: bool = False
+    ) -> Joiner | None:
+        if selection is None:
+            return None
+        return cls(RowSplitter(selection), part, {}, columnar_output)
 
     def split(self, page: Page) -> Page:
         """The page with the model's features as rows; its carried values kept aside."""
+        columnar = getattr(page.rows, "columnar", None)
+        found = columnar(self.splitter) if columnar is not None else None
+        if found is not None:
+            features, carried = found
+            self.carried[page.offset] = carried
+            return Page(page.offset, features, page.total)
         name = f"shard {self.part.index}/{self.part.count} row" if self.part.count > 1 else "row"
         try:
-            features, carried = self.splitter.split(page.rows, page.offset, name)
+            rows, kept = self.splitter.split(page.rows, page.offset, name)
         except SelectionError as error:
             raise InputRejected(str(error)) from None
-        self.carried[page.offset] = carried
-        return Page(page.offset, features, page.total)
+        self.carried[page.offset] = kept
+        return Page(page.offset, rows, page.total)
 
-    def output(self, page: Page, predictions: list[Any]) -> list[Any]:
-        """The page's output rows: ``predictions`` joined to the page's carried values."""
+    def output(self, page: Page, predictions: list[Any]) -> Any:
+        """The page's output: ``predictions`` joined to the page's carried values."""
+        carried = self.carried.pop(page.offset)
         try:
-            return join(self.splitter.selection, self.carried.pop(page.offset), predictions)
-        except SelectionError as error:
+            if isinstance(carried, list):
+                return join(self.splitter.selection, carried, predictions)
+            if self.columnar_output:
+                return carried.output(predictions)
+            return join(self.splitter.selection, carried.records(), predictions)
+        except (SelectionError, ValueError) as error:
             raise InferenceRejected(f"page at row {page.offset}: {error}") from None
 
 
@@ -179,6 +202,8 @@ async def _read(
 
 def _check_page(page: Page, first_row: Any) -> None:
     """Every row of the page has the shape of the input's first row (its fault otherwise)."""
+    if not isinstance(page.rows, list):
+        return  # rows kept columnar: one width by construction
     try:
         check_rows(page.rows)
     except ValueError as error:
@@ -230,7 +255,9 @@ async def stream(
     if start:
         log.info("resuming", resumedRows=start, **shard_fields)
 
-    joiner: Joiner | RowReader | None = Joiner.of(selection, part)
+    joiner: Joiner | RowReader | None = Joiner.of(
+        selection, part, getattr(sink, "columnar_output", False)
+    )
     if predictor is not None:
         joiner = RowReader(predictor.settings, selection, part)
     first = await _read(source, ctx, start, part, joiner)

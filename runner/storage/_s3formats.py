@@ -379,10 +379,13 @@ def records_of(table: pa.Table | pa.RecordBatch) -> list[dict[str, Any]]:
 # -- output chunks ------------------------------------------------------------------
 
 
-def chunk_table(predictions: Sequence[Any], rows: int, start: int, shard: int) -> pa.Table:
+def chunk_table(
+    predictions: Sequence[Any] | pa.Table, rows: int, start: int, shard: int
+) -> pa.Table:
     """A chunk's table: ``shard``, ``row``, then the joined columns or ``prediction``.
 
-    ``predictions`` is the chunk's output: one object per row (predictions joined
+    ``predictions`` is the chunk's output: a table (a columnar page's, its
+    carried columns and ``prediction``), one object per row (predictions joined
     to their input columns), or the rows' flat answers, ``k`` per row (a list of
     ``k`` values per row when ``k`` > 1). FormatError when it fits neither.
     """
@@ -392,6 +395,17 @@ def chunk_table(predictions: Sequence[Any], rows: int, start: int, shard: int) -
     }
     if rows == 0:
         return pa.table({**keys, "prediction": pa.array([], pa.float64())})
+    if isinstance(predictions, pa.Table):
+        # A columnar page's output (runner.storage._columnar): already a table.
+        if predictions.num_rows != rows:
+            raise FormatError(f"{predictions.num_rows} output rows for {rows} input rows")
+        clash = sorted(set(predictions.column_names) & set(keys))
+        if clash:
+            raise FormatError(f"output columns {clash} clash with the chunk's own")
+        table = pa.table(keys)
+        for name in predictions.column_names:
+            table = table.append_column(name, predictions.column(name))
+        return table
     if predictions and isinstance(predictions[0], Mapping):
         if len(predictions) != rows:
             raise FormatError(f"{len(predictions)} output rows for {rows} input rows")

@@ -77,7 +77,7 @@ import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import obstore
@@ -95,6 +95,7 @@ from pydantic.alias_generators import to_camel
 
 from runner.httputil import RETRYABLE_4XX, trim
 from runner.secrets import SecretError
+from runner.storage._columnar import ArrowRows
 from runner.storage._s3formats import (
     COLUMN_TYPES,
     FormatError,
@@ -387,6 +388,8 @@ class S3Provider:
     streams_only = True
     # Rows are objects with named columns: runner.join picks the model's features.
     named_rows = True
+    # store_keyed takes a page's output as one Arrow table (runner.storage._columnar).
+    columnar_output = True
 
     settings: Settings
     role: Role
@@ -599,22 +602,25 @@ class S3Provider:
         cursor = self._cursor
         if cursor is None or cursor.part != part or cursor.position != offset:
             cursor = self._cursor = await self._open(part, offset)
-        rows: list[Any] = []
-        while len(rows) < limit:
+        tables: list[pa.Table] = []
+        count = 0
+        while count < limit:
             table = cursor.left
             cursor.left = None
             if table is None:
                 table = await anext(cursor.tables, None)
                 if table is None:
                     break
-            wanted = limit - len(rows)
+            wanted = limit - count
             if table.num_rows > wanted:
                 cursor.left = table.slice(wanted)
                 table = table.slice(0, wanted)
-            rows.extend(records_of(table))
-        cursor.position = offset + len(rows)
+            tables.append(table)
+            count += table.num_rows
+        cursor.position = offset + count
         units = shard_units(self._units or [], part)
-        return Page(offset, rows, shard_total(units))
+        # Kept columnar: records are made only if the row path needs them (_columnar).
+        return Page(offset, cast(list[Any], ArrowRows(tables, records_of)), shard_total(units))
 
     async def load_rows(self, ctx: StorageContext) -> list[Any]:
         # The runner streams an s3 input (from_settings always sets paging).
