@@ -45,10 +45,12 @@ its place in that order.
 
 **Shards** split by position: shard ``s`` of ``c`` takes the positions ``p`` with
 ``p % c == s``, the same rule as every provider, so the same input is split the
-same way each time. Each shard reads the whole key range (``c x pageSize`` rows
-per page, keeping its own), which costs the database ``c`` times the reads and
-needs no knowledge of the key's values. A shard that starts (or resumes) past
-position 0 finds its first key with one ``OFFSET`` query, once.
+same way each time. Each shard's page query walks a window of ``c x pageSize``
+rows of the key range and the server keeps every ``c``-th (``row_number()``
+over the window), so only the shard's own rows travel and are decoded; the
+database still reads the whole range once per shard, and needs no knowledge of
+the key's values. A shard that starts (or resumes) past position 0 finds its
+first key with one ``OFFSET`` query, once.
 
 **Output.** Each chunk (one page of a streaming run, ``chunkSize`` predictions
 otherwise) goes in one transaction: ``COPY`` into a session's temporary staging
@@ -148,6 +150,10 @@ _PARAMETER = re.compile(rf"\$({_NAME})")
 _POSITIONAL = re.compile(r"\$\d")
 
 T = TypeVar("T")
+
+
+# The columns a sharded page's query adds to each row (read_page takes them out).
+_NUMBER, _SCANNED, _LAST = "_ksc_row_number", "_ksc_window_rows", "_ksc_window_last_key"
 
 
 class _Settings(BaseModel):
@@ -524,7 +530,7 @@ class PostgresProvider:
 
         return await self._run(ctx, "reading the query's rows", read)
 
-    def _page_query(self, after: bool) -> sql.Composed:
+    def _page_query(self, after: bool, count: int = 1) -> sql.Composed:
         assert self.paging is not None
         key = sql.Identifier(self.paging.key)
         n = len(self.names)
@@ -534,8 +540,27 @@ class PostgresProvider:
             else sql.SQL("")
         )
         limit = sql.SQL(f"${n + 2}" if after else f"${n + 1}")
-        return sql.SQL("SELECT * FROM {} {}ORDER BY input.{} LIMIT {}").format(
+        window = sql.SQL("SELECT * FROM {} {}ORDER BY input.{} LIMIT {}").format(
             self._source(), where, key, limit
+        )
+        if count == 1:
+            return window
+        # Shard s of c keeps every c-th row of the window, filtered by the server so
+        # only the shard's rows travel and are decoded; each kept row also says how
+        # many rows the window had and its last key, where the next window starts.
+        return sql.SQL(
+            "SELECT * FROM (SELECT page.*, row_number() OVER (ORDER BY page.{key}) AS {n}, "
+            "count(*) OVER () AS {scanned}, last_value(page.{key}) OVER (ORDER BY page.{key} "
+            "ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) AS {last} "
+            "FROM ({window}) AS page) AS numbered WHERE ({n} - 1) % {count} = 0 "
+            "ORDER BY numbered.{key}"
+        ).format(
+            key=key,
+            window=window,
+            count=sql.Literal(count),
+            n=sql.Identifier(_NUMBER),
+            scanned=sql.Identifier(_SCANNED),
+            last=sql.Identifier(_LAST),
         )
 
     async def read_page(
@@ -562,7 +587,7 @@ class PostgresProvider:
                 return Page(offset, [], shard_total)
             after = (found[0],)
         fetch = limit * part.count
-        query = self._page_query(bool(after))
+        query = self._page_query(bool(after), part.count)
 
         async def read(connection: psycopg.AsyncConnection[dict[str, Any]]) -> list[dict[str, Any]]:
             cursor = connection.cursor()
@@ -570,17 +595,22 @@ class PostgresProvider:
             return await cursor.fetchall()
 
         rows = await self._run(ctx, f"reading the page at row {offset}", read)
+        scanned = len(rows)
         if rows:
             last = rows[-1].get(key)
+            if part.count > 1:
+                scanned, last = rows[-1][_SCANNED], rows[-1][_LAST]
+                for row in rows:
+                    del row[_NUMBER], row[_SCANNED], row[_LAST]
             if last is None:
                 raise StorageRejected(
                     f"{self.where}: paging.key {key!r} is null in a row (or not a column of the "
                     "query): the paging key must be a unique, non-null column"
                 )
-            self._cursor = (start + len(rows), last)
-        if len(rows) < fetch:
-            self._end = start + len(rows)
-        return Page(offset, rows[:: part.count] if part.count > 1 else rows, shard_total)
+            self._cursor = (start + scanned, last)
+        if scanned < fetch:
+            self._end = start + scanned
+        return Page(offset, rows, shard_total)
 
     def _count(
         self, arguments: list[str]
