@@ -89,6 +89,7 @@ from controller.status import (
     derive_status,
     duplicate_output_warning,
     kstatus_conditions,
+    outcome_conditions,
     parse_time,
     queue_of,
 )
@@ -744,7 +745,9 @@ def _waiting_conditions(
                 observed_generation=generation,
             ),
         )
-    return conditions
+    return outcome_conditions(
+        conditions, status, view.now, generation, scheduled=view.run.spec.scheduled
+    )
 
 
 def _requeue_after(view: View, status: InferenceRunStatus, workload: Obj | None) -> float | None:

@@ -84,7 +84,7 @@ from controller.metrics import Metrics
 from controller.naming import COMPLETION_INDEX_LABEL, RUN_UID_LABEL, child_labels
 from controller.plan import Create, Plan, Refusal, View, Write, plan, wants_job_events
 from controller.render import CONTAINER_NAME
-from controller.status import kstatus_conditions
+from controller.status import run_conditions
 from runner.progress import last_progress
 
 log = structlog.stdlib.get_logger(__name__)
@@ -682,7 +682,11 @@ class Reconciler:
                 "conditions": set_condition(old.conditions, ready),
             }
         )
-        new.conditions = kstatus_conditions(new.conditions, new, self.clock(), generation)
+        # Complete and Failed as for any Error, whatever its cause.
+        scheduled = bool((raw.get("spec") or {}).get("schedule"))
+        new.conditions = run_conditions(
+            new.conditions, new, self.clock(), generation, scheduled=scheduled
+        )
         if new.to_api() == old.to_api():
             return
         if await self._write_status(key, raw, new):

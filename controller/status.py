@@ -47,12 +47,13 @@ A scheduled run is ``Scheduled`` (``Running`` while an execution runs,
 reason ``Queued`` while every execution under way waits for Kueue,
 ``Suspended`` when suspended); its ``lastExecution`` and ``recentExecutions``
 describe the newest Jobs the CronJob started, ``nextScheduleTime`` its next
-tick. Conditions: ``Ready`` (upstream's: True once the children exist and the
-config is usable, False for Error, Failed and a pod that cannot start),
-``Reconciling`` and ``Stalled`` (kstatus': see :func:`kstatus_conditions`),
-``Complete`` and ``Failed`` (one-shot runs only, so ``kubectl wait
---for=condition=Complete`` works) and ``Warning`` (something the controller
-does differently than written).
+tick. Conditions: ``Ready`` (a one-shot run: True once it succeeded, False
+with its reason while on its way; a scheduled run: upstream's, True once its
+CronJob exists and the config is usable, False for Error and a pod that cannot
+start), ``Reconciling`` and ``Stalled`` (kstatus': see
+:func:`kstatus_conditions`), ``Complete`` and ``Failed`` (one-shot runs only,
+as on a Job, both False in every other phase: see :func:`outcome_conditions`)
+and ``Warning`` (something the controller does differently than written).
 """
 
 from __future__ import annotations
@@ -651,8 +652,12 @@ def derive_status(observed: Observed) -> InferenceRunStatus:
         reason, message = observed.config_problem
         status.phase, status.reason, status.message = "Error", reason, message
         conditions = _cond(conditions, CONDITION_READY, "False", reason, message, observed)
-        status.conditions = kstatus_conditions(
-            conditions, status, observed.now, run.metadata.generation or None
+        status.conditions = run_conditions(
+            conditions,
+            status,
+            observed.now,
+            run.metadata.generation or None,
+            scheduled=run.spec.scheduled,
         )
         return status
 
@@ -677,6 +682,19 @@ def derive_status(observed: Observed) -> InferenceRunStatus:
         conditions = _cond(
             conditions, CONDITION_READY, "False", status.reason or "Failed", "", observed
         )
+    elif not run.spec.scheduled:
+        # A one-shot run is Ready once it has done what it was made for, as
+        # kstatus reads Ready (Flux: "the desired state is reached"): a Job that
+        # exists, or a runner that runs, is not that yet.
+        done = status.phase == "Succeeded"
+        conditions = _cond(
+            conditions,
+            CONDITION_READY,
+            "True" if done else "False",
+            "Completed" if done else (status.reason or status.phase or "Pending"),
+            "" if done else (status.message or NOT_READY_YET),
+            observed,
+        )
     elif (status.phase == "Pending" and status.reason not in (None, "Pending", "Creating")) or (
         status.phase == "Running" and status.reason not in (None, "Running", "Retrying")
     ):
@@ -694,31 +712,72 @@ def derive_status(observed: Observed) -> InferenceRunStatus:
     else:
         conditions = _cond(conditions, CONDITION_READY, "True", "Available", "", observed)
 
-    if not run.spec.scheduled:
-        done = status.phase == "Succeeded"
-        failed = status.phase == "Failed"
-        conditions = _cond(
-            conditions,
-            CONDITION_COMPLETE,
-            "True" if done else "False",
-            "Completed" if done else (status.reason or "NotComplete"),
-            "",
-            observed,
-        )
-        conditions = _cond(
-            conditions,
-            CONDITION_FAILED,
-            "True" if failed else "False",
-            (status.reason or "Failed") if failed else "NotFailed",
-            (status.message or "") if failed else "",
-            observed,
-        )
-    else:
-        conditions = _drop(_drop(conditions, CONDITION_COMPLETE), CONDITION_FAILED)
-    status.conditions = kstatus_conditions(
-        conditions, status, observed.now, run.metadata.generation or None
+    status.conditions = run_conditions(
+        conditions,
+        status,
+        observed.now,
+        run.metadata.generation or None,
+        scheduled=run.spec.scheduled,
     )
     return status
+
+
+# The message of a one-shot run's Ready=False while it is on its way.
+NOT_READY_YET = "the run is under way: Ready once it has succeeded"
+
+
+def outcome_conditions(
+    conditions: list[Condition],
+    status: InferenceRunStatus,
+    now: datetime,
+    generation: int | None,
+    *,
+    scheduled: bool,
+) -> list[Condition]:
+    """``Complete`` and ``Failed`` of a one-shot run, as on a Job; none on a scheduled run.
+
+    Each is True only for its outcome (``Succeeded``, ``Failed``), and both are
+    there, False, in every other phase, ``Error`` included whatever its cause:
+    an Error run has not run and starts by itself once its cause is fixed, so
+    a terminal condition would be wrong. What stopped moving, either way, is
+    ``Reconciling=False`` (:func:`kstatus_conditions`).
+    """
+    if scheduled:
+        return [c for c in conditions if c.type not in (CONDITION_COMPLETE, CONDITION_FAILED)]
+    done, failed = status.phase == "Succeeded", status.phase == "Failed"
+    why = status.reason or status.phase or "Pending"
+    for type_, on, reason, message in (
+        (CONDITION_COMPLETE, done, "Completed" if done else why, ""),
+        (
+            CONDITION_FAILED,
+            failed,
+            why if failed else "NotFailed",
+            (status.message or "") if failed else "",
+        ),
+    ):
+        new = Condition(
+            type=type_,
+            status="True" if on else "False",
+            reason=reason,
+            message=message,
+            last_transition_time=now,
+            observed_generation=generation,
+        )
+        conditions = set_condition(conditions, new)
+    return conditions
+
+
+def run_conditions(
+    conditions: list[Condition],
+    status: InferenceRunStatus,
+    now: datetime,
+    generation: int | None,
+    *,
+    scheduled: bool,
+) -> list[Condition]:
+    """``conditions`` with ``Complete``/``Failed`` and ``Reconciling``/``Stalled`` of ``status``."""
+    conditions = outcome_conditions(conditions, status, now, generation, scheduled=scheduled)
+    return kstatus_conditions(conditions, status, now, generation)
 
 
 # Phases in which a one-shot run is still on its way (kstatus: InProgress).

@@ -98,7 +98,9 @@ async def test_one_shot_success(
     assert st["observedGeneration"] == 1
     assert condition(done, "Complete")["status"] == "True"  # type: ignore[index]
     assert condition(done, "Failed")["status"] == "False"  # type: ignore[index]
-    assert condition(done, "Ready")["reason"] == "Available"  # type: ignore[index]
+    # A one-shot run is Ready once it has succeeded.
+    assert condition(done, "Ready")["status"] == "True"  # type: ignore[index]
+    assert condition(done, "Ready")["reason"] == "Completed"  # type: ignore[index]
     waited = cluster.kubectl(
         "wait", "-n", namespace, "--for=condition=Complete", "infrun/iris", "--timeout=10s"
     )

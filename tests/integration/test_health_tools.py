@@ -52,7 +52,10 @@ OK, FAIL, SLOW = "test.local/fake-ok:1", "test.local/fake-fail:1", "test.local/f
 MISSING_IMAGE = "test.local/no-such-image:1"
 NEVER_SOON = "0 0 1 1 *"  # midnight on 1 January: no execution during a test
 EVERY_MINUTE = "* * * * *"
-FINISHED = ("Complete", "Failed", "Stalled")
+# What `kubectl wait --for=condition=...` is asked of every phase: "finished, either
+# way" is Reconciling=false; Ready is a one-shot run that succeeded, or a scheduled
+# run whose CronJob stands.
+CHECKED = ("Complete", "Failed", "Stalled", "Ready", "Reconciling=false")
 
 
 # ----------------------------------------------------------------------------- the tools
@@ -130,6 +133,7 @@ def read_back(cluster: LocalCluster, namespace: str, kind: str, name: str) -> Ob
 
 
 def waits(cluster: LocalCluster, namespace: str, condition_: str, timeout: str) -> bool:
+    """Whether ``kubectl wait`` meets ``condition_`` within ``timeout`` (exit 0), else exit 1."""
     done = cluster.kubectl(
         "wait",
         "-n",
@@ -139,7 +143,9 @@ def waits(cluster: LocalCluster, namespace: str, condition_: str, timeout: str) 
         f"--timeout={timeout}",
         check=False,
     )
-    return done.returncode == 0 and "condition met" in done.stdout
+    met = done.returncode == 0 and "condition met" in done.stdout
+    assert met or done.returncode == 1, (done.returncode, done.stderr)  # 1: timed out
+    return met
 
 
 # ----------------------------------------------------------------------------- runs
@@ -151,7 +157,7 @@ class Case:
     image: str | None  # None: the run names a config that does not exist
     kstatus: str
     argo: str
-    wait_for: tuple[str, ...] = ()  # the conditions of FINISHED that `kubectl wait` meets
+    wait_for: tuple[str, ...] = ()  # the conditions of CHECKED that `kubectl wait` meets
     spec: dict[str, Any] = field(default_factory=dict)
     reached: Callable[[Obj], bool] | None = None  # beyond the phase
     within: float = 60.0
@@ -168,13 +174,15 @@ CASES = [
         reached=lambda r: status(r).get("reason") in ("ErrImagePull", "ImagePullBackOff"),
     ),
     Case("Running", SLOW, "InProgress", "Progressing"),
-    Case("Succeeded", OK, "Current", "Healthy", wait_for=("Complete",)),
+    Case(
+        "Succeeded", OK, "Current", "Healthy", wait_for=("Complete", "Ready", "Reconciling=false")
+    ),
     Case(
         "Failed",
         FAIL,
         "Failed",
         "Degraded",
-        wait_for=("Failed", "Stalled"),
+        wait_for=("Failed", "Stalled", "Reconciling=false"),
         spec={"backoffLimit": 0},
     ),
     Case(
@@ -182,11 +190,25 @@ CASES = [
         None,
         "Failed",
         "Degraded",
-        wait_for=("Stalled",),
+        wait_for=("Stalled", "Reconciling=false"),
         reached=lambda r: status(r).get("reason") == "ConfigNotFound",
     ),
-    Case("Scheduled", OK, "Current", "Healthy", spec={"schedule": NEVER_SOON}),
-    Case("Suspended", OK, "Current", "Suspended", spec={"schedule": NEVER_SOON, "suspend": True}),
+    Case(
+        "Scheduled",
+        OK,
+        "Current",
+        "Healthy",
+        wait_for=("Ready", "Reconciling=false"),
+        spec={"schedule": NEVER_SOON},
+    ),
+    Case(
+        "Suspended",
+        OK,
+        "Current",
+        "Suspended",
+        wait_for=("Ready", "Reconciling=false"),
+        spec={"schedule": NEVER_SOON, "suspend": True},
+    ),
 ]
 
 
@@ -203,6 +225,7 @@ EXECUTIONS = [
             SLOW,
             "Current",
             "Healthy",
+            wait_for=("Ready", "Reconciling=false"),
             spec={"schedule": EVERY_MINUTE},
             reached=_last_execution("Running"),
             within=130,
@@ -217,6 +240,7 @@ EXECUTIONS = [
             FAIL,
             "Current",
             "Healthy",
+            wait_for=("Ready", "Reconciling=false"),
             spec={"schedule": EVERY_MINUTE, "backoffLimit": 0},
             reached=_last_execution("Failed"),
             within=130,
@@ -273,9 +297,22 @@ async def test_each_phase_is_judged_right_by_kstatus_argo_and_kubectl_wait(
     assert kstatus(kstatus_check, lagging)["status"] == "InProgress"
     assert argo_health(lagging)[0] == "Progressing"
 
+    if "schedule" not in case.spec:
+        # A one-shot run carries Complete and Failed in every phase, Error included
+        # (whatever its cause), True only for its outcome.
+        for type_ in ("Complete", "Failed"):
+            found = condition(live, type_)
+            assert found is not None, (type_, st)
+            wanted = {"Complete": "Succeeded", "Failed": "Failed"}[type_] == case.phase
+            assert found["status"] == str(wanted), (found, st)
+        complete, failed = condition(live, "Complete") or {}, condition(live, "Failed") or {}
+        if case.phase != "Succeeded":
+            assert complete["reason"] == st["reason"], (complete, st)  # why not (yet)
+        if case.phase == "Failed":
+            assert (failed["reason"], failed["message"]) == (st["reason"], st["message"])
     for met in case.wait_for:
         assert waits(cluster, namespace, met, "10s"), f"{met} not met: {st}"
-    for other in FINISHED:
+    for other in CHECKED:
         if other not in case.wait_for:
             assert not waits(cluster, namespace, other, "1s"), f"{other} met: {st}"
 

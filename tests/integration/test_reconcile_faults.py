@@ -182,6 +182,12 @@ async def test_a_job_the_api_server_refuses_is_reported_with_its_words_then_crea
         ready = condition(errored, "Ready")
         assert ready is not None
         assert (ready["status"], ready["reason"]) == ("False", "JobRefused")
+        # Complete and Failed as for any Error: both False, Complete saying why.
+        complete, failed = condition(errored, "Complete"), condition(errored, "Failed")
+        assert complete is not None
+        assert failed is not None
+        assert (complete["status"], complete["reason"]) == ("False", "JobRefused")
+        assert (failed["status"], failed["reason"]) == ("False", "NotFailed")
         await wait_for_events(
             api_client, namespace, "r", "JobRefused", what="a JobRefused Warning event"
         )

@@ -149,10 +149,11 @@ async def test_a_runner_on_a_lost_node_is_node_lost_until_the_out_of_service_tai
     created, pod = await setup(runs, api_client, backoffLimit=2)
     assert pod["spec"]["nodeName"] == lost_node
 
-    # The kubelet said the runner runs; the run is Running and Ready.
+    # The kubelet said the runner runs; the run is Running (Ready only once it succeeds).
     await write_pod_status(core, pod, kubelet_running())
     running = await runs.wait_phase("r", "Running", within=60)
-    assert (condition(running, "Ready") or {}).get("status") == "True"
+    ready = condition(running, "Ready") or {}
+    assert (ready.get("status"), ready.get("reason")) == ("False", "Running")
 
     # The node stops reporting: the node lifecycle controller marks its pods not Ready.
     ready_false = {"type": "Ready", "status": "False", "lastTransitionTime": STARTED}

@@ -113,8 +113,8 @@ def test_one_shot_phase_from_job_conditions(
     assert status.reason == reason
     assert cond(status, "Complete").status == ("True" if phase == "Succeeded" else "False")
     assert cond(status, "Failed").status == ("True" if phase == "Failed" else "False")
-    # A Failed run is not Ready (kstatus and Argo CD read it as unhealthy).
-    assert cond(status, "Ready").status == ("False" if phase == "Failed" else "True")
+    # A one-shot run is Ready once it has succeeded, not while on its way.
+    assert cond(status, "Ready").status == ("True" if phase == "Succeeded" else "False")
     assert cond(status, "Stalled").status == ("True" if phase == "Failed" else "False")
     assert cond(status, "Reconciling").status == ("True" if phase == "Pending" else "False")
     assert status.job_status.name == "inf-r-u1000000"
@@ -443,12 +443,12 @@ def test_a_runner_done_before_the_job_says_complete_keeps_the_run_running() -> N
     [
         # kstatus: InProgress while Reconciling, Failed while Stalled, else Current.
         ({}, "False", "True", "False"),  # creating the children
-        ({"job": job()}, "True", "True", "False"),  # Pending
-        ({"job": job(), "pods": [pod({"running": {}})]}, "True", "True", "False"),
+        ({"job": job()}, "False", "True", "False"),  # Pending
+        ({"job": job(), "pods": [pod({"running": {}})]}, "False", "True", "False"),
         ({"job": job(("Complete", "True", "X"))}, "True", "False", "False"),
         ({"job": job(("Failed", "True", "BackoffLimitExceeded"))}, "False", "False", "True"),
         ({"config_problem": ("ConfigNotFound", "no")}, "False", "False", "True"),
-        ({"job": job(suspend=True)}, "True", "False", "False"),
+        ({"job": job(suspend=True)}, "False", "False", "False"),
     ],
 )
 def test_kstatus_conditions_of_a_one_shot_run(
@@ -461,6 +461,69 @@ def test_kstatus_conditions_of_a_one_shot_run(
     assert cond(status, "Stalled").observed_generation == 3
     if stalled == "True":
         assert cond(status, "Stalled").reason == status.reason
+
+
+@pytest.mark.parametrize(
+    ("observed", "ready", "reason"),
+    [
+        ({}, "False", "Creating"),
+        ({"job": job()}, "False", "Pending"),
+        ({"job": job(), "pods": [pod({"running": {}})]}, "False", "Running"),
+        (
+            {"job": job(active=0, failed=1), "pods": [pod(terminated(4, "503"))]},
+            "False",
+            "Retrying",
+        ),
+        ({"job": job(("Complete", "True", "X"))}, "True", "Completed"),
+        ({"job": job(("Failed", "True", "BackoffLimitExceeded"))}, "False", "BackoffLimitExceeded"),
+        ({"job": job(suspend=True)}, "False", "Suspended"),
+    ],
+)
+def test_a_one_shot_run_is_ready_once_it_has_succeeded(
+    observed: dict[str, Any], ready: str, reason: str
+) -> None:
+    # kubectl wait --for=condition=Ready returns once the run is done, not while it runs.
+    ready_cond = cond(derive(**observed), "Ready")
+    assert (ready_cond.status, ready_cond.reason) == (ready, reason)
+    if ready == "False" and reason in ("Pending", "Running", "Creating"):
+        assert ready_cond.message
+
+
+ERRORS = [
+    # Before any child: the config is missing, unusable, out of reach; a refusal.
+    {"config_problem": ("ConfigNotFound", "InferenceConfig ns/cfg not found")},
+    {"config_problem": ("MissingModelUrl", "no model URL")},
+    {"config_problem": ("JobRefused", "admission webhook denied the request")},
+]
+
+
+@pytest.mark.parametrize("observed", ERRORS, ids=lambda o: o["config_problem"][0])
+@pytest.mark.parametrize("before", [None, "Pending", "Running"])
+def test_an_error_run_has_complete_and_failed_false_whatever_its_cause(
+    observed: dict[str, Any], before: str | None
+) -> None:
+    # The same conditions whether the run was first seen in Error or got there.
+    old = None
+    if before is not None:
+        old = derive(job=job(), pods=[pod({"running": {}})] if before == "Running" else [])
+        assert old.phase == before
+    run = make_run(status=old.to_api() if old is not None else None)
+    status = derive(run=run, **observed)
+    reason, message = observed["config_problem"]
+    assert (status.phase, status.reason, status.message) == ("Error", reason, message)
+    complete, failed = cond(status, "Complete"), cond(status, "Failed")
+    assert (complete.status, complete.reason) == ("False", reason)
+    assert (failed.status, failed.reason) == ("False", "NotFailed")
+    assert (cond(status, "Stalled").status, cond(status, "Reconciling").status) == ("True", "False")
+    assert cond(status, "Ready").status == "False"
+    for c in status.conditions:
+        assert c.observed_generation == 3
+
+
+def test_a_scheduled_error_run_has_no_complete_or_failed() -> None:
+    status = derive(run=make_run(schedule="0 * * * *"), **ERRORS[0])
+    assert status.phase == "Error"
+    assert {c.type for c in status.conditions} == {"Ready", "Reconciling", "Stalled"}
 
 
 def test_a_scheduled_run_with_a_running_execution_is_current_for_kstatus() -> None:
@@ -625,7 +688,7 @@ def test_a_runner_on_a_node_that_stopped_reporting_is_node_not_ready() -> None:
     assert cond(status, "Ready").status == "False"
     # The kubelet's own not-ready (with its reason) is not the node's.
     status = derive(job=job(active=1), pods=[on_node(RUNNING, KUBELET_NOT_READY)])
-    assert (status.reason, cond(status, "Ready").status) == ("Running", "True")
+    assert (status.reason, cond(status, "Ready").reason) == ("Running", "Running")
 
 
 @pytest.mark.parametrize(
