@@ -327,6 +327,14 @@ def copy_value(value: Any) -> Any:
     return value
 
 
+def first_values(predictions: Sequence[Any], carried: Sequence[str]) -> list[Any]:
+    """The first row's values as given (lists, objects not yet JSON): createTable types them."""
+    first = predictions[0]
+    if not isinstance(first, dict):
+        return [first]
+    return [first.get(name) for name in (*carried, PREDICTION)]
+
+
 def output_rows(
     predictions: Sequence[Any],
 ) -> tuple[list[str], list[list[Any]]]:
@@ -767,7 +775,7 @@ class PostgresProvider:
 
         async def write(connection: psycopg.AsyncConnection[dict[str, Any]]) -> int:
             if not self._table_ready:
-                await self._ready_table(connection, carried, values[0])
+                await self._ready_table(connection, carried, first_values(predictions, carried))
             pod = [ctx.pod_uid] if self._has_pod_column else []
             used = [*KEY_COLUMNS, *([POD_COLUMN] if pod else []), *carried, PREDICTION]
             rows = [
