@@ -13,12 +13,16 @@ import asyncio
 import base64
 import contextlib
 import json
+import ssl
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
 
 from hack.loopback import AuthProxy
+from hack.pki import Pki, make_pki
 from tests.controllerproc import ControllerProcess
 from tests.e2e.conftest import E2E, iris_config, iris_run
 from tests.e2e.test_probe import probed
@@ -187,3 +191,63 @@ async def test_the_probe_reports_a_refused_token_by_name_without_showing_it(
     assert WRONG not in "\n".join(said)
     assert WRONG not in pod_logs
     assert WRONG not in probing_controller.output()
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    return make_pki(tmp_path / "pki")
+
+
+@pytest.fixture
+async def tls_gateway(e2e: E2E, pki: Pki) -> AsyncIterator[AuthProxy]:
+    """The gateway over HTTPS, with a certificate for 127.0.0.1 from a CA of the test's own."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(pki.apiserver_cert, pki.apiserver_key)  # valid for 127.0.0.1
+    proxy = AuthProxy(e2e.model_server.url, TOKEN, ssl_context=context)
+    await proxy.start()
+    try:
+        yield proxy
+    finally:
+        await proxy.stop()
+
+
+async def test_https_to_the_model_with_a_ca_from_a_secret_or_not_verified_with_a_warning(
+    e2e: E2E,
+    iris: list[list[float]],
+    tls_gateway: AuthProxy,
+    pki: Pki,
+    controller: ControllerProcess,
+) -> None:
+    assert tls_gateway.url.startswith("https://")
+    await token_secret(e2e, "model-token", TOKEN)
+    await client.CoreV1Api(e2e.api).create_namespaced_secret(
+        e2e.namespace,
+        {"metadata": {"name": "model-ca"}, "stringData": {"ca.crt": pki.ca_cert.read_text()}},
+    )
+    auth = {"bearerTokenSecretRef": {"name": "model-token"}}
+    trusted: Any = auth_config("cfg", tls_gateway, auth)
+    trusted["spec"]["kserve"]["tls"] = {"caBundle": {"secretRef": {"name": "model-ca"}}}
+    done = await e2e.finish(trusted, iris_run("run", "cfg"), "Succeeded", within=120)
+    assert status(done)["result"]["predictions"] == len(iris) == 150
+    assert status(done)["contract"]["kserve"]["transport"]["caFile"] == (
+        "/var/run/secrets/kserve-inference/model-ca/ca.crt"
+    )
+    assert condition(done, "Warning") is None
+    assert tls_gateway.forwarded > 0
+
+    # No CA, no checking: it works, and the config and its run say so for as long as it is set.
+    loose: Any = auth_config("loose", tls_gateway, auth)
+    loose["spec"]["kserve"]["tls"] = {"insecureSkipVerify": True}
+    unchecked = await e2e.finish(
+        loose, iris_run("unchecked", "loose", output="unchecked"), "Succeeded", within=120
+    )
+    assert status(unchecked)["result"]["predictions"] == 150
+    warning = condition(unchecked, "Warning")
+    assert warning is not None
+    assert (warning["status"], warning["reason"]) == ("True", "InsecureSkipVerify")
+    config = await e2e.runs.get("loose", "inferenceconfigs")
+    assert config is not None
+    config_warning = condition(config, "Warning")
+    assert config_warning is not None
+    assert config_warning["reason"] == "InsecureSkipVerify"
+    assert TOKEN not in await everything_said(e2e, controller, "run")
