@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from runner.batching import batch_ranges
+from runner.decoding import StreamCollector
 from runner.exitcodes import (
     InferenceRejected,
     InputRejected,
@@ -307,6 +308,8 @@ async def stream(
     model_row = first.rows[0]
     on_retry = log_retries(log, MODEL_RETRY_EVENT)
 
+    # The collector stays off the rows in flight (runner.decoding.StreamCollector).
+    collector = StreamCollector()
     pages: asyncio.Queue[Page | None] = asyncio.Queue(maxsize=1)
     done: asyncio.Queue[tuple[Page, asyncio.Future[list[Any]]] | None] = asyncio.Queue()
     window = asyncio.Semaphore(source.paging.pages_in_flight)
@@ -401,12 +404,14 @@ async def stream(
             if answer.duplicates:
                 stats.duplicates += answer.duplicates
             window.release()
+            collector.chunk_stored()
 
     try:
-        async with tracker.running(), asyncio.TaskGroup() as group:
-            group.create_task(reader())
-            group.create_task(writer())
-            group.create_task(dispatcher(group))
+        with collector:
+            async with tracker.running(), asyncio.TaskGroup() as group:
+                group.create_task(reader())
+                group.create_task(writer())
+                group.create_task(dispatcher(group))
     except BaseExceptionGroup as failures:
         errors: list[BaseException] = list(failures.exceptions)
         runner_errors = [e for e in errors if isinstance(e, RunnerError)]

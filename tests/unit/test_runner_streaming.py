@@ -158,6 +158,52 @@ def test_decoding_a_page_sets_off_no_collection_and_leaves_the_collector_on() ->
     assert gc.isenabled()
 
 
+def test_a_stream_keeps_the_collector_off_its_rows_and_collects_cycles_every_n_chunks() -> None:
+    import weakref
+
+    class Node:
+        other: Any = None
+
+    passes: list[int] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            passes.append(info["generation"])
+
+    assert gc.isenabled()
+    gc.callbacks.append(seen)
+    try:
+        with decoding.StreamCollector(every=3) as collector:
+            assert not gc.isenabled()
+            pages = [[[float(i), 1.0] for i in range(5_000)] for _ in range(4)]
+            cycle = Node()
+            cycle.other = cycle
+            dead = weakref.ref(cycle)
+            del cycle
+            collector.chunk_stored()
+            collector.chunk_stored()
+            # No pass over 20,000 new lists, and the cycle waits for the third chunk.
+            assert passes == []
+            assert dead() is not None
+            collector.chunk_stored()
+            assert passes == [2]
+            assert dead() is None
+            assert len(pages) == 4
+    finally:
+        gc.callbacks.remove(seen)
+    assert gc.isenabled()
+
+
+def test_a_process_with_the_collector_off_keeps_it_off_with_no_passes() -> None:
+    gc.disable()
+    try:
+        with decoding.StreamCollector(every=1) as collector:
+            collector.chunk_stored()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_a_write_answer_may_count_what_was_stored() -> None:
     assert stored_from(answer({"stored": 8, "duplicates": 2})) == Stored(8, 2)
     assert stored_from(answer(b"")) == Stored()
