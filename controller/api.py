@@ -59,7 +59,16 @@ from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
 from controller.cron import Schedule, TimeZone
-from runner.contract import MODEL_CA_FILE, MODEL_TOKEN_FILE, Batching, KServe, ModelTransport
+from runner.contract import (
+    MODEL_CA_FILE,
+    MODEL_TOKEN_FILE,
+    STORAGE_SECRETS_DIR_ENV,
+    Batching,
+    KServe,
+    ModelTransport,
+    SecretSource,
+    secret_references,
+)
 from runner.credentials import (
     find_inline_credentials,
     is_credential_env,
@@ -474,6 +483,7 @@ RESERVED_ENV_NAMES = (
     "NODE_AGENT_ROOT",
     "JOB_COMPLETION_INDEX",
     "RUNNER_DEADLINE_SECONDS",
+    STORAGE_SECRETS_DIR_ENV,
 )
 _QUALIFIED_NAME_RE = re.compile(QUALIFIED_NAME_PATTERN)
 # The CRD's CEL rule on runnerPod.env: a variable whose name says it holds a
@@ -868,6 +878,19 @@ class InferenceConfigSpec(_Model):
     # Never: a failed attempt of a run whose output is not keyed fails the run
     # (its Job's backoffLimit is 0) instead of starting again from row 0.
     unkeyed_output_retries: UnkeyedOutputRetries = "Allow"
+    # How the runner gets the storage entries' Secrets (runner.contract.SecretSource).
+    # API, the default: upstream's configs name Secrets in other namespaces
+    # (krateo-system), which no kubelet can mount into the run's pod.
+    secret_source: SecretSource = "API"
+
+    def secret_references(self) -> list[tuple[str | None, str]]:
+        """The Secrets the storage entries reference, ``(namespace or None, name)``."""
+        return secret_references(self.storage.input, self.storage.output)
+
+    @property
+    def reads_secrets_through_api(self) -> bool:
+        """Whether the runner reads a Secret with its ServiceAccount token (and so needs one)."""
+        return self.secret_source == "API" and bool(self.secret_references())
 
     @property
     def backoff_limit_cap(self) -> int | None:
@@ -1178,6 +1201,26 @@ class InferenceConfig(_Object):
     kind: str = CONFIG_KIND
     spec: InferenceConfigSpec
     status: InferenceConfigStatus = Field(default_factory=InferenceConfigStatus)
+
+    @model_validator(mode="after")
+    def _mountable_secrets(self) -> Self:
+        namespace = self.metadata.namespace
+        if self.spec.secret_source != "Volumes" or not namespace:
+            return self
+        elsewhere = sorted(
+            f"{ns}/{name}"
+            for ns, name in self.spec.secret_references()
+            if ns not in (None, namespace)
+        )
+        if elsewhere:
+            raise PydanticCustomError(
+                "InvalidSpec",
+                "secretSource Volumes: the kubelet mounts only Secrets of the run's namespace "
+                "({namespace}), and the storage references {secrets}; copy them there or set "
+                "secretSource to API",
+                {"namespace": namespace, "secrets": ", ".join(elsewhere)},
+            )
+        return self
 
 
 class InferenceRun(_Object):

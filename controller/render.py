@@ -64,7 +64,15 @@ from controller.naming import (
     job_name,
     probe_labels,
 )
-from runner.contract import MODEL_CA_DIR, MODEL_TOKEN_DIR, Contract, KServe, Sharding
+from runner.contract import (
+    MODEL_CA_DIR,
+    MODEL_TOKEN_DIR,
+    STORAGE_SECRETS_DIR,
+    STORAGE_SECRETS_DIR_ENV,
+    Contract,
+    KServe,
+    Sharding,
+)
 from runner.exitcodes import PERMANENT
 from runner.paths import CONTRACT, TERMINATION_LOG
 from runner.paths import CONTRACT_DIR as CONTRACT_DIR
@@ -339,6 +347,12 @@ def _container(config: InferenceConfig, shape: RunnerPodDefaults) -> dict[str, A
         # leaving it unset lets the test node agent relocate the file.
         "env": [
             {"name": "pod_uid", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+            # The runner's namespace (a Secret reference's default) where no token,
+            # and so no ServiceAccount namespace file, is mounted.
+            {
+                "name": "POD_NAMESPACE",
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+            },
             *(e.to_api() for e in shape.env or []),
         ],
         "volumeMounts": [
@@ -372,14 +386,20 @@ def _container(config: InferenceConfig, shape: RunnerPodDefaults) -> dict[str, A
 
 
 def _pod_spec(
-    config: InferenceConfig, name: str, service_account: str | None, shape: RunnerPodDefaults
+    config: InferenceConfig,
+    name: str,
+    service_account: str | None,
+    shape: RunnerPodDefaults,
+    namespace: str | None,
 ) -> dict[str, Any]:
-    """The runner pod: the config's image with the contract of ConfigMap ``name``."""
+    """The runner pod, in ``namespace``: the config's image with the contract of ConfigMap
+    ``name``."""
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
-        # The runner reads its endpoint Secrets through the API server, with
-        # this pod's service account: the one reason to mount a token.
-        "automountServiceAccountToken": True,
+        # A token only where the runner reads a storage Secret through the API
+        # server with this pod's service account (secretSource API, and a
+        # storage entry that references one): the one reason to mount it.
+        "automountServiceAccountToken": config.spec.reads_secrets_through_api,
         "enableServiceLinks": False,
         "securityContext": {
             "runAsNonRoot": True,
@@ -405,6 +425,7 @@ def _pod_spec(
         ],
     }
     _model_volumes(config, pod)
+    _storage_secret_volumes(config, pod, namespace)
     account = config.spec.service_account_name or service_account
     if account:
         pod["serviceAccountName"] = account
@@ -419,6 +440,35 @@ def _pod_spec(
     if shape.priority_class_name:
         pod["priorityClassName"] = shape.priority_class_name
     return pod
+
+
+def _storage_secret_volumes(
+    config: InferenceConfig, pod: dict[str, Any], namespace: str | None
+) -> None:
+    """``secretSource: Volumes``: each storage Secret of the pod's namespace, mounted by the
+    kubelet at ``STORAGE_SECRETS_DIR/<name>``, and the runner told where.
+
+    The volumes are optional: a missing Secret is an empty directory, which the
+    runner reports as not found (as the API would), rather than a pod that
+    waits forever to start. A Secret of another namespace cannot be mounted:
+    it is left out, and the runner says so.
+    """
+    if config.spec.secret_source != "Volumes":
+        return
+    container = pod["containers"][0]
+    container["env"].append({"name": STORAGE_SECRETS_DIR_ENV, "value": STORAGE_SECRETS_DIR})
+    names = [n for ns, n in config.spec.secret_references() if ns in (None, namespace)]
+    for index, secret in enumerate(dict.fromkeys(names)):
+        volume = f"storage-secret-{index}"
+        pod["volumes"].append(
+            {
+                "name": volume,
+                "secret": {"secretName": secret, "defaultMode": 0o440, "optional": True},
+            }
+        )
+        container["volumeMounts"].append(
+            {"name": volume, "mountPath": f"{STORAGE_SECRETS_DIR}/{secret}", "readOnly": True}
+        )
 
 
 MODEL_TOKEN_VOLUME = "model-token"
@@ -507,7 +557,7 @@ def _job_spec(
     service_account: str | None,
     shape: RunnerPodDefaults,
 ) -> dict[str, Any]:
-    pod = _pod_spec(config, name, service_account, shape)
+    pod = _pod_spec(config, name, service_account, shape, run.metadata.namespace)
     shards = run.spec.parallelism
     rules: list[dict[str, Any]] = [
         {
@@ -679,7 +729,9 @@ def desired_probe(
         "data": {CONTRACT_KEY: go_json(probe_contract(config, name, options.get("model")))},
     }
     shape = runner_pod(config, options.get("pod_defaults"))
-    pod = _pod_spec(config, name, options.get("runner_service_account"), shape)
+    pod = _pod_spec(
+        config, name, options.get("runner_service_account"), shape, config.metadata.namespace
+    )
     pod["containers"][0]["args"] = list(PROBE_ARGS)
     job = {
         "apiVersion": "batch/v1",

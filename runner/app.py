@@ -48,7 +48,7 @@ from pydantic import ValidationError
 
 from runner import openai, paths, storage, streaming, termination
 from runner.batching import shard
-from runner.contract import Contract
+from runner.contract import STORAGE_SECRETS_DIR_ENV, Contract
 from runner.exitcodes import (
     ContractError,
     ExitCode,
@@ -73,6 +73,7 @@ from runner.progress import Progress, ProgressTracker
 from runner.retry import Deadline, log_retries
 from runner.secrets import (
     KubernetesSecretReader,
+    MountedSecretReader,
     RedactingSecretReader,
     SecretReader,
     pod_namespace,
@@ -151,7 +152,13 @@ class Invocation:
         return env, contract
 
     def secrets(self, given: SecretReader | None) -> RedactingSecretReader:
-        """``given``, or the pod's Kubernetes API (closed by :meth:`close`), redacted."""
+        """``given``, else the Secrets the kubelet mounted (``$RUNNER_SECRETS_DIR``), else
+        the pod's Kubernetes API (closed by :meth:`close`); redacted."""
+        mounted = self.environ.get(STORAGE_SECRETS_DIR_ENV)
+        if given is None and mounted:
+            given = MountedSecretReader(
+                paths.pod_path(mounted, self.environ), pod_namespace(self.environ)
+            )
         if given is None:
             self._kubernetes = KubernetesSecretReader(self.environ)
             given = self._kubernetes

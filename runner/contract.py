@@ -122,6 +122,47 @@ MODEL_TOKEN_FILE = f"{MODEL_TOKEN_DIR}/token"
 MODEL_CA_DIR = "/var/run/secrets/kserve-inference/model-ca"
 MODEL_CA_FILE = f"{MODEL_CA_DIR}/ca.crt"
 
+# How the runner gets the Secrets its storage entries reference (the config's
+# ``secretSource``). ``API``: it reads them through the Kubernetes API with its
+# ServiceAccount token, the only reason its pod mounts one. ``Volumes``: the
+# kubelet mounts each one, by name, under STORAGE_SECRETS_DIR, and the pod has no
+# token. The runner is told by the STORAGE_SECRETS_DIR_ENV variable.
+SecretSource = Literal["API", "Volumes"]
+STORAGE_SECRETS_DIR = "/var/run/secrets/kserve-inference/storage"
+STORAGE_SECRETS_DIR_ENV = "RUNNER_SECRETS_DIR"
+# The keys under which a storage entry, of any provider, references a Secret
+# ({name, namespace}): krateo's ``api.endpointRef``, the others' ``secretRef``.
+SECRET_REFERENCE_KEYS = frozenset({"endpointRef", "secretRef"})
+
+
+def secret_references(*sections: Any) -> list[tuple[str | None, str]]:
+    """Every Secret the storage ``sections`` reference, ``(namespace or None, name)``, once each.
+
+    A reference is a mapping with a ``name`` under a key of
+    :data:`SECRET_REFERENCE_KEYS`, at any depth; the order is the first mention's.
+    """
+    found: list[tuple[str | None, str]] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                if key in SECRET_REFERENCE_KEYS and isinstance(inner, dict):
+                    name, namespace = inner.get("name"), inner.get("namespace")
+                    if isinstance(name, str) and name:
+                        where = namespace if isinstance(namespace, str) and namespace else None
+                        ref = (where, name)
+                        if ref not in found:
+                            found.append(ref)
+                        continue
+                walk(inner)
+        elif isinstance(value, list):
+            for inner in value:
+                walk(inner)
+
+    for section in sections:
+        walk(section)
+    return found
+
 
 class ModelTransport(_Model):
     """``kserve.transport``: how the runner reaches the model (``runner.transport``).

@@ -16,6 +16,11 @@ Kubernetes access (:class:`KubernetesSecretReader`):
 
 The read is one aiohttp request that never goes through ``HTTP(S)_PROXY``.
 
+Kubelet-mounted Secrets (:class:`MountedSecretReader`, a config's
+``secretSource: Volumes``): when ``$RUNNER_SECRETS_DIR`` is set, each Secret is
+the directory of that name under it (one file per key, as the kubelet writes a
+Secret volume), only Secrets of the pod's namespace exist, and no token is used.
+
 The namespace of a reference without one is the pod's (:func:`pod_namespace`).
 """
 
@@ -80,6 +85,42 @@ class RedactingSecretReader:
             if key not in PUBLIC_KEYS:
                 self._redactor.add(value)
         return data
+
+
+class MountedSecretReader:
+    """Secrets the kubelet mounted: ``<directory>/<name>/<key>`` (see the module docstring).
+
+    A Secret volume can only hold a Secret of the pod's own namespace; the
+    controller mounts the others not at all, and this reader says why. The
+    controller makes the volumes optional, so a missing Secret is an empty
+    directory here, reported as not found (as the API would), not a pod that
+    never starts.
+    """
+
+    def __init__(self, directory: Path, namespace: str) -> None:
+        self._directory = directory
+        self._namespace = namespace
+
+    async def read(self, namespace: str, name: str) -> Mapping[str, str]:
+        if namespace != self._namespace:
+            raise SecretError(
+                f"Secret {namespace}/{name} is not in the pod's namespace ({self._namespace}): "
+                "with secretSource Volumes the kubelet mounts only the pod's namespace's "
+                "Secrets; copy it there or set secretSource to API"
+            )
+        folder = self._directory / name
+        try:
+            # The kubelet's own entries (..data, ..<timestamp>) start with a dot.
+            files = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+            data = {p.name: p.read_text(encoding="utf-8", errors="replace") for p in files}
+        except OSError:
+            data = {}
+        if not data:
+            raise SecretError(f"Secret {namespace}/{name} not found (nothing mounted at {folder})")
+        return data
+
+    async def close(self) -> None:
+        return None
 
 
 def pod_namespace(environ: Mapping[str, str] | None = None) -> str:

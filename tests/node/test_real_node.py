@@ -18,6 +18,8 @@ from hack.cluster import LocalCluster
 from hack.realnode import RUNNER_IMAGE
 from tests.node.conftest import (
     RUNS_NAMESPACE,
+    SECRET,
+    SECRET_NAMESPACE,
     Storage,
     endpoint_secret,
     get,
@@ -101,10 +103,49 @@ def test_iris_end_to_end_in_real_containers(
     # Ran where the chart says: its runner ServiceAccount, the real image.
     (pod,) = runner_pods(kube, "iris-real")
     assert pod["spec"]["serviceAccountName"] == "ksc-kserve-inference-controller-runner"
+    # It read the endpoint Secret through the API: the one reason for its token.
+    assert pod["spec"]["automountServiceAccountToken"] is True
+    assert TOKEN_DIR in [m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]]
     assert pod["status"]["containerStatuses"][0]["image"].endswith(RUNNER_IMAGE.split("/")[-1])
     terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert terminated["exitCode"] == 0
     assert json.loads(terminated["message"])["rows"] == 150
+
+
+TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def test_kubelet_mounted_secrets_leave_the_runner_without_a_token(
+    kube: LocalCluster, release: str, model: str, storage: Storage
+) -> None:
+    """``secretSource: Volumes``: the real kubelet mounts the endpoint Secret, the pod has no
+    ServiceAccount token, and the run succeeds; the API-read run of the same config has one."""
+    # The endpoint Secret, copied into the runs' namespace: the kubelet mounts no other.
+    endpoint_secret(kube, storage.url)
+    data = get(kube, "secret", SECRET, "-n", SECRET_NAMESPACE)["data"]
+    assert data["server-url"]
+    local = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": SECRET, "namespace": RUNS_NAMESPACE},
+        "data": data,
+    }
+    docs = iris_manifests(model, "iris-volumes", config="volumes-config")
+    for doc in docs:
+        if doc["kind"] == "InferenceConfig":
+            doc["spec"]["secretSource"] = "Volumes"
+            for side in ("input", "output"):
+                doc["spec"]["storage"][side]["krateo"]["api"]["endpointRef"].pop("namespace")
+    apply(kube, [local, *docs])
+    st = wait_phase(kube, "iris-volumes", "Succeeded")
+    assert st["result"]["predictions"] == 150
+    (pod,) = runner_pods(kube, "iris-volumes")
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    (container,) = pod["spec"]["containers"]
+    mounts = [m["mountPath"] for m in container["volumeMounts"]]
+    assert TOKEN_DIR not in mounts
+    assert f"/var/run/secrets/kserve-inference/storage/{SECRET}" in mounts
+    assert not any("projected" in v for v in pod["spec"]["volumes"])
 
 
 # What the check prints from inside the runner's container (rendered template, real runtime).

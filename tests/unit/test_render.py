@@ -19,12 +19,13 @@ from controller.render import (
     desired_cronjob,
     desired_hash,
     desired_job,
+    desired_probe,
     desired_workload,
     go_json,
     probe_contract,
     render_contract,
 )
-from runner.contract import Contract, OpenAI
+from runner.contract import STORAGE_SECRETS_DIR, Contract, OpenAI, secret_references
 from tests.unit.helpers import UID
 
 # The example contract of upstream's README, in its own key order.
@@ -361,7 +362,8 @@ def test_job_shape() -> None:
     assert container["image"] == "ghcr.io/krateoplatformops/kserve-krateo-runner:0.1.0"
     assert container["imagePullPolicy"] == "IfNotPresent"
     assert container["env"] == [
-        {"name": "pod_uid", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}
+        {"name": "pod_uid", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
     ]
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert "resources" not in container
@@ -376,6 +378,93 @@ def test_job_shape() -> None:
         "subPath": "contract.json",
         "readOnly": True,
     }
+
+
+# --------------------------------------------------------------------------------------------
+# The runner's identity: a ServiceAccount token only where it reads a Secret through the API
+
+
+def _storage(secret_ref: dict[str, str] | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"bucket": "b", "key": "in.parquet", "format": "parquet"}
+    if secret_ref is not None:
+        entry["secretRef"] = secret_ref
+    return {"input": {"s3": entry}, "output": {"s3": {**entry, "key": "out.parquet"}}}
+
+
+def _token_mounted(pod: dict[str, Any]) -> bool:
+    return bool(pod["automountServiceAccountToken"])
+
+
+def test_api_secret_source_mounts_the_token_only_where_a_secret_is_referenced() -> None:
+    # The default: upstream's configs reference Secrets in other namespaces.
+    assert config().spec.secret_source == "API"
+    referencing = pod_spec(desired_job(run(), config()))
+    assert _token_mounted(referencing)
+    assert not any(v["name"].startswith("storage-secret") for v in referencing["volumes"]), (
+        "API reads need no Secret volume"
+    )
+    # S3 with credentials from the runner pod's env (valueFrom.secretKeyRef): no Secret read.
+    plain = config(storage=_storage(None))
+    assert plain.spec.secret_references() == []
+    pod = pod_spec(desired_job(run(), plain))
+    assert pod["automountServiceAccountToken"] is False
+    probe = desired_probe(plain, "probe-name")[1]
+    assert pod_spec(probe)["automountServiceAccountToken"] is False
+    assert _token_mounted(pod_spec(desired_probe(config(), "probe-name")[1]))
+
+
+def test_volumes_secret_source_mounts_each_secret_and_no_token() -> None:
+    c = config(
+        secretSource="Volumes",
+        storage={
+            "input": {"s3": _storage({"name": "s3-creds"})["input"]["s3"]},
+            "output": {
+                "postgres": {"table": "t", "secretRef": {"name": "db", "namespace": "team-a"}}
+            },
+        },
+    )
+    for pod in (pod_spec(desired_job(run(), c)), pod_spec(desired_probe(c, "probe-name")[1])):
+        assert pod["automountServiceAccountToken"] is False
+        (container,) = pod["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["RUNNER_SECRETS_DIR"]["value"] == STORAGE_SECRETS_DIR
+        # Without a token there is no ServiceAccount namespace file: the namespace comes as env.
+        assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        assert volumes["storage-secret-0"]["secret"] == {
+            "secretName": "s3-creds",
+            "defaultMode": 0o440,
+            "optional": True,
+        }
+        assert volumes["storage-secret-1"]["secret"]["secretName"] == "db"
+        assert mounts["storage-secret-0"] == {
+            "name": "storage-secret-0",
+            "mountPath": f"{STORAGE_SECRETS_DIR}/s3-creds",
+            "readOnly": True,
+        }
+        assert mounts["storage-secret-1"]["mountPath"] == f"{STORAGE_SECRETS_DIR}/db"
+    # Pod Security "restricted" allows secret volumes.
+    assert {next(k for k in v if k != "name") for v in pod["volumes"]} == {
+        "emptyDir",
+        "configMap",
+        "secret",
+    }
+
+
+def test_volumes_secret_source_refuses_secrets_of_another_namespace() -> None:
+    # krateo() names kserve-controller-system, the config lives in team-a.
+    with pytest.raises(ValidationError, match=r"kserve-controller-system/finops-database"):
+        config(secretSource="Volumes")
+    with pytest.raises(ValidationError):
+        config(secretSource="Kubelet")
+
+
+def test_secret_references_are_found_at_any_depth_once_each() -> None:
+    assert secret_references(
+        {"krateo": krateo("/a")},
+        {"krateo": krateo("/b"), "http": {"secretRef": {"name": "h"}, "x": [{"endpointRef": 1}]}},
+    ) == [("kserve-controller-system", "finops-database-handler-endpoint"), (None, "h")]
 
 
 def test_job_passes_pod_security_restricted() -> None:

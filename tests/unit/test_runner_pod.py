@@ -142,8 +142,13 @@ def _check_pod(template: dict[str, Any]) -> None:
     assert pod["affinity"] == {"podAntiAffinity": {}}
     assert pod["priorityClassName"] == "batch-high"
     (container,) = pod["containers"]
-    assert [e["name"] for e in container["env"]] == ["pod_uid", "HTTP_PROXY", "NODE"]
-    assert container["env"][2]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert [e["name"] for e in container["env"]] == [
+        "pod_uid",
+        "POD_NAMESPACE",
+        "HTTP_PROXY",
+        "NODE",
+    ]
+    assert container["env"][3]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert container["resources"] == {"requests": {"cpu": "250m"}}
 
 
@@ -183,7 +188,7 @@ def test_an_unshaped_job_is_unchanged() -> None:
     assert job["spec"]["template"]["metadata"]["annotations"] == {
         "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes": "tmp"
     }
-    assert [e["name"] for e in pod["containers"][0]["env"]] == ["pod_uid"]
+    assert [e["name"] for e in pod["containers"][0]["env"]] == ["pod_uid", "POD_NAMESPACE"]
     assert "resources" not in pod["containers"][0]
 
 
