@@ -1012,6 +1012,9 @@ class InferenceRunSpec(_Model):
     time_zone: TimeZone | None = None
     backoff_limit: int = Field(default=DEFAULT_BACKOFF_LIMIT, ge=0, le=100)
     parallelism: int = Field(default=1, ge=1, le=MAX_PARALLELISM)
+    # How long a runner pod may fail to start (image, config, scheduling) before
+    # the run fails; unset: the controller's POD_START_TIMEOUT; 0: no limit.
+    pod_start_timeout_seconds: int | None = Field(default=None, ge=0, le=MAX_DEADLINE_SECONDS)
 
     @field_validator("parameters")
     @classmethod

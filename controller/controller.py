@@ -236,7 +236,9 @@ class Controller:
             "pod_defaults": settings.runner_pod_defaults,
             "watch_namespaces": tuple(namespaces),
         }
-        self.reconciler = Reconciler(**shared, metrics=metrics)
+        self.reconciler = Reconciler(
+            **shared, metrics=metrics, pod_start_timeout=settings.pod_start_timeout
+        )
         self.workers = Workers(
             self.queue,
             self.reconciler.reconcile,

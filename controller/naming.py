@@ -70,6 +70,9 @@ PROBE_GENERATION_ANNOTATION = "ai.krateo.io/config-generation"
 # contract's bytes stay upstream's.
 CONFIG_GENERATION_ANNOTATION = PROBE_GENERATION_ANNOTATION
 CONFIG_RESOURCE_VERSION_ANNOTATION = "ai.krateo.io/config-resource-version"
+# On a run's Job the controller ended (its activeDeadlineSeconds cut to now) because
+# a runner pod could not start within the pod-start timeout: "reason: message".
+POD_START_FAILED_ANNOTATION = "ai.krateo.io/pod-start-failed"
 # Not ours: the label the Job controller puts on each pod of an Indexed Job.
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 

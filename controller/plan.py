@@ -47,6 +47,7 @@ The rules that keep a stale or partial view from doing harm:
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -74,6 +75,7 @@ from controller.naming import (
     CONFIG_GENERATION_ANNOTATION,
     CONFIG_RESOURCE_VERSION_ANNOTATION,
     DESIRED_HASH_ANNOTATION,
+    POD_START_FAILED_ANNOTATION,
     RUN_SPEC_HASH_ANNOTATION,
 )
 from controller.render import (
@@ -89,8 +91,10 @@ from controller.status import (
     derive_status,
     duplicate_output_warning,
     kstatus_conditions,
+    one_line,
     outcome_conditions,
     parse_time,
+    pod_start_failure,
     queue_of,
 )
 
@@ -180,6 +184,9 @@ class View:
     pod_defaults: RunnerPodDefaults | None = None
     # How often a running run's progress is looked at again.
     progress_interval: float = 10.0
+    # POD_START_TIMEOUT: how long a runner pod may fail to start before its run
+    # fails (a run's spec.podStartTimeoutSeconds wins); 0: no limit.
+    pod_start_timeout: float = 0.0
     # The model of a config that names an InferenceService (controller.isvc.resolve):
     # what it resolved to, or why it cannot be used now. None for a config with a modelUrl.
     model: Resolution | None = None
@@ -307,7 +314,10 @@ def run_spec_hash(run: InferenceRun) -> str:
 
 
 def _spec_hash(run: InferenceRun) -> str:
-    spec = run.spec.model_dump(mode="json", exclude={"suspend"}, exclude_defaults=True)
+    # The pod-start timeout is read from the run on every pass, not built into the Job.
+    spec = run.spec.model_dump(
+        mode="json", exclude={"suspend", "pod_start_timeout_seconds"}, exclude_defaults=True
+    )
     return hashlib.sha256(orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
@@ -655,6 +665,9 @@ def plan(view: View) -> Plan:
             out.events.append(
                 Event("Normal", "AutoDelete", f"run {status.phase}: deleting it ({policy})")
             )
+    cut = pod_start_cut(view, workload, status)
+    if cut is not None and not any(isinstance(w, Patch) and w.resource is JOBS for w in out.writes):
+        out.writes.append(cut)
     out.requeue_after = _requeue_after(view, status, workload)
     if waiting is not None and view.config_problem is not None:
         out.requeue_after = waiting
@@ -664,6 +677,58 @@ def plan(view: View) -> Plan:
     ):
         out.requeue_after = MODEL_RECHECK
     return out
+
+
+def pod_start_timeout(view: View) -> float:
+    """Seconds a runner pod of this run may fail to start: the run's own, else the default."""
+    own = view.run.spec.pod_start_timeout_seconds
+    return float(own) if own is not None else view.pod_start_timeout
+
+
+def pod_start_cut(view: View, workload: Obj | None, status: InferenceRunStatus) -> Patch | None:
+    """The patch that ends a one-shot run's Job whose runner pod cannot start in time.
+
+    A pod waiting on an image that cannot be pulled, a missing Secret or no
+    node would wait for ever when the run has no ``timeoutSeconds`` (as
+    Tekton's image-pull-backoff timeout, the wait is bounded): past the
+    timeout the Job's ``activeDeadlineSeconds`` is cut to its age, so the Job
+    controller fails it (``DeadlineExceeded``) and deletes its pods, and the
+    annotation says why; the run then shows ``Failed`` with the pod's reason.
+    """
+    timeout = pod_start_timeout(view)
+    if timeout <= 0 or view.run.spec.scheduled or workload is None:
+        return None
+    if status.phase != "Pending" or _job_finished(workload):
+        return None
+    meta = workload["metadata"]
+    if (workload.get("spec") or {}).get("suspend"):
+        return None
+    if POD_START_FAILED_ANNOTATION in (meta.get("annotations") or {}):
+        return None  # cut already; the Job controller has yet to say it
+    stuck = pod_start_failure(view.pods, view.now, timeout)
+    if stuck is None:
+        return None
+    pod, reason, message = stuck
+    started = parse_time((workload.get("status") or {}).get("startTime")) or parse_time(
+        meta.get("creationTimestamp")
+    )
+    age = (view.now - started).total_seconds() if started is not None else 0.0
+    said = one_line(
+        f"runner pod {pod} could not start within {timeout:g}s "
+        f"(podStartTimeoutSeconds): {reason}: {message}"
+    )
+    return Patch(
+        JOBS,
+        meta["namespace"],
+        meta["name"],
+        {
+            "metadata": {
+                "resourceVersion": meta["resourceVersion"],
+                "annotations": {POD_START_FAILED_ANNOTATION: f"{reason}: {said}"},
+            },
+            "spec": {"activeDeadlineSeconds": max(1, math.ceil(age))},
+        },
+    )
 
 
 def _config_grace_left(view: View) -> float | None:

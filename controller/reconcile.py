@@ -164,6 +164,8 @@ class Reconciler:
     runner_service_account: str | None = None
     pod_defaults: RunnerPodDefaults | None = None
     progress_interval: float = 10.0
+    # POD_START_TIMEOUT (controller.plan.View.pod_start_timeout); 0: no limit.
+    pod_start_timeout: float = 0.0
     # The namespaces the controller watches (empty: all); a config elsewhere is out of reach.
     watch_namespaces: tuple[str, ...] = ()
     metrics: Metrics | None = None
@@ -385,6 +387,7 @@ class Reconciler:
             runner_service_account=self.runner_service_account,
             pod_defaults=self.pod_defaults,
             progress_interval=self.progress_interval,
+            pod_start_timeout=self.pod_start_timeout,
         )
 
     def _config(self, run: InferenceRun) -> tuple[InferenceConfig | None, tuple[str, str] | None]:

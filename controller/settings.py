@@ -237,6 +237,13 @@ class Settings(BaseSettings):
         description="How often each InferenceConfig is probed by a short Job running "
         "`python -m runner --check` (besides on create and on change); 0 disables probes.",
     )
+    pod_start_timeout: DurationOrOff = Field(
+        600.0,
+        description="How long a runner pod may wait unable to start (ErrImagePull, "
+        "ImagePullBackOff, InvalidImageName, CreateContainerConfigError, Unschedulable) "
+        "before its one-shot run fails with that reason; a run's "
+        "spec.podStartTimeoutSeconds wins; 0 waits for ever.",
+    )
     log_level: LogLevel = Field("INFO", description="Log level.")
     log_format: Literal["json", "console"] = Field("json", description="Log format.")
     bind_address: str = Field(

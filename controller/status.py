@@ -14,6 +14,9 @@ Job condition (status True)            run phase    reason
                                                     Job's (``BackoffLimitExceeded``)
 none, a runner pod failed and the Job  Failed       the runner's exit, as above
 fails for it (:func:`job_will_fail`)
+``Failed`` (``DeadlineExceeded``) on   Failed       why the pod could not start
+a Job the controller ended for a pod                (``ErrImagePull``...)
+that could not start in time
 ``Suspended``                          Suspended    ``Suspended``
 ``Suspended``, Job in a Kueue queue,   Pending      ``Queued`` (message names the
 the run not suspended                               queue)
@@ -84,7 +87,7 @@ from controller.api import (
     set_condition,
 )
 from controller.cron import next_schedule_time
-from controller.naming import KUEUE_QUEUE_LABEL
+from controller.naming import KUEUE_QUEUE_LABEL, POD_START_FAILED_ANNOTATION
 from controller.render import CONTAINER_NAME
 from runner.exitcodes import REASONS, ExitCode
 from runner.termination import RunResult, parse_success, total
@@ -431,6 +434,10 @@ def _job_outcome(
             cond = conditions[kind]
             job_reason = cond.get("reason") or "JobFailed"
             job_message = cond.get("message") or ""
+            cut = pod_start_failed(job)
+            if cut is not None and job_reason == "DeadlineExceeded":
+                # The controller ended the Job: its pod could not start in time.
+                return "Failed", cut[0], one_line(cut[1])
             failure = runner_failure(pods)
             if job_reason == "DeadlineExceeded" or failure is None:
                 message = job_message
@@ -555,6 +562,52 @@ CANNOT_START = frozenset(
         "CreateContainerConfigError",
     }
 )
+
+
+REASON_UNSCHEDULABLE = "Unschedulable"
+
+
+def pod_start_failure(
+    pods: Sequence[Json], now: datetime, timeout: float
+) -> tuple[str, str, str] | None:
+    """``(pod, reason, message)`` of a runner pod not started ``timeout`` s after its creation.
+
+    Only a pod that waits for what does not come by itself counts: a container
+    waiting for a :data:`CANNOT_START` reason (an image that cannot be pulled,
+    a missing Secret or ConfigMap key), or a pod the scheduler finds no node
+    for (``Unschedulable``). A pod pulling a large image (``ContainerCreating``)
+    is on its way, however long it takes.
+    """
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        state = _runner_state(pod) or {}
+        if "running" in state or "terminated" in state:
+            continue
+        created = parse_time(meta.get("creationTimestamp"))
+        if created is None or now < created + timedelta(seconds=timeout):
+            continue
+        stuck = container_cannot_start([pod])
+        scheduled = _condition(pod, "PodScheduled") or {}
+        if (
+            stuck is None
+            and scheduled.get("status") == "False"
+            and (scheduled.get("reason") or REASON_UNSCHEDULABLE) == REASON_UNSCHEDULABLE
+        ):
+            stuck = REASON_UNSCHEDULABLE, one_line(scheduled.get("message") or "no node fits")
+        if stuck is not None:
+            return str(meta.get("name") or "?"), stuck[0], stuck[1]
+    return None
+
+
+def pod_start_failed(job: Json) -> tuple[str, str] | None:
+    """``(reason, message)`` the controller left on a Job it ended for a pod that cannot start."""
+    value = ((job.get("metadata") or {}).get("annotations") or {}).get(POD_START_FAILED_ANNOTATION)
+    if not value:
+        return None
+    reason, _, message = str(value).partition(": ")
+    return reason, message or reason
 
 
 def container_cannot_start(pods: Sequence[Json]) -> tuple[str, str] | None:

@@ -138,3 +138,54 @@ async def test_a_probe_whose_image_cannot_be_pulled_says_err_image_pull_at_once(
     header, row = (line.split() for line in shown.stdout.strip().splitlines())
     assert header[:3] == ["NAME", "READY", "PROBED"]
     assert row[:3] == ["cfg", "True", "False"]
+
+
+# ------------------------------------------------------- a run pod that cannot start
+
+
+@pytest.mark.timeout(240)
+async def test_a_run_whose_pod_cannot_pull_its_image_fails_after_its_pod_start_timeout(
+    api_client: client.ApiClient,
+    runs: Runs,
+    namespace: str,
+    controller: ControllerProcess,
+    cluster: LocalCluster,
+) -> None:
+    # No timeoutSeconds: before the pod-start timeout such a run waited for ever.
+    await runs.create(inference_config("cfg", MISSING_IMAGE))
+    await runs.create(inference_run("r", "cfg", podStartTimeoutSeconds=5))
+    pending = await runs.wait_reason("r", "ErrImagePull", within=60)
+    assert status(pending)["phase"] == "Pending"
+    failed = await runs.wait_phase("r", "Failed", within=90)
+    st = status(failed)
+    assert st["reason"] == "ErrImagePull", st
+    assert "could not start within 5s" in st["message"], st
+    assert MISSING_IMAGE in st["message"], st
+    done = cluster.kubectl(
+        "wait", "-n", namespace, "--for=condition=Failed", "infrun/r", "--timeout=30s", check=False
+    )
+    assert done.returncode == 0, done.stderr
+    failed_cond = condition(failed, "Failed") or {}
+    assert (failed_cond.get("status"), failed_cond.get("reason")) == ("True", "ErrImagePull")
+    # The Job is ended, its pods gone: nothing keeps pulling.
+    batch, core = client.BatchV1Api(api_client), client.CoreV1Api(api_client)
+
+    async def job_failed() -> Any:
+        (job,) = (await batch.list_namespaced_job(namespace)).items
+        conditions = {c.type: c for c in job.status.conditions or [] if c.status == "True"}
+        return conditions.get("Failed")
+
+    ended = await eventually(job_failed, within=60, what="the Job to fail")
+    assert ended.reason == "DeadlineExceeded"
+
+    async def pods_gone() -> bool:
+        return not (await core.list_namespaced_pod(namespace)).items
+
+    await eventually(pods_gone, within=60, what="the stuck runner pod to be deleted")
+    again = await runs.get("r")
+    assert again is not None
+    assert (status(again)["phase"], status(again)["reason"]) == ("Failed", "ErrImagePull")
+    reasons = await wait_for_events(
+        api_client, namespace, "r", "ErrImagePull", what="the ErrImagePull Warning Event"
+    )
+    assert "DeadlineExceeded" not in reasons

@@ -8,6 +8,7 @@ start) decided without a cluster.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,6 +20,7 @@ from controller.naming import (
     CONFIG_GENERATION_ANNOTATION,
     CONFIG_RESOURCE_VERSION_ANNOTATION,
     DESIRED_HASH_ANNOTATION,
+    POD_START_FAILED_ANNOTATION,
     RUN_SPEC_HASH_ANNOTATION,
 )
 from controller.plan import (
@@ -627,3 +629,100 @@ def test_a_run_the_user_suspended_stays_suspended_when_its_config_returns() -> N
     assert out.writes[0].patch["spec"]["suspend"] is True  # type: ignore[union-attr]
     assert out.status is not None
     assert out.status.phase == "Suspended"
+
+
+# ------------------------------------------------------------- a pod that cannot start
+
+
+def stuck_pod(created: datetime, reason: str = "ErrImagePull") -> dict[str, Any]:
+    state = {"waiting": {"reason": reason, "message": f"{reason}: no such image"}}
+    return {
+        "metadata": {
+            "name": "inf-r-p1",
+            "creationTimestamp": created.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        },
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [{"name": "inference", "state": state}],
+        },
+    }
+
+
+def unschedulable_pod(created: datetime) -> dict[str, Any]:
+    pod = stuck_pod(created, "ContainerCreating")
+    pod["status"]["conditions"] = [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": "0/3 nodes are available: 3 Insufficient memory",
+        }
+    ]
+    return pod
+
+
+def pending_run_view(
+    pod: dict[str, Any], default: float = 600.0, **spec: Any
+) -> tuple[View, dict[str, Any]]:
+    run = make_run(status={"phase": "Pending", "reason": "ErrImagePull"}, **spec)
+    cm, job = children_of(run, make_config())
+    job["status"] = {"startTime": "2026-11-23T11:49:00Z", "active": 1}
+    return view(run, configmaps=[cm], jobs=[job], pods=[pod], pod_start_timeout=default), job
+
+
+@pytest.mark.parametrize(
+    ("make_pod", "reason"),
+    [(stuck_pod, "ErrImagePull"), (unschedulable_pod, "Unschedulable")],
+)
+def test_a_pod_that_cannot_start_past_the_timeout_ends_the_job(make_pod: Any, reason: str) -> None:
+    # No timeoutSeconds: without the pod-start timeout the run would wait for ever.
+    seen, job = pending_run_view(make_pod(NOW - timedelta(seconds=601)))
+    out = plan(seen)
+    assert out.status is not None
+    assert (out.status.phase, out.status.reason) == ("Pending", reason)
+    (cut,) = out.writes
+    assert isinstance(cut, Patch)
+    assert cut.resource is JOBS
+    assert cut.patch["metadata"]["resourceVersion"] == job["metadata"]["resourceVersion"]
+    # The Job's age (started 11 minutes ago): the Job controller fails it at once.
+    assert cut.patch["spec"] == {"activeDeadlineSeconds": 660}
+    said = cut.patch["metadata"]["annotations"][POD_START_FAILED_ANNOTATION]
+    assert said.startswith(f"{reason}: runner pod inf-r-p1 could not start within 600s")
+    # The Job controller did: Failed, with the pod's reason, not DeadlineExceeded.
+    job["metadata"]["annotations"][POD_START_FAILED_ANNOTATION] = said
+    job["status"] = {
+        "conditions": [
+            {"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "x"}
+        ]
+    }
+    failed = plan(replace(seen, jobs=[job], pods=[]))
+    assert failed.status is not None
+    assert (failed.status.phase, failed.status.reason) == ("Failed", reason)
+    assert "could not start within 600s" in (failed.status.message or "")
+    assert failed.writes == []
+    assert [(e.type, e.reason) for e in failed.events] == [("Warning", reason)]
+    fc = next(c for c in failed.status.conditions if c.type == "Failed")
+    assert (fc.status, fc.reason) == ("True", reason)
+
+
+def test_a_pod_that_cannot_start_is_waited_for_until_the_timeout() -> None:
+    out = plan(pending_run_view(stuck_pod(NOW - timedelta(seconds=599)))[0])
+    assert out.writes == []
+    assert out.requeue_after is not None
+
+
+def test_the_runs_own_pod_start_timeout_wins_and_zero_waits_for_ever() -> None:
+    old = stuck_pod(NOW - timedelta(days=3))
+    assert plan(pending_run_view(old, podStartTimeoutSeconds=0)[0]).writes == []
+    assert plan(pending_run_view(old, default=0)[0]).writes == []
+    short = plan(
+        pending_run_view(stuck_pod(NOW - timedelta(seconds=6)), podStartTimeoutSeconds=5)[0]
+    )
+    assert len(short.writes) == 1
+    # The field is read on every pass: editing it is no spec change of the Job.
+    assert run_spec_hash(make_run(podStartTimeoutSeconds=5)) == run_spec_hash(make_run())
+
+
+def test_a_pod_on_its_way_is_not_cut_however_long_it_takes() -> None:
+    slow = stuck_pod(NOW - timedelta(hours=2), "ContainerCreating")
+    assert plan(pending_run_view(slow)[0]).writes == []

@@ -33,6 +33,7 @@ from controller.kube.informer import (
 from controller.naming import (
     COMPLETION_INDEX_LABEL,
     DESIRED_HASH_ANNOTATION,
+    POD_START_FAILED_ANNOTATION,
     PROBE_GENERATION_ANNOTATION,
     RUN_SPEC_HASH_ANNOTATION,
 )
@@ -351,6 +352,17 @@ def one_shot(job_kw: dict[str, Any], pods: list[Obj], **run_kw: Any) -> Scenario
     return build
 
 
+def pod_start_cut_scenario() -> tuple[Obj, dict[str, Any]]:
+    """The controller cut the Job's deadline for a pod that could not pull its image."""
+    run, kw = one_shot(
+        {"status": job_status(("Failed", "DeadlineExceeded", "Job was active longer"))}, []
+    )()
+    kw["jobs"][0]["metadata"]["annotations"][POD_START_FAILED_ANNOTATION] = (
+        "ErrImagePull: runner pod p could not start within 600s: no such image"
+    )
+    return run, kw
+
+
 RESULT = orjson.dumps({"rows": 10, "predictions": 10, "durationSeconds": 1.5}).decode()
 JOB = "inf-r-5be07ada"
 
@@ -392,6 +404,7 @@ SCENARIOS: dict[str, Scenario] = {
         [served_pod(JOB, terminated(137))],
     ),
     "retrying": one_shot({"status": job_status(active=1)}, [served_pod(JOB, terminated(1, "x"))]),
+    "ended for a pod that could not start": pod_start_cut_scenario,
     # Exit 7: the Job's podFailurePolicy fails it; its controller has not said so yet.
     "rejected, the Job not failed yet": one_shot(
         {"status": job_status(active=1)},
@@ -613,6 +626,7 @@ def test_plan_and_status_are_the_same_on_projected_objects(name: str, recorded: 
     [
         ("rejected, the Job not failed yet", "InferenceRejected"),
         ("last retry spent, the Job not failed yet", "InferenceFailed"),
+        ("ended for a pod that could not start", "ErrImagePull"),
     ],
 )
 def test_a_pod_the_job_fails_on_is_failed_from_projected_objects(name: str, reason: str) -> None:

@@ -293,3 +293,18 @@ def test_a_sharded_lease_name_must_stay_a_valid_length() -> None:
     with pytest.raises(SettingsError, match="longer than 253"):
         load(LEASE_NAME="a" * 250, SHARD_COUNT="2")
     assert load(LEASE_NAME="a" * 250).effective_lease_name == "a" * 250
+
+
+@pytest.mark.parametrize(
+    ("env", "seconds"),
+    [({}, 600.0), ({"POD_START_TIMEOUT": "0"}, 0.0), ({"POD_START_TIMEOUT": "90s"}, 90.0)],
+)
+def test_pod_start_timeout_defaults_to_ten_minutes_and_zero_waits_for_ever(
+    env: dict[str, str], seconds: float
+) -> None:
+    assert load_settings([], env).pod_start_timeout == seconds
+
+
+def test_pod_start_timeout_must_be_a_duration() -> None:
+    with pytest.raises(SettingsError, match="POD_START_TIMEOUT"):
+        load_settings([], {"POD_START_TIMEOUT": "soon"})
