@@ -114,6 +114,10 @@ async def test_explain_teaches_the_api(crds: LocalCluster) -> None:
     assert "reaches the runner unmodified" in storage
     assert "upstream's field name" in explain(crds, "infrun.status.jobStatus")
     assert "0 or unset means no deadline" in explain(crds, "infrun.spec.timeoutSeconds")
+    assert "POD_START_TIMEOUT" in explain(crds, "infrun.spec.podStartTimeoutSeconds")
+    conditions = explain(crds, "infrun.status.conditions")
+    assert "a one-shot run: True once it succeeded" in conditions
+    assert "both False in every other phase, Error included" in conditions
 
 
 async def test_get_shows_the_printer_columns(crds: LocalCluster, namespace: str) -> None:
