@@ -10,7 +10,9 @@ writes what each of them installs, with the lock's versions and hashes, to
 - runner: the lines of ``uv export --extra runner`` (the project's dependencies
   and the runner extra's, such as the postgres driver the controller does not
   need), kept only for the closure of the ``runner`` extra, computed from the
-  dependency graph recorded in ``uv.lock``.
+  dependency graph recorded in ``uv.lock``;
+- sbom: the same for the ``sbom`` extra (cyclonedx-py), which both build
+  stages install outside the image's virtualenv to write its SBOM.
 
 ``python -m hack.lock images`` rewrites both files, ``python -m hack.lock
 check`` fails when they (or ``uv.lock``) disagree with ``pyproject.toml``, and
@@ -35,10 +37,19 @@ LOCK = REPO / "uv.lock"
 PYPROJECT = REPO / "pyproject.toml"
 IMAGES_DIR = REPO / "deploy" / "images"
 COMPONENTS = ("controller", "runner")
+# Extras written to their own file: the runner image's, and the build stages' SBOM tool.
+EXTRAS = ("runner", "sbom")
+# deploy/images/requirements-<name>.txt, one per image and one for the SBOM tool.
+REQUIREMENT_FILES = (*COMPONENTS, "sbom")
 
 _HEADER = (
     "# What Dockerfile.{component} installs (deploy/images/install.sh): the locked\n"
     "# versions and hashes of {what}.\n"
+    "# Generated from uv.lock by `make lock`; do not edit.\n"
+)
+_SBOM_HEADER = (
+    "# What both Dockerfiles' build stage installs, outside the image's virtualenv,\n"
+    "# to write the image's SBOM: the locked versions and hashes of the `sbom` extra.\n"
     "# Generated from uv.lock by `make lock`; do not edit.\n"
 )
 
@@ -151,36 +162,42 @@ def export_controller(extras: Iterable[str] = ()) -> str:
     return done.stdout
 
 
+def _extra_lines(
+    extra: str, exported: str, lock: Mapping[str, Any], project: Mapping[str, Any]
+) -> str:
+    """The lines of ``exported`` (``uv export --extra <extra>``) in the closure of ``extra``."""
+    extras = project.get("optional-dependencies", {})
+    if extra not in extras:
+        raise ValueError(f"pyproject.toml has no [project.optional-dependencies] {extra} extra")
+    needed = closure(lock_graph(lock), extras[extra])
+    blocks = export_blocks(exported)
+    missing = sorted(needed - {name for name, _ in blocks})
+    if missing:
+        raise ValueError(f"the {extra} extra needs {missing}, which uv export did not print")
+    return "".join(body for name, body in blocks if name in needed)
+
+
 def image_requirements(
     exported: str,
     lock: Mapping[str, Any],
     project: Mapping[str, Any],
-    runner_exported: str | None = None,
+    extras_exported: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The text of ``requirements-<component>.txt`` for each image.
+    """The text of ``requirements-<name>.txt`` for each image and each of :data:`EXTRAS`.
 
-    ``runner_exported`` (``uv export --extra runner``) is where the runner's lines
-    come from; without it, from ``exported``.
+    ``extras_exported`` maps an extra to ``uv export --extra <extra>``, where its
+    lines come from; an extra it lacks takes them from ``exported``.
     """
     blocks = export_blocks(exported)
     if not blocks:
         raise ValueError("uv export printed no requirement")
-    runner_blocks = export_blocks(runner_exported) if runner_exported is not None else blocks
-    extras = project.get("optional-dependencies", {})
-    if "runner" not in extras:
-        raise ValueError("pyproject.toml has no [project.optional-dependencies] runner extra")
-    runner = closure(lock_graph(lock), extras["runner"])
-    exported_names = {name for name, _ in runner_blocks}
-    missing = sorted(runner - exported_names)
-    if missing:
-        # The runner extra must stay within the controller's dependencies (one image
-        # per component, one export): say which do not.
-        raise ValueError(f"the runner extra needs {missing}, which the project does not depend on")
+    given = extras_exported or {}
     return {
         "controller": _HEADER.format(component="controller", what="[project.dependencies]")
         + "".join(body for _, body in blocks),
         "runner": _HEADER.format(component="runner", what="the `runner` extra")
-        + "".join(body for name, body in runner_blocks if name in runner),
+        + _extra_lines("runner", given.get("runner", exported), lock, project),
+        "sbom": _SBOM_HEADER + _extra_lines("sbom", given.get("sbom", exported), lock, project),
     }
 
 
@@ -192,7 +209,10 @@ def expected_image_requirements() -> dict[str, str]:
     lock = tomllib.loads(LOCK.read_text())
     project = tomllib.loads(PYPROJECT.read_text())["project"]
     return image_requirements(
-        export_controller(), lock, project, export_controller(extras=["runner"])
+        export_controller(),
+        lock,
+        project,
+        {extra: export_controller(extras=[extra]) for extra in EXTRAS},
     )
 
 

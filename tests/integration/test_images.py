@@ -186,3 +186,80 @@ def test_image_installs_exactly_the_locked_versions(component: str, tmp_path: Pa
     assert checked, installed
     for name, version in checked.items():
         assert lock.locked_version(locked, name) == version, name
+
+
+# What scanners flag in an image (setuptools' known CVEs, pkg_resources with it)
+# and what only installs: none of it may be in either image's virtualenv.
+INSTALLERS = ("pip", "setuptools", "pkg_resources", "_distutils_hack", "wheel")
+
+_INSTALLED = """
+import importlib.util, json, sys
+from importlib import metadata
+print(json.dumps({
+    "distributions": sorted(d.metadata["Name"].lower() for d in metadata.distributions()),
+    "importable": sorted(m for m in sys.argv[1:] if importlib.util.find_spec(m) is not None),
+    "scripts": sorted(
+        (ep.name, ep.module) for ep in metadata.entry_points(group="console_scripts")
+    ),
+}))
+"""
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_no_installer_and_no_dead_command_in_the_venv(component: str, tmp_path: Path) -> None:
+    python = install(component, tmp_path)
+    done = run(python, "-c", _INSTALLED, *INSTALLERS, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["distributions"], found
+    assert not set(found["distributions"]) & set(INSTALLERS), found["distributions"]
+    assert found["importable"] == [], found["importable"]
+    # Every command in bin/ runs a module the venv holds; the package declares the
+    # controller's commands too, and install.sh removes them from the runner's venv.
+    bin_dir = tmp_path / "venv" / "bin"
+    declared = {name: module for name, module in found["scripts"]}
+    present = {name for name in declared if (bin_dir / name).exists()}
+    assert f"kserve-inference-{component}" in present
+    for name in present:
+        top = declared[name].split(".")[0]
+        check = run(python, "-c", f"import {top}", cwd=tmp_path)
+        assert check.returncode == 0, f"bin/{name} runs {declared[name]}, not installed"
+    if component == "runner":
+        assert {"kserve-inference-controller", "kubectl-infer"} <= set(declared) - present
+
+
+# The S3 tests start a real S3 server and run a few dozen runs: minutes on a busy machine.
+@pytest.mark.timeout(1800)
+def test_the_runners_s3_tests_pass_on_its_pruned_pyarrow(tmp_path: Path) -> None:
+    # install.sh removes what the runner never loads from pyarrow's wheel (Flight,
+    # Arrow's own S3/GCS/Azure/HDFS filesystems, ORC, headers) and strips symbol
+    # tables; the runner's S3 tests (CSV, JSON Lines, Parquet, against a real S3
+    # server on loopback) then run with that pyarrow ahead of the project's.
+    python = install("runner", tmp_path)
+    where = run(
+        python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", cwd=tmp_path
+    )
+    site = Path(where.stdout.strip())
+    arrow = site / "pyarrow"
+    assert list(arrow.glob("libparquet.so.*")), sorted(p.name for p in arrow.iterdir())
+    for gone in ("libarrow_flight.so.*", "libarrow_s3.so.*", "_flight.*.so", "_s3fs.*.so"):
+        assert not list(arrow.glob(gone)), gone
+    assert not (arrow / "include").exists()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(site)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import pyarrow.parquet, pyarrow; print(pyarrow.__file__)"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip().startswith(str(arrow)), probe.stdout
+    tests = ["tests/runner/test_runner_s3.py", "tests/unit/test_runner_s3.py"]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider", "-x"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=1700,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    summary = done.stdout.strip().splitlines()[-1]
+    assert " passed" in summary, summary
+    assert "failed" not in summary, summary
+    assert "skipped" not in summary, summary

@@ -1,10 +1,13 @@
 """Dockerfile.controller and Dockerfile.runner, read statically.
 
-Multi-stage on a slim Python, a final stage that only copies the built
-virtualenv (no RUN, hence no build tools), a numeric non-root USER matching the
-chart's securityContext, exec-form ENTRYPOINTs, and a build context
-(.dockerignore) that holds what the images COPY. Installing exactly as the
-images do is tested in tests/integration/test_images.py.
+A build stage on a slim Python, a final stage ``FROM scratch`` that only copies
+the root filesystem the build stage assembled (no RUN, hence no build tools, no
+shell, no package manager), a virtualenv made without pip, an SBOM written at
+build time, a numeric non-root USER matching the chart's securityContext,
+exec-form ENTRYPOINTs, and a build context (.dockerignore) that holds what the
+images COPY. Installing exactly as the images do is tested in
+tests/integration/test_images.py; the built images are scanned on the node tier
+(tests/node/test_images.py).
 """
 
 from __future__ import annotations
@@ -35,23 +38,45 @@ FINAL_STAGE_KEYWORDS = {"LABEL", "ENV", "COPY", "USER", "EXPOSE", "ENTRYPOINT", 
 
 
 @pytest.mark.parametrize("component", COMPONENTS)
-def test_multi_stage_on_slim_python(component: str) -> None:
+def test_built_on_slim_python_run_from_scratch(component: str) -> None:
     parsed = stages(dockerfile(component).read_text())
-    assert len(parsed) >= 2
+    assert len(parsed) == 2
     assert parsed[0].name == "build"
-    for stage in parsed:
-        assert SLIM_PYTHON.match(stage.image), stage.image
-    # The final stage runs on the very interpreter the virtualenv was built for.
-    assert parsed[-1].image == parsed[0].image
+    assert SLIM_PYTHON.match(parsed[0].image), parsed[0].image
+    # The final stage holds only what the build stage assembled from its own
+    # interpreter (deploy/images/rootfs.sh): nothing of the base image else.
+    assert parsed[-1].image == "scratch"
 
 
 @pytest.mark.parametrize("component", COMPONENTS)
-def test_final_stage_only_copies_the_virtualenv(component: str) -> None:
+def test_final_stage_only_copies_the_assembled_root_filesystem(component: str) -> None:
     final = stages(dockerfile(component).read_text())[-1]
     keywords = {i.keyword for i in final.instructions}
     # No RUN: nothing is installed or compiled in the final image.
     assert keywords <= FINAL_STAGE_KEYWORDS, keywords - FINAL_STAGE_KEYWORDS
-    assert final.all("COPY") == ["--from=build /opt/venv /opt/venv"]
+    assert final.all("COPY") == ["--from=build /rootfs /"]
+    build = stages(dockerfile(component).read_text())[0]
+    assert "--chmod=0755 deploy/images/rootfs.sh /usr/local/bin/ksc-rootfs" in build.all("COPY")
+    assert any(run.endswith("ksc-rootfs /rootfs /opt/venv") for run in build.all("RUN"))
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_image_venv_gets_no_installer_and_an_sbom(component: str) -> None:
+    build = stages(dockerfile(component).read_text())[0]
+    runs = " ; ".join(build.all("RUN"))
+    # The image's virtualenv never has pip or setuptools; pip runs from a second one.
+    assert "python -m venv --without-pip /opt/venv" in runs
+    assert "/opt/tools/bin/python -m pip --python /opt/venv/bin/python install" in " ".join(
+        build.all("ENV")
+    )
+    # The SBOM tool at its locked versions (hack/lock.py), outside the image's venv.
+    assert "-r requirements-sbom.txt" in runs
+    assert any("deploy/images/requirements-sbom.txt" in copy for copy in build.all("COPY"))
+    assert (
+        "/opt/tools/bin/cyclonedx-py environment --pyproject pyproject.toml "
+        f"--output-reproducible -o /rootfs/usr/share/sbom/kserve-inference-{component}.cdx.json "
+        "/opt/venv" in runs
+    )
 
 
 @pytest.mark.parametrize("component", COMPONENTS)
@@ -71,7 +96,7 @@ def test_exec_form_entrypoint(component: str) -> None:
     final = stages(dockerfile(component).read_text())[-1]
     (entrypoint,) = final.all("ENTRYPOINT")
     assert json.loads(entrypoint) == ["python", "-m", component]
-    assert "PATH=/opt/venv/bin:$PATH" in " ".join(final.all("ENV"))
+    assert "PATH=/opt/venv/bin:" in " ".join(final.all("ENV"))
 
 
 @pytest.mark.parametrize("component", COMPONENTS)

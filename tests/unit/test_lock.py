@@ -36,7 +36,7 @@ def test_uv_lock_check_fails_when_pyproject_changes(tmp_path: Path) -> None:
     assert done.returncode != 0
 
 
-@pytest.mark.parametrize("component", lock.COMPONENTS)
+@pytest.mark.parametrize("component", lock.REQUIREMENT_FILES)
 def test_image_requirements_are_current(component: str) -> None:
     expected = lock.expected_image_requirements()[component]
     assert lock.requirements_path(component).read_text() == expected, "run `make lock`"
@@ -52,7 +52,7 @@ def _pins(component: str) -> dict[str, str]:
     return pins
 
 
-@pytest.mark.parametrize("component", lock.COMPONENTS)
+@pytest.mark.parametrize("component", lock.REQUIREMENT_FILES)
 def test_image_requirements_pin_the_locked_versions(component: str) -> None:
     for name, version in _pins(component).items():
         assert lock.locked_version(LOCKED, name) == version, name
@@ -64,6 +64,9 @@ def test_each_image_gets_the_closure_of_what_it_needs() -> None:
     runner = lock.closure(graph, PROJECT["optional-dependencies"]["runner"])
     assert set(_pins("controller")) == controller
     assert set(_pins("runner")) == runner
+    sbom = lock.closure(graph, PROJECT["optional-dependencies"]["sbom"])
+    assert set(_pins("sbom")) == sbom
+    assert "cyclonedx-bom" in sbom
     # The runner image leaves out what only the controller uses.
     assert "prometheus-client" in controller - runner
 
@@ -95,7 +98,10 @@ shared-dep==4.0 ; sys_platform == 'linux' \\
 
 
 def test_runner_requirements_keep_only_the_runner_closure() -> None:
-    project = {"dependencies": ["a", "b"], "optional-dependencies": {"runner": ["A>=1"]}}
+    project = {
+        "dependencies": ["a", "b"],
+        "optional-dependencies": {"runner": ["A>=1"], "sbom": ["b"]},
+    }
     texts = lock.image_requirements(SMALL_EXPORT, SMALL_LOCK, project)
     assert [name for name, _ in lock.export_blocks(texts["controller"])] == [
         "a",
@@ -107,11 +113,12 @@ def test_runner_requirements_keep_only_the_runner_closure() -> None:
     assert [name for name, _ in runner] == ["a", "shared-dep"]
     # Lines are kept whole: marker and hashes.
     assert runner[1][1] == "shared-dep==4.0 ; sys_platform == 'linux' \\\n    --hash=sha256:dd\n"
+    assert [name for name, _ in lock.export_blocks(texts["sbom"])] == ["b", "c"]
 
 
 def test_runner_extra_outside_the_project_dependencies_is_refused() -> None:
     lock_data = {"package": [*SMALL_LOCK["package"], {"name": "d", "version": "5"}]}
-    project = {"dependencies": ["a"], "optional-dependencies": {"runner": ["d"]}}
+    project = {"dependencies": ["a"], "optional-dependencies": {"runner": ["d"], "sbom": ["b"]}}
     with pytest.raises(ValueError, match=r"runner extra needs \['d'\]"):
         lock.image_requirements(SMALL_EXPORT, lock_data, project)
 
@@ -119,9 +126,12 @@ def test_runner_extra_outside_the_project_dependencies_is_refused() -> None:
 def test_a_runner_only_dependency_comes_from_the_runner_export_not_the_controllers() -> None:
     # The runner extra may need what the controller does not (the postgres driver).
     lock_data = {"package": [*SMALL_LOCK["package"], {"name": "d", "version": "5"}]}
-    project = {"dependencies": ["a"], "optional-dependencies": {"runner": ["a", "d"]}}
+    project = {
+        "dependencies": ["a"],
+        "optional-dependencies": {"runner": ["a", "d"], "sbom": ["b"]},
+    }
     runner_export = SMALL_EXPORT + "d==5 \\\n    --hash=sha256:ee\n"
-    texts = lock.image_requirements(SMALL_EXPORT, lock_data, project, runner_export)
+    texts = lock.image_requirements(SMALL_EXPORT, lock_data, project, {"runner": runner_export})
     assert "d==5" not in texts["controller"]
     assert [name for name, _ in lock.export_blocks(texts["runner"])] == ["a", "shared-dep", "d"]
 
