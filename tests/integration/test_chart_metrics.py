@@ -45,6 +45,19 @@ def monitored() -> list[dict[str, object]]:
     )
 
 
+@pytest.fixture(scope="module")
+def monitored_honoring_labels() -> list[dict[str, object]]:
+    """The chart with serviceMonitor.honorLabels: the run's ``namespace`` is stored as is."""
+    return render(
+        {
+            "prometheusRule": {"enabled": True},
+            "grafanaDashboard": {"enabled": True},
+            "serviceMonitor": {"enabled": True, "honorLabels": True},
+        },
+        api_versions=chart.WITH_PROMETHEUS_OPERATOR,
+    )
+
+
 async def scrape() -> str:
     metrics = Metrics()
     servers = await start_servers(
@@ -126,25 +139,30 @@ def scraped_samples(page: str) -> dict[str, list[dict[str, str]]]:
     return samples
 
 
-def as_scraped(labels: Mapping[str, str], pod: str) -> dict[str, str]:
+def as_scraped(labels: Mapping[str, str], pod: str, *, honor_labels: bool) -> dict[str, str]:
     """The labels Prometheus stores for a sample of this pod under the chart's ServiceMonitor.
 
-    The target's labels are added; a sample's own ``namespace`` (a run's) loses
-    to the target's and is kept as ``exported_namespace`` (honor_labels: false).
+    The target's labels are added. With ``honor_labels`` false (the chart's
+    default) a sample's own label that clashes with the target's loses: a run's
+    ``namespace`` is kept as ``exported_namespace``. With ``honor_labels`` true
+    the sample's own label wins and the target's is dropped: a run's
+    ``namespace`` stays ``namespace``.
     """
-    stored = {k: v for k, v in labels.items() if k != "namespace"}
-    if "namespace" in labels:
-        stored["exported_namespace"] = labels["namespace"]
-    stored.update(
-        job=JOB,
-        namespace=RELEASE_NAMESPACE,
-        pod=pod,
-        instance=f"{pod}:8080",
-        service=JOB,
-        endpoint="http-metrics",
-        container="controller",
-    )
-    return stored
+    target = {
+        "job": JOB,
+        "namespace": RELEASE_NAMESPACE,
+        "pod": pod,
+        "instance": f"{pod}:8080",
+        "service": JOB,
+        "endpoint": "http-metrics",
+        "container": "controller",
+    }
+    if honor_labels:
+        return {**target, **labels}
+    stored = {k: v for k, v in labels.items() if k not in target}
+    for name in target.keys() & labels.keys():
+        stored[f"exported_{name}"] = labels[name]
+    return {**stored, **target}
 
 
 def selector(name: str, labels: Mapping[str, str]) -> str:
@@ -155,8 +173,11 @@ def selector(name: str, labels: Mapping[str, str]) -> str:
 class Scrape:
     """Input series for promtool whose names and labels come from one live scrape."""
 
-    def __init__(self, page: str) -> None:
+    def __init__(self, page: str, *, honor_labels: bool = False) -> None:
         self.samples = scraped_samples(page)
+        self.honor_labels = honor_labels
+        # The label a run's namespace is stored under (see as_scraped).
+        self.run_namespace_label = "namespace" if honor_labels else "exported_namespace"
 
     def labels(self, metric: str, /, **match: str) -> dict[str, str]:
         found = [s for s in self.samples.get(metric, []) if match.items() <= s.items()]
@@ -165,7 +186,10 @@ class Scrape:
 
     def series(self, metric: str, values: str, /, *, pod: str, **match: str) -> dict[str, str]:
         return {
-            "series": selector(metric, as_scraped(self.labels(metric, **match), pod)),
+            "series": selector(
+                metric,
+                as_scraped(self.labels(metric, **match), pod, honor_labels=self.honor_labels),
+            ),
             "values": values,
         }
 
@@ -196,6 +220,7 @@ def told(
     labels: Mapping[str, str],
     *,
     value: str,
+    namespace_label: str,
 ) -> dict[str, object]:
     """A promtool alert test: ``alert`` fires at ``eval_time`` with ``labels``, and its
     annotations read the rule's text with those labels and ``value`` filled in.
@@ -212,7 +237,7 @@ def told(
         expected[key] = text.replace("{{ $value }}", value)
     for key in ("summary", "description"):
         assert "{{" not in expected[key], f"{alert} {key}: a reference the test did not fill in"
-        assert labels["exported_namespace"] in expected[key], f"{alert} {key} names no namespace"
+        assert labels[namespace_label] in expected[key], f"{alert} {key} names no namespace"
         assert labels["config"] in expected[key], f"{alert} {key} names no config"
     return {
         "eval_time": eval_time,
@@ -281,7 +306,8 @@ def alert_tests(
         return [firing(alert, before), firing(alert, at, labels)]
 
     warning, critical = {"severity": "warning"}, {"severity": "critical"}
-    config = {"exported_namespace": run_namespace, "config": "cfg", **warning}
+    namespace_label = scrape.run_namespace_label
+    config = {namespace_label: run_namespace, "config": "cfg", **warning}
     no_leader = "InferenceControllerNoLeader"
     groups: list[dict[str, object]] = [
         # Nothing wrong: a steady count of old failures, a leader, an empty queue.
@@ -329,8 +355,22 @@ def alert_tests(
         {
             **case(healthy(failures="_x30 1x30", error_phase="0x10 2x50")),
             "alert_rule_test": [
-                told(rules, "InferenceRunsFailing", "31m", config, value="1"),
-                told(rules, "InferenceRunsInError", "28m", config, value="2"),
+                told(
+                    rules,
+                    "InferenceRunsFailing",
+                    "31m",
+                    config,
+                    value="1",
+                    namespace_label=namespace_label,
+                ),
+                told(
+                    rules,
+                    "InferenceRunsInError",
+                    "28m",
+                    config,
+                    value="2",
+                    namespace_label=namespace_label,
+                ),
             ],
         }
     )
@@ -414,6 +454,7 @@ async def live_page(
 async def test_every_alert_fires_when_it_should_on_series_of_a_live_scrape(
     election: bool,
     monitored: list[dict[str, object]],
+    monitored_honoring_labels: list[dict[str, object]],
     api_client: client.ApiClient,
     namespace: str,
     cluster: LocalCluster,
@@ -434,12 +475,15 @@ async def test_every_alert_fires_when_it_should_on_series_of_a_live_scrape(
         {k: v for k, v in labels.items() if k in ("namespace", "config", "result")}
         for labels in scrape.samples.get(finished, [])
     ], "the failed run was not counted in kserve_inference_runs_finished_total"
-    run_promtool(
-        binary,
-        rule_groups(monitored),
-        alert_tests(scrape, rule_groups(monitored), namespace, election=election),
-        tmp_path,
-    )
+    # The same alerts, on the series as Prometheus stores them under each
+    # serviceMonitor.honorLabels, with the rules the chart renders for it.
+    for honor_labels, objects in ((False, monitored), (True, monitored_honoring_labels)):
+        as_stored = Scrape(page, honor_labels=honor_labels)
+        workdir = tmp_path / f"honor-labels-{str(honor_labels).lower()}"
+        workdir.mkdir()
+        groups = rule_groups(objects)
+        tests = alert_tests(as_stored, groups, namespace, election=election)
+        run_promtool(binary, groups, tests, workdir)
 
 
 def test_the_migration_guides_recording_rules_give_the_old_names_back(tmp_path: Path) -> None:

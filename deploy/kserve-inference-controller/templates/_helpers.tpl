@@ -115,6 +115,26 @@ through the metrics Service (the Prometheus Operator sets job=<service>).
 {{- end }}
 
 {{/*
+The run metrics (kserve_inference_runs*) carry the run's own label `namespace`.
+With serviceMonitor.honorLabels false (the default) the target's namespace
+wins and Prometheus keeps the run's as exported_namespace; with honorLabels
+true the run's namespace is stored as `namespace` and the target's is gone.
+"ksc.runSelector": the matcher selecting this release's run series.
+"ksc.runNamespaceLabel": the label holding the run's namespace.
+*/}}
+{{- define "ksc.runSelector" -}}
+{{- if .Values.serviceMonitor.honorLabels }}
+{{- printf "job=%q" (include "ksc.metricsServiceName" .) }}
+{{- else }}
+{{- include "ksc.promSelector" . }}
+{{- end }}
+{{- end }}
+
+{{- define "ksc.runNamespaceLabel" -}}
+{{- ternary "namespace" "exported_namespace" (.Values.serviceMonitor.honorLabels | default false) }}
+{{- end }}
+
+{{/*
 The controller's permissions on the objects it manages, shared by the
 ClusterRole (all namespaces) and the per-namespace Roles. No Secrets: the
 controller never reads one (runners do, with their own identity).
