@@ -27,9 +27,10 @@ When:
   deleted (``RunGone``). This catches what happened while no replica was
   leading;
 - a workload that appears for a run already handled (a create that raced the
-  delete) goes the same way: seen by a watch event, or by one more look
-  ``RECHECK_AFTER`` (1 s) after the run's workloads were deleted, for this
-  controller's own create, which enters its cache without an event;
+  delete) goes the same way: seen by a watch event, or by more looks
+  ``RECHECKS_AFTER`` (1, 2, 4, 8 and 16 s) after the run's workloads were
+  deleted, for this controller's own create, which enters its cache without
+  an event and, on a loaded API server, may be answered seconds late;
 - a Job of ours controlled by a CronJob that neither this cache nor the API
   server has (read live), for a run not alive in the cache: an execution a
   lagging CronJob controller created late, for a CronJob deleted before
@@ -86,10 +87,12 @@ REMEMBERED = 4096
 # A delete answered Conflict is read again and retried this many times.
 ATTEMPTS = 3
 WORKERS = 2
-# A run's workloads are looked at once more this long after they were deleted:
-# a create that raced the delete (decided on a live read just before it) lands
-# in this controller's cache without a watch event.
-RECHECK_AFTER = 1.0
+# A run's workloads are looked at again these long after they were deleted
+# (each after the one before): a create that raced the delete (decided on a
+# live read just before it) lands in this controller's cache without a watch
+# event, when its answer comes, which a loaded API server may send seconds
+# later. Only the cache is read; 31 s in all.
+RECHECKS_AFTER = (1.0, 2.0, 4.0, 8.0, 16.0)
 # Queue keys of a stray execution Job to check (namespace/name after it); others are run uids.
 EXECUTION = "execution:"
 
@@ -102,7 +105,7 @@ class Gone:
     reason: str
     # A Job such a CronJob creates late (its controller's cache lagging) is the run's too.
     crons: set[str] = field(default_factory=set)
-    rechecked: bool = False
+    rechecks: int = 0
 
 
 def _resource(obj: Obj) -> Resource:
@@ -317,9 +320,9 @@ class Cleanup:
                 await self._delete_if_cron_gone(job, uid)
         for job in jobs:
             await self._delete(job, gone)
-        if not gone.rechecked:
-            gone.rechecked = True
-            return Result(requeue_after=RECHECK_AFTER)
+        if gone.rechecks < len(RECHECKS_AFTER):
+            gone.rechecks += 1
+            return Result(requeue_after=RECHECKS_AFTER[gone.rechecks - 1])
         return Result()
 
     async def _clean_execution(self, key: str) -> None:

@@ -209,9 +209,14 @@ async def test_a_create_that_raced_the_delete_is_deleted_too(harness: Harness) -
     await harness.stop(harness.caches.jobs)
     late = await harness.child(JOBS, "inf-raced-late", run, label=uid(run))
     harness.caches.jobs.assume(late)
-    # The one more look a second later finds it.
+    # The next look, a second later, finds it.
     await asyncio.wait_for(workers.process_next_item(), 30)
     assert not await harness.exists(JOBS, "inf-raced-late")
+    # A create answered after that look (a loaded API server) is found by a later one.
+    later = await harness.child(JOBS, "inf-raced-later", run, label=uid(run))
+    harness.caches.jobs.assume(later)
+    await asyncio.wait_for(workers.process_next_item(), 30)
+    assert not await harness.exists(JOBS, "inf-raced-later")
     assert await harness.exists(RUNS, "raced"), "held: not the garbage collector's doing"
 
 
