@@ -81,11 +81,18 @@ def _xdist_controller(config: pytest.Config) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    run = os.environ.setdefault(MARKER_ENV, uuid.uuid4().hex)
+    inherited = os.environ.get(MARKER_ENV)
     worker = _xdist_worker(config)
     if worker is not None:
         # Inherited from the controlling process, which every worker shares: make it ours.
-        os.environ[MARKER_ENV] = f"{run}-{worker}"
+        os.environ[MARKER_ENV] = f"{inherited or uuid.uuid4().hex}-{worker}"
+    elif inherited:
+        # A pytest a test started (tests/integration/test_images.py runs the
+        # runner's tests on a pruned pyarrow): its leftover scan must not take
+        # the outer session's control plane for its own processes and kill it.
+        os.environ[MARKER_ENV] = f"{inherited}-inner-{uuid.uuid4().hex[:12]}"
+    else:
+        os.environ[MARKER_ENV] = uuid.uuid4().hex
     config.stash[_LEFTOVERS] = []
 
 

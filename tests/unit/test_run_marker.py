@@ -88,7 +88,9 @@ def test_other():
 """
 
 
-def run_inner(tmp_path: Path, tests: str) -> subprocess.CompletedProcess[str]:
+def run_inner(
+    tmp_path: Path, tests: str, outer: str | None = None, workers: int | None = 2
+) -> subprocess.CompletedProcess[str]:
     suite = tmp_path / "inner"
     suite.mkdir()
     (suite / "conftest.py").write_text(textwrap.dedent(INNER_CONFTEST))
@@ -97,9 +99,12 @@ def run_inner(tmp_path: Path, tests: str) -> subprocess.CompletedProcess[str]:
     done.mkdir()
     env = {k: v for k, v in os.environ.items() if k != MARKER_ENV and not k.startswith("PYTEST_")}
     env |= {"KSC_INNER_DONE": str(done), "PYTHONPATH": str(REPO)}
+    if outer is not None:
+        env[MARKER_ENV] = outer
     return subprocess.run(
         [
-            *(sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup"),
+            *(sys.executable, "-m", "pytest"),
+            *(("-n", str(workers), "--dist", "loadgroup") if workers else ("-p", "no:xdist")),
             *("-p", "no:cacheprovider", "-q", "--rootdir", str(suite), str(suite)),
         ],
         cwd=suite,
@@ -125,3 +130,23 @@ def test_a_process_left_by_a_worker_is_killed_and_fails_the_run(tmp_path: Path) 
     stat = Path(f"/proc/{pid}/stat")
     # Killed: gone, or a zombie not yet reaped by init.
     assert not stat.exists() or stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+def test_a_pytest_started_by_a_test_leaves_the_outer_sessions_processes_alone(
+    tmp_path: Path,
+) -> None:
+    # A process of the outer session (an xdist worker's control plane, say),
+    # with its marker; the inner pytest runs in one process, as test_images.py's.
+    outer = f"outer-{os.getpid()}-gw0"
+    held = subprocess.Popen(["sleep", "302"], env={**os.environ, MARKER_ENV: outer})
+    try:
+        done = run_inner(tmp_path, LEAVES_A_CHILD, outer=outer, workers=None)
+        # The inner session still finds and kills its own leftover...
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert re.findall(r"pid \d+: sleep 301", done.stdout), done.stdout
+        # ...and never the outer session's process.
+        assert "sleep 302" not in done.stdout, done.stdout
+        assert held.poll() is None, "the inner session's leftover scan killed the outer's process"
+    finally:
+        held.kill()
+        held.wait()
