@@ -39,7 +39,7 @@ from runner import app, logs
 from runner import check as config_check
 from runner.progress import Progress, last_progress
 from runner.secrets import SecretError
-from tests.servers import ModelServer
+from tests.servers import ModelServer, OpenAIServer
 
 REPO = Path(__file__).resolve().parents[2]
 STORAGE_USER = "finops"
@@ -311,6 +311,17 @@ def world(
     model_server: ModelServer,
 ) -> World:
     return World(tmp_path, capfd, storage, model_server)
+
+
+@pytest.fixture
+def llm(
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    storage: StorageService,
+    openai_server: OpenAIServer,
+) -> World:
+    """A world whose model is the OpenAI-compatible test server."""
+    return World(tmp_path, capfd, storage, ModelServer(openai_server.url))
 
 
 @pytest.fixture

@@ -26,22 +26,12 @@ from tests.runner.conftest import (
     storage_secrets,
 )
 from tests.runner.test_runner_s3 import Bucket, bucket, s3_secrets
-from tests.servers import ModelServer, OpenAIServer
+from tests.servers import OpenAIServer
 
 __all__ = ["bucket"]
 
 NAMESPACE = "llm"
 SECRET = "rows-store"
-
-
-@pytest.fixture
-def llm(
-    tmp_path: Any,
-    capfd: pytest.CaptureFixture[str],
-    storage: StorageService,
-    openai_server: OpenAIServer,
-) -> World:
-    return World(tmp_path, capfd, storage, ModelServer(openai_server.url))
 
 
 def secrets(storage: StorageService) -> InMemorySecrets:

@@ -20,10 +20,8 @@ from aiohttp import web
 from hack.loopback import ForwardingProxy
 from runner.exitcodes import ExitCode
 from tests.runner.conftest import World
-from tests.runner.test_runner_openai import llm, llm_contract, prompts, run, stored
+from tests.runner.test_runner_openai import llm_contract, prompts, run, stored
 from tests.servers import OpenAIServer
-
-__all__ = ["llm"]
 
 CONCURRENCY = 4
 # How long the gate holds a request when fewer than CONCURRENCY come: a bound

@@ -13,26 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from hack.openai_server import chat_reply
-from hack.storage_service import StorageService
 from runner.exitcodes import ExitCode
 from tests.runner.conftest import World
 from tests.runner.test_runner_postgres import JOB, connection, secrets
-from tests.servers import Database, ModelServer, OpenAIServer
+from tests.servers import Database, OpenAIServer
 
 SYSTEM = {"role": "system", "content": "Answer in two sentences, in the question's language."}
-
-
-@pytest.fixture
-def llm(
-    tmp_path: Any,
-    capfd: pytest.CaptureFixture[str],
-    storage: StorageService,
-    openai_server: OpenAIServer,
-) -> World:
-    return World(tmp_path, capfd, storage, ModelServer(openai_server.url))
 
 
 def seed_tickets(db: Database, count: int) -> dict[int, tuple[str, str]]:

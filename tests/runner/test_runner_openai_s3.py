@@ -10,29 +10,15 @@ a real S3 server.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pyarrow as pa
-import pytest
 
 from hack.openai_server import chat_reply
-from hack.storage_service import StorageService
 from runner.exitcodes import ExitCode
 from tests.runner.conftest import World
 from tests.runner.test_runner_s3 import RUN, Bucket, bucket, parquet_bytes, s3_secrets
-from tests.servers import ModelServer, OpenAIServer
+from tests.servers import OpenAIServer
 
 __all__ = ["bucket"]
-
-
-@pytest.fixture
-def llm(
-    tmp_path: Any,
-    capfd: pytest.CaptureFixture[str],
-    storage: StorageService,
-    openai_server: OpenAIServer,
-) -> World:
-    return World(tmp_path, capfd, storage, ModelServer(openai_server.url))
 
 
 async def test_parquet_prompts_in_s3_are_answered_into_parquet_beside_their_keys(
