@@ -25,7 +25,7 @@ from hack.loopback import AuthProxy
 from hack.pki import Pki, make_pki
 from tests.controllerproc import ControllerProcess
 from tests.e2e.conftest import E2E, iris_config, iris_run
-from tests.e2e.test_probe import probed
+from tests.e2e.test_probe_job import probed
 from tests.runs import condition, status
 
 TOKEN = "model-token-3b9e61f0c2d7a845"

@@ -253,7 +253,7 @@ def test_the_runners_s3_tests_pass_on_its_pruned_pyarrow(tmp_path: Path) -> None
     )  # fmt: skip
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.strip().startswith(str(arrow)), probe.stdout
-    tests = ["tests/runner/test_runner_s3.py", "tests/unit/test_runner_s3.py"]
+    tests = ["tests/runner/test_runner_s3.py", "tests/unit/test_runner_s3_logic.py"]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider", "-x"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=1700,

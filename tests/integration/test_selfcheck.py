@@ -13,7 +13,7 @@ chart's RBAC (tests/controllerproc.py), next to a real controller:
 
 Missing CRDs are not exercised here: the CRDs are shared by the whole run, and
 deleting them would delete every test's runs. Their message is unit-tested
-(tests/unit/test_selfcheck.py).
+(tests/unit/test_selfcheck_logic.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ and the runner's RBAC (exact rules, no Secrets for the controller, get-only for
 runners), Pod Security "restricted" fields, the settings ConfigMap against
 controller/settings.py, and the metric names used by alerts and the dashboard
 against controller/metrics.py. Applying the chart to a real API server is in
-tests/integration/test_chart.py.
+tests/integration/test_chart_on_apiserver.py.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ build time, a numeric non-root USER matching the chart's securityContext,
 exec-form ENTRYPOINTs, and a build context (.dockerignore) that holds what the
 images COPY. Installing exactly as the images do is tested in
 tests/integration/test_images.py; the built images are scanned on the node tier
-(tests/node/test_images.py).
+(tests/node/test_image_scan.py).
 """
 
 from __future__ import annotations
