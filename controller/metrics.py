@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 from urllib.parse import urlsplit
@@ -231,216 +232,300 @@ class RunsByPhase(Collector):
         yield family
 
 
+@dataclass(frozen=True)
+class Family:
+    """One metric family of :class:`Metrics`: the attribute holding it and how it is made."""
+
+    attribute: str
+    kind: type[Counter] | type[Gauge] | type[Histogram]
+    name: str  # a counter's without ``_total``: prometheus_client adds it
+    help: str
+    labels: tuple[str, ...]
+    buckets: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.buckets is not None) != (self.kind is Histogram):
+            raise ValueError(f"{self.name}: buckets are for histograms, and every histogram's")
+
+    def make(self, registry: CollectorRegistry) -> Counter | Gauge | Histogram:
+        if self.buckets is not None:
+            return Histogram(
+                self.name, self.help, self.labels, buckets=self.buckets, registry=registry
+            )
+        return self.kind(self.name, self.help, self.labels, registry=registry)
+
+
+# Every family Metrics registers but the process collector and the runs counted
+# from the cache (RunsByPhase), in the order they are registered.
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        "build_info",
+        Gauge,
+        "kserve_inference_controller_build_info",
+        "Always 1; the labels say which version of the controller runs on which Python, "
+        "and which shard it is (<index>-of-<count>; empty when not sharded).",
+        ("version", "python_version", "shard"),
+    ),
+    # --- work queue (client-go names, labelled by queue name) ---
+    Family("workqueue_depth", Gauge, "workqueue_depth", "Current depth of workqueue", ("name",)),
+    Family(
+        "workqueue_adds_total",
+        Counter,
+        "workqueue_adds",
+        "Total number of adds handled by workqueue",
+        ("name",),
+    ),
+    Family(
+        "workqueue_queue_duration_seconds",
+        Histogram,
+        "workqueue_queue_duration_seconds",
+        "How long in seconds an item stays in workqueue before being requested.",
+        ("name",),
+        WORKQUEUE_BUCKETS,
+    ),
+    Family(
+        "workqueue_work_duration_seconds",
+        Histogram,
+        "workqueue_work_duration_seconds",
+        "How long in seconds processing an item from workqueue takes.",
+        ("name",),
+        WORKQUEUE_BUCKETS,
+    ),
+    Family(
+        "workqueue_retries_total",
+        Counter,
+        "workqueue_retries",
+        "Total number of retries handled by workqueue",
+        ("name",),
+    ),
+    Family(
+        "workqueue_unfinished_work_seconds",
+        Gauge,
+        "workqueue_unfinished_work_seconds",
+        "How many seconds of work has been done that is in progress and hasn't been "
+        "observed by work_duration. Large values indicate stuck threads.",
+        ("name",),
+    ),
+    Family(
+        "workqueue_longest_running_processor_seconds",
+        Gauge,
+        "workqueue_longest_running_processor_seconds",
+        "How many seconds has the longest running processor for workqueue been running.",
+        ("name",),
+    ),
+    # --- reconcile (controller-runtime names, labelled by controller) ---
+    Family(
+        "reconcile_total",
+        Counter,
+        "controller_runtime_reconcile",
+        "Total number of reconciliations per controller",
+        ("controller", "result"),
+    ),
+    Family(
+        "reconcile_errors_total",
+        Counter,
+        "controller_runtime_reconcile_errors",
+        "Total number of reconciliation errors per controller",
+        ("controller",),
+    ),
+    Family(
+        "terminal_reconcile_errors_total",
+        Counter,
+        "controller_runtime_terminal_reconcile_errors",
+        "Total number of terminal reconciliation errors per controller",
+        ("controller",),
+    ),
+    Family(
+        "reconcile_panics_total",
+        Counter,
+        "controller_runtime_reconcile_panics",
+        "Total number of reconciliation panics per controller (here: an unexpected "
+        "exception, not an API error, escaped reconcile)",
+        ("controller",),
+    ),
+    Family(
+        "reconcile_time_seconds",
+        Histogram,
+        "controller_runtime_reconcile_time_seconds",
+        "Length of time per reconciliation per controller",
+        ("controller",),
+        RECONCILE_BUCKETS,
+    ),
+    Family(
+        "active_workers",
+        Gauge,
+        "controller_runtime_active_workers",
+        "Number of currently used workers per controller",
+        ("controller",),
+    ),
+    Family(
+        "max_concurrent_reconciles",
+        Gauge,
+        "controller_runtime_max_concurrent_reconciles",
+        "Maximum number of concurrent reconciles per controller",
+        ("controller",),
+    ),
+    # --- the product ---
+    Family(
+        "inference_runs_finished_total",
+        Counter,
+        "kserve_inference_runs_finished",
+        "One-shot InferenceRuns whose phase turned Succeeded or Failed, by the run's "
+        "namespace and InferenceConfig",
+        ("namespace", "config", "result"),
+    ),
+    Family(
+        "inference_run_duration_seconds",
+        Histogram,
+        "kserve_inference_run_duration_seconds",
+        "Duration of finished InferenceRuns, start to completion",
+        ("namespace", "config", "result"),
+        RUN_DURATION_BUCKETS,
+    ),
+    Family(
+        "inference_rows_total",
+        Counter,
+        "kserve_inference_rows",
+        "Input rows read by finished InferenceRuns (the runner's result)",
+        ("namespace", "config"),
+    ),
+    Family(
+        "inference_run_workloads_deleted_total",
+        Counter,
+        "kserve_inference_run_workloads_deleted",
+        "Jobs and CronJobs the controller deleted because their InferenceRun was deleted "
+        "(RunDeleted), is being deleted (RunDeleting) or was found gone by the sweep "
+        "(RunGone), instead of waiting for the garbage collector",
+        ("kind", "reason"),
+    ),
+    Family(
+        "inference_predictions_total",
+        Counter,
+        "kserve_inference_predictions",
+        "Predictions written by finished InferenceRuns (the runner's result)",
+        ("namespace", "config"),
+    ),
+    # --- API client (client-go's name; verb is the Kubernetes verb, method the HTTP one) ---
+    Family(
+        "rest_client_requests_total",
+        Counter,
+        "rest_client_requests",
+        "Number of HTTP requests, partitioned by status code ('<error>' when no response "
+        "came back), HTTP method and API server host, as client-go, plus the Kubernetes verb.",
+        ("verb", "method", "code", "host"),
+    ),
+    Family(
+        "rest_client_request_duration_seconds",
+        Histogram,
+        "rest_client_request_duration_seconds",
+        "Request latency in seconds until the response headers came back, by HTTP "
+        "method (client-go's 'verb') and API server host.",
+        ("verb", "host"),
+        REQUEST_DURATION_BUCKETS,
+    ),
+    Family(
+        "rest_client_rate_limiter_wait_seconds",
+        Histogram,
+        "rest_client_rate_limiter_duration_seconds",
+        "Client side rate limiter latency in seconds.",
+        ("verb",),
+        REQUEST_DURATION_BUCKETS,
+    ),
+    # --- informers ---
+    Family(
+        "informer_lists_total",
+        Counter,
+        "kserve_inference_informer_lists",
+        "Full lists made by informers (the first one and every relist)",
+        ("resource",),
+    ),
+    Family(
+        "informer_watch_events_total",
+        Counter,
+        "kserve_inference_informer_watch_events",
+        "Watch events received by informers, by event type",
+        ("resource", "type"),
+    ),
+    Family(
+        "informer_watch_errors_total",
+        Counter,
+        "kserve_inference_informer_watch_errors",
+        "Watch or list failures that made an informer back off or relist, by reason",
+        ("resource", "reason"),
+    ),
+    # --- leader election (client-go's name) ---
+    Family(
+        "leader_election_master_status",
+        Gauge,
+        "leader_election_master_status",
+        "Gauge of if the reporting system is master of the relevant lease, 0 indicates "
+        "backup, 1 indicates master. 'name' is the string used to identify the lease.",
+        ("name",),
+    ),
+    # --- events ---
+    Family(
+        "events_total",
+        Counter,
+        "kserve_inference_controller_events",
+        "Kubernetes Events handled by the recorder, by outcome "
+        "(created, patched, aggregated, dropped, failed)",
+        ("outcome",),
+    ),
+)
+
+
 class Metrics:
-    """The controller's metrics, registered on ``registry`` (a new one by default)."""
+    """The controller's metrics, registered on ``registry`` (a new one by default).
+
+    One attribute per row of :data:`FAMILIES` (made from it), plus
+    ``inference_runs``, the runs counted from the cache at scrape time.
+    """
+
+    build_info: Gauge
+    workqueue_depth: Gauge
+    workqueue_adds_total: Counter
+    workqueue_queue_duration_seconds: Histogram
+    workqueue_work_duration_seconds: Histogram
+    workqueue_retries_total: Counter
+    workqueue_unfinished_work_seconds: Gauge
+    workqueue_longest_running_processor_seconds: Gauge
+    reconcile_total: Counter
+    reconcile_errors_total: Counter
+    terminal_reconcile_errors_total: Counter
+    reconcile_panics_total: Counter
+    reconcile_time_seconds: Histogram
+    active_workers: Gauge
+    max_concurrent_reconciles: Gauge
+    inference_runs_finished_total: Counter
+    inference_run_duration_seconds: Histogram
+    inference_rows_total: Counter
+    inference_run_workloads_deleted_total: Counter
+    inference_predictions_total: Counter
+    rest_client_requests_total: Counter
+    rest_client_request_duration_seconds: Histogram
+    rest_client_rate_limiter_wait_seconds: Histogram
+    informer_lists_total: Counter
+    informer_watch_events_total: Counter
+    informer_watch_errors_total: Counter
+    leader_election_master_status: Gauge
+    events_total: Counter
 
     def __init__(
         self, registry: CollectorRegistry | None = None, *, process: bool = True, shard: str = ""
     ) -> None:
         """``shard``: ``<index>-of-<count>`` when the controller is sharded (SHARD_COUNT > 1)."""
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
-        r = self.registry
-
-        # --- the process (process_cpu_seconds_total, process_resident_memory_bytes, ...) ---
+        # The process (process_cpu_seconds_total, process_resident_memory_bytes, ...).
         if process:
-            ProcessCollector(registry=r)
-        self.build_info = Gauge(
-            "kserve_inference_controller_build_info",
-            "Always 1; the labels say which version of the controller runs on which Python, "
-            "and which shard it is (<index>-of-<count>; empty when not sharded).",
-            ["version", "python_version", "shard"],
-            registry=r,
-        )
+            ProcessCollector(registry=self.registry)
+        for family in FAMILIES:
+            setattr(self, family.attribute, family.make(self.registry))
+        self.inference_runs = RunsByPhase(registry=self.registry)
+
         # An empty label is no label to Prometheus: unsharded, the series is as it always was.
         self.build_info.labels(
             version=_version(), python_version=platform.python_version(), shard=shard
         ).set(1)
-
-        # --- work queue (client-go names, labelled by queue name) ---
-        self.workqueue_depth = Gauge(
-            "workqueue_depth", "Current depth of workqueue", ["name"], registry=r
-        )
-        self.workqueue_adds_total = Counter(
-            "workqueue_adds", "Total number of adds handled by workqueue", ["name"], registry=r
-        )
-        self.workqueue_queue_duration_seconds = Histogram(
-            "workqueue_queue_duration_seconds",
-            "How long in seconds an item stays in workqueue before being requested.",
-            ["name"],
-            buckets=WORKQUEUE_BUCKETS,
-            registry=r,
-        )
-        self.workqueue_work_duration_seconds = Histogram(
-            "workqueue_work_duration_seconds",
-            "How long in seconds processing an item from workqueue takes.",
-            ["name"],
-            buckets=WORKQUEUE_BUCKETS,
-            registry=r,
-        )
-        self.workqueue_retries_total = Counter(
-            "workqueue_retries",
-            "Total number of retries handled by workqueue",
-            ["name"],
-            registry=r,
-        )
-        self.workqueue_unfinished_work_seconds = Gauge(
-            "workqueue_unfinished_work_seconds",
-            "How many seconds of work has been done that is in progress and hasn't been "
-            "observed by work_duration. Large values indicate stuck threads.",
-            ["name"],
-            registry=r,
-        )
-        self.workqueue_longest_running_processor_seconds = Gauge(
-            "workqueue_longest_running_processor_seconds",
-            "How many seconds has the longest running processor for workqueue been running.",
-            ["name"],
-            registry=r,
-        )
-
-        # --- reconcile (controller-runtime names, labelled by controller) ---
-        self.reconcile_total = Counter(
-            "controller_runtime_reconcile",
-            "Total number of reconciliations per controller",
-            ["controller", "result"],
-            registry=r,
-        )
-        self.reconcile_errors_total = Counter(
-            "controller_runtime_reconcile_errors",
-            "Total number of reconciliation errors per controller",
-            ["controller"],
-            registry=r,
-        )
-        self.terminal_reconcile_errors_total = Counter(
-            "controller_runtime_terminal_reconcile_errors",
-            "Total number of terminal reconciliation errors per controller",
-            ["controller"],
-            registry=r,
-        )
-        self.reconcile_panics_total = Counter(
-            "controller_runtime_reconcile_panics",
-            "Total number of reconciliation panics per controller (here: an unexpected "
-            "exception, not an API error, escaped reconcile)",
-            ["controller"],
-            registry=r,
-        )
-        self.reconcile_time_seconds = Histogram(
-            "controller_runtime_reconcile_time_seconds",
-            "Length of time per reconciliation per controller",
-            ["controller"],
-            buckets=RECONCILE_BUCKETS,
-            registry=r,
-        )
-        self.active_workers = Gauge(
-            "controller_runtime_active_workers",
-            "Number of currently used workers per controller",
-            ["controller"],
-            registry=r,
-        )
-        self.max_concurrent_reconciles = Gauge(
-            "controller_runtime_max_concurrent_reconciles",
-            "Maximum number of concurrent reconciles per controller",
-            ["controller"],
-            registry=r,
-        )
-
-        # --- the product ---
-        self.inference_runs = RunsByPhase(registry=r)
-        self.inference_runs_finished_total = Counter(
-            "kserve_inference_runs_finished",
-            "One-shot InferenceRuns whose phase turned Succeeded or Failed, by the run's "
-            "namespace and InferenceConfig",
-            ["namespace", "config", "result"],
-            registry=r,
-        )
-        self.inference_run_duration_seconds = Histogram(
-            "kserve_inference_run_duration_seconds",
-            "Duration of finished InferenceRuns, start to completion",
-            ["namespace", "config", "result"],
-            buckets=RUN_DURATION_BUCKETS,
-            registry=r,
-        )
-        self.inference_rows_total = Counter(
-            "kserve_inference_rows",
-            "Input rows read by finished InferenceRuns (the runner's result)",
-            ["namespace", "config"],
-            registry=r,
-        )
-        self.inference_run_workloads_deleted_total = Counter(
-            "kserve_inference_run_workloads_deleted",
-            "Jobs and CronJobs the controller deleted because their InferenceRun was deleted "
-            "(RunDeleted), is being deleted (RunDeleting) or was found gone by the sweep "
-            "(RunGone), instead of waiting for the garbage collector",
-            ["kind", "reason"],
-            registry=r,
-        )
-        self.inference_predictions_total = Counter(
-            "kserve_inference_predictions",
-            "Predictions written by finished InferenceRuns (the runner's result)",
-            ["namespace", "config"],
-            registry=r,
-        )
-
-        # --- API client (client-go's name; verb is the Kubernetes verb, method the HTTP one) ---
-        self.rest_client_requests_total = Counter(
-            "rest_client_requests",
-            "Number of HTTP requests, partitioned by status code ('<error>' when no response "
-            "came back), HTTP method and API server host, as client-go, plus the Kubernetes verb.",
-            ["verb", "method", "code", "host"],
-            registry=r,
-        )
-        self.rest_client_request_duration_seconds = Histogram(
-            "rest_client_request_duration_seconds",
-            "Request latency in seconds until the response headers came back, by HTTP "
-            "method (client-go's 'verb') and API server host.",
-            ["verb", "host"],
-            buckets=REQUEST_DURATION_BUCKETS,
-            registry=r,
-        )
-        self.rest_client_rate_limiter_wait_seconds = Histogram(
-            "rest_client_rate_limiter_duration_seconds",
-            "Client side rate limiter latency in seconds.",
-            ["verb"],
-            buckets=(0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0),
-            registry=r,
-        )
-
-        # --- informers ---
-        self.informer_lists_total = Counter(
-            "kserve_inference_informer_lists",
-            "Full lists made by informers (the first one and every relist)",
-            ["resource"],
-            registry=r,
-        )
-        self.informer_watch_events_total = Counter(
-            "kserve_inference_informer_watch_events",
-            "Watch events received by informers, by event type",
-            ["resource", "type"],
-            registry=r,
-        )
-        self.informer_watch_errors_total = Counter(
-            "kserve_inference_informer_watch_errors",
-            "Watch or list failures that made an informer back off or relist, by reason",
-            ["resource", "reason"],
-            registry=r,
-        )
-
-        # --- leader election (client-go's name) ---
-        self.leader_election_master_status = Gauge(
-            "leader_election_master_status",
-            "Gauge of if the reporting system is master of the relevant lease, 0 indicates "
-            "backup, 1 indicates master. 'name' is the string used to identify the lease.",
-            ["name"],
-            registry=r,
-        )
-
-        # --- events ---
-        self.events_total = Counter(
-            "kserve_inference_controller_events",
-            "Kubernetes Events handled by the recorder, by outcome "
-            "(created, patched, aggregated, dropped, failed)",
-            ["outcome"],
-            registry=r,
-        )
         # Present at 0 from the start: dropped and failed events are errors.
         for outcome in EVENT_OUTCOMES:
             self.events_total.labels(outcome=outcome)

@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
 import pytest
 import yaml
-from prometheus_client import generate_latest
+from prometheus_client import Counter, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.kube.errors import ApiError
 from controller.kube.workers import Workers
 from controller.kube.workqueue import WorkQueue
 from controller.metrics import (
+    FAMILIES,
     RECONCILE_RESULTS,
     WORKQUEUE_BUCKETS,
+    Family,
     Metrics,
+    RunsByPhase,
     api_host,
     runs_by_phase,
 )
@@ -321,3 +326,59 @@ def test_the_migration_guide_lists_every_rename_with_working_recipes() -> None:
         assert relabelled(new) == old, new
     for name in served - own:
         assert relabelled(name) == name, name
+
+
+# ----------------------------------------------------------------------------- the families
+
+FAMILIES_SNAPSHOT = REPO / "tests" / "unit" / "metric_families.json"
+
+
+def family_snapshot(metrics: Metrics) -> dict[str, dict[str, object]]:
+    """Each family of ``metrics``' registry: its type, help, label names and buckets.
+
+    Label names and buckets are read from the metric objects (prometheus_client
+    keeps them in ``_labelnames`` / ``_upper_bounds``): a labelled family with
+    no child yet has no sample to read them from.
+    """
+    families: dict[str, dict[str, object]] = {
+        family.name: {"type": family.type, "help": family.documentation}
+        for family in metrics.registry.collect()
+    }
+    for value in vars(metrics).values():
+        if isinstance(value, MetricWrapperBase):
+            entry = families[value._name]
+            entry["labels"] = list(value._labelnames)
+            if isinstance(value, Histogram):
+                entry["buckets"] = list(value._upper_bounds)
+        elif isinstance(value, RunsByPhase):
+            families[value.NAME]["labels"] = list(value.LABELS)
+    return families
+
+
+def test_the_registry_serves_the_families_it_always_served() -> None:
+    """Names, types, help, label names and buckets are an API: dashboards and alerts use them.
+
+    The snapshot was taken from the registry as it was; regenerate it only for
+    a change of the metrics that docs/metrics.md and the migration guide say.
+    """
+    expected = json.loads(FAMILIES_SNAPSHOT.read_text())
+    actual = family_snapshot(Metrics(process=False))
+    assert len(expected) >= 25, "the snapshot holds too few families"
+    assert all("labels" in entry for entry in actual.values()), actual
+    assert actual == expected
+
+
+def test_every_family_row_is_an_annotated_attribute_of_its_kind() -> None:
+    metrics = Metrics(process=False)
+    annotated = {name for name in Metrics.__annotations__ if name != "registry"}
+    assert FAMILIES
+    assert {family.attribute for family in FAMILIES} == annotated
+    for family in FAMILIES:
+        assert type(getattr(metrics, family.attribute)) is family.kind, family.attribute
+
+
+def test_a_family_row_with_buckets_is_a_histogram() -> None:
+    with pytest.raises(ValueError, match="buckets"):
+        Family("a", Counter, "a", "A.", (), buckets=(1.0,))
+    with pytest.raises(ValueError, match="buckets"):
+        Family("a", Histogram, "a", "A.", ())
