@@ -222,6 +222,7 @@ class Controller:
             enabled=settings.inferenceservices,
             metrics=metrics,
             idle_timeout=settings.watch_idle_timeout,
+            wanted=self.uses_inferenceservices,
         )
         self.models.on_service(self.enqueue_users_of_service)
         self.models.on_state(self.enqueue_users_of_services)
@@ -368,6 +369,10 @@ class Controller:
         """An InferenceService changed: the configs that reference it, and their runs."""
         for config in self.caches.configs.by_index(BY_INFERENCESERVICE, key):
             self.enqueue_runs_of_config(config)
+
+    def uses_inferenceservices(self) -> bool:
+        """Whether some cached config references an InferenceService (index keys only)."""
+        return bool(self.caches.configs.store.index_values(BY_INFERENCESERVICE))
 
     def enqueue_users_of_services(self) -> None:
         """What the controller can read of InferenceServices changed: every config using one."""

@@ -6,12 +6,20 @@ Configs may name their model by ``spec.kserve.inferenceServiceRef``
 - **Off** (``INFERENCESERVICES=false``, the chart's ``inferenceServices.enabled``):
   nothing is read; configs with a reference say so in their status.
 - **The CRD**: the API group ``serving.kserve.io/v1beta1`` is looked up in
-  discovery at start and every :data:`DISCOVERY_INTERVAL` seconds until it
-  serves ``inferenceservices``. Without it, no informer runs (its lists would
-  only fail), the controller logs it once (a warning) and configs with a
-  reference are not Ready (``InferenceServiceCRDMissing``). Once the CRD is
-  there, the informer starts, and keeps running: a CRD deleted later shows
-  as its lists answering 404, which reads the same.
+  discovery at start and again until it serves ``inferenceservices``. While
+  some config references an InferenceService (``wanted``), every
+  :data:`DISCOVERY_INTERVAL` seconds; while none does, after
+  :data:`DISCOVERY_INTERVAL`, then twice as long each time up to
+  :data:`DISCOVERY_MAX_INTERVAL` (an idle controller in a cluster without
+  KServe, where nobody uses it, asks once per 5 minutes, not 6 times a
+  minute). A reconcile that meets a reference while the CRD is missing asks
+  for a look sooner (:meth:`ModelWatch.recheck`, never sooner than
+  :data:`DISCOVERY_INTERVAL` after the last one). Without the CRD, no
+  informer runs (its lists would only fail), the controller logs it once (a
+  warning) and configs with a reference are not Ready
+  (``InferenceServiceCRDMissing``). Once the CRD is there, the informer
+  starts, and keeps running: a CRD deleted later shows as its lists
+  answering 404, which reads the same.
 - **The informer** lists and watches InferenceServices in the controller's
   namespaces. It is not part of the controller's readiness: a cluster without
   KServe, or a controller not allowed to read InferenceServices, still runs
@@ -41,8 +49,13 @@ from controller.metrics import Metrics
 
 log = structlog.stdlib.get_logger(__name__)
 
-# How often discovery is asked whether the InferenceService CRD exists, until it does.
+# How long after a look discovery is asked again whether the InferenceService CRD
+# exists (until it does): DISCOVERY_INTERVAL while a config references one; else
+# DISCOVERY_INTERVAL first, twice as long each time after, up to
+# DISCOVERY_MAX_INTERVAL. A recheck() is never sooner than DISCOVERY_INTERVAL after
+# the last look.
 DISCOVERY_INTERVAL = 10.0
+DISCOVERY_MAX_INTERVAL = 300.0
 # How often the informer's state is looked at (for on_state).
 STATE_INTERVAL = 1.0
 
@@ -57,6 +70,8 @@ class ModelWatch:
         metrics: Metrics | None = None,
         idle_timeout: float | None = WATCH_IDLE_TIMEOUT,
         discovery_interval: float = DISCOVERY_INTERVAL,
+        discovery_max_interval: float = DISCOVERY_MAX_INTERVAL,
+        wanted: Callable[[], bool] = lambda: False,
     ) -> None:
         self.client = client
         self.namespaces = tuple(namespaces)
@@ -64,6 +79,11 @@ class ModelWatch:
         self.metrics = metrics
         self.idle_timeout = idle_timeout
         self.discovery_interval = discovery_interval
+        self.discovery_max_interval = max(discovery_max_interval, discovery_interval)
+        # Whether some config references an InferenceService now (the controller's cache).
+        self.wanted = wanted
+        self._wake = asyncio.Event()
+        self._last_look = float("-inf")
         self.informer: Informer | None = None
         self._crd_found = False
         # Discovery has answered at least once (before that: SYNCING).
@@ -118,8 +138,33 @@ class ModelWatch:
             raise
         self.informer.refresh({"apiVersion": INFERENCESERVICES.api_version, **live})
 
+    def recheck(self) -> None:
+        """Ask discovery again soon (no sooner than DISCOVERY_INTERVAL after the last look).
+
+        For the reconcilers, when something references an InferenceService while
+        the CRD is missing; a no-op once the CRD is found.
+        """
+        if not self._crd_found:
+            self._wake.set()
+
+    async def _pause(self, delay: float) -> bool:
+        """Wait ``delay`` seconds, or less when :meth:`recheck` asks; True if it asked."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + delay
+        asked = False
+        while (remaining := deadline - loop.time()) > 0:
+            try:
+                await asyncio.wait_for(self._wake.wait(), remaining)
+            except TimeoutError:
+                break
+            self._wake.clear()
+            asked = True
+            deadline = min(deadline, self._last_look + self.discovery_interval)
+        return asked
+
     async def _crd_served(self) -> bool:
         group = f"/apis/{INFERENCESERVICES.group}/{INFERENCESERVICES.version}"
+        self._last_look = asyncio.get_running_loop().time()
         try:
             answer = await self.client.request("get", "GET", group)
         except ApiError as exc:
@@ -148,27 +193,32 @@ class ModelWatch:
 
     async def _discover_and_watch(self) -> None:
         warned = False
+        delay = self.discovery_interval
         while not self._crd_found:
+            self._wake.clear()
             try:
                 found = await self._crd_served()
             except (ApiError, TransportError) as exc:
                 log.warning("cannot ask discovery for InferenceServices", error=str(exc))
-                await asyncio.sleep(self.discovery_interval)
-                continue
-            if found:
-                # The informer first: the state must never read "found" without one.
-                self._start_informer()
-                self._crd_found = self._discovered = True
+                found = False
             else:
+                if found:
+                    # The informer first: the state must never read "found" without one.
+                    self._start_informer()
+                    self._crd_found = self._discovered = True
+                    break
                 self._discovered = True
                 if not warned:
                     log.warning(
                         "the cluster has no InferenceService CRD (serving.kserve.io/v1beta1): "
                         "configs with inferenceServiceRef are not Ready until it exists",
-                        recheck_every=self.discovery_interval,
+                        recheck_within=self.discovery_max_interval,
                     )
                     warned = True
-                await asyncio.sleep(self.discovery_interval)
+            asked = await self._pause(delay)
+            delay = next_discovery_delay(
+                delay, asked or self.wanted(), self.discovery_interval, self.discovery_max_interval
+            )
         assert self.informer is not None
         log.info("watching InferenceServices", namespaces=list(self.namespaces) or "all")
         await self.informer.run()
@@ -201,3 +251,12 @@ class ModelWatch:
                 with contextlib.suppress(Exception):
                     self._notify_state()
             await asyncio.sleep(STATE_INTERVAL)
+
+
+def next_discovery_delay(delay: float, wanted: bool, first: float, most: float) -> float:
+    """The wait before the next look at discovery: ``first`` while the CRD is wanted
+    (a config references an InferenceService, or a recheck asked), else twice the
+    last, at most ``most``."""
+    if wanted:
+        return first
+    return min(delay * 2, most)

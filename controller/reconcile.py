@@ -707,7 +707,10 @@ def model_of(
         return None
     if models is None:
         return resolve(config, None, AccessState(Access.DISABLED), watch_namespaces)
-    return resolve(config, models.get(key), models.state(), watch_namespaces)
+    state = models.state()
+    if state.access is Access.CRD_MISSING:
+        models.recheck()  # someone wants KServe now: discovery looks again soon
+    return resolve(config, models.get(key), state, watch_namespaces)
 
 
 def _refusal(exc: ApiError, kind: str, name: str, verb: str) -> Refusal:

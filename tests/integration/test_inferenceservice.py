@@ -8,6 +8,8 @@ child at all: these tests need no runner.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +18,9 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from controller.isvc import Access
+from controller.isvc_watch import ModelWatch
+from controller.kube.client import KubeClient
 from hack.cluster import LocalCluster
 from hack.crds import install_inferenceservice_crd, remove_inferenceservice_crd
 from tests.controllerproc import ControllerProcess, controller_for, running
@@ -112,6 +117,49 @@ async def test_without_the_crd_there_is_no_informer_until_the_crd_exists(
         install_inferenceservice_crd(cluster)
         await ready_reason(runs, "cfg", "InferenceServiceNotFound", within=90)
         assert "watching InferenceServices" in proc.output()
+
+
+class CountingModelWatch(ModelWatch):
+    """The controller's ModelWatch, counting its looks at discovery (the real API server's)."""
+
+    looks = 0
+
+    async def _crd_served(self) -> bool:
+        self.looks += 1
+        return await super()._crd_served()
+
+
+async def test_without_the_crd_discovery_is_asked_less_and_less_and_sooner_when_wanted(
+    cluster: LocalCluster, kube: KubeClient, no_isvc_crd: None
+) -> None:
+    # 0.05 s for the first wait: the controller's own 10 s, 200 times faster.
+    watch = CountingModelWatch(kube, discovery_interval=0.05)
+    task = asyncio.create_task(watch.run())
+    try:
+
+        async def looked(at_least: int) -> bool:
+            return watch.looks >= at_least and watch.state().access is Access.CRD_MISSING
+
+        await eventually(lambda: looked(1), what="discovery's first answer")
+        # Every look answers "no CRD": each wait doubles (0.05, 0.1, 0.2, ... 3.2 s), so
+        # 6 s see about 7 looks; one every 0.05 s would be about 120.
+        await asyncio.sleep(6)
+        assert 2 <= watch.looks <= 10, watch.looks
+        # Looks 10 and 11 are 12.8 and 25.6 s apart: the CRD arrives after look 10, and
+        # something wants it (recheck, as a reconcile of a config with a reference does).
+        await eventually(lambda: looked(10), within=90, what="discovery's 10th look")
+        await asyncio.to_thread(install_inferenceservice_crd, cluster)
+        watch.recheck()
+
+        async def found() -> bool:
+            return watch.state().access is not Access.CRD_MISSING
+
+        await eventually(found, within=15, what="the CRD found after recheck()")
+        assert watch.informer is not None
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def test_a_missing_rbac_grant_is_a_condition_with_the_api_servers_words(

@@ -17,6 +17,7 @@ from controller.isvc import (
     contract_model,
     resolve,
 )
+from controller.isvc_watch import next_discovery_delay
 from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS
 from controller.naming import DESIRED_HASH_ANNOTATION
 from controller.plan import Create, Patch, View, plan
@@ -513,3 +514,11 @@ def test_the_configs_ready_follows_its_model_and_status_shows_the_url() -> None:
     assert done.create is not None  # the probe, with the resolved URL
     probe_contract = json.loads(done.create[0]["data"]["contract.json"])
     assert probe_contract["kserve"]["modelUrl"] == f"{INTERNAL}/v2/models/iris/infer"
+
+
+def test_discovery_waits_double_up_to_the_most_and_stay_short_while_wanted() -> None:
+    delays = [10.0]
+    for _ in range(7):
+        delays.append(next_discovery_delay(delays[-1], False, 10.0, 300.0))
+    assert delays == [10.0, 20.0, 40.0, 80.0, 160.0, 300.0, 300.0, 300.0]
+    assert next_discovery_delay(300.0, True, 10.0, 300.0) == 10.0
