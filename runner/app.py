@@ -70,6 +70,7 @@ from runner.join import RowSplitter, Selection, SelectionError, join
 from runner.logs import get_logger
 from runner.progress import EVENT as PROGRESS_EVENT
 from runner.progress import Progress, ProgressTracker
+from runner.proxy import client_session
 from runner.retry import Deadline, log_retries
 from runner.secrets import (
     KubernetesSecretReader,
@@ -293,13 +294,12 @@ async def execute(
     started = clock()
     deadline = Deadline(env.deadline_seconds, clock)
     connector = aiohttp.TCPConnector(limit=work.batches.concurrency + 2)
-    # trust_env: model and storage calls honour HTTP(S)_PROXY and NO_PROXY (and
-    # ~/.netrc), as curl, requests and every HTTP client users know do. The
-    # Secret reads never do (runner.secrets.KubernetesSecretReader).
+    # Model and storage calls honour HTTP(S)_PROXY and NO_PROXY, read once
+    # (runner.proxy). The Secret reads never do (runner.secrets.KubernetesSecretReader).
     # The model has a session of its own: its headers, bearer token and TLS
     # settings (runner.transport) must never reach the storage.
     to_model = model_session(work.contract.kserve.transport, work.batches.concurrency + 2)
-    async with aiohttp.ClientSession(connector=connector, trust_env=True) as session, to_model:
+    async with client_session(connector=connector) as session, to_model:
         ctx = StorageContext(
             session=session,
             secrets=secrets,

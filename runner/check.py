@@ -79,6 +79,7 @@ from runner.inference import (
     parse_metadata,
 )
 from runner.logs import get_logger
+from runner.proxy import client_session
 from runner.retry import Deadline
 from runner.secrets import (
     SecretError,
@@ -359,7 +360,7 @@ async def run(
         watched = _WatchedSecrets(call.secrets(secrets))
         deadline = Deadline(env.deadline_seconds)
         # The same proxy rule as a run's (runner.app.execute).
-        async with aiohttp.ClientSession(trust_env=True) as session:
+        async with client_session() as session:
             ctx = StorageContext(
                 session=session,
                 secrets=watched,

@@ -30,6 +30,7 @@ import aiohttp
 from runner import paths
 from runner.contract import ModelTransport
 from runner.exitcodes import ContractError, InferenceError
+from runner.proxy import client_session
 from runner.redact import REDACTOR
 
 # The model's answers that refuse the credentials.
@@ -100,5 +101,5 @@ def model_session(transport: ModelTransport | None, limit: int = 100) -> aiohttp
 
     connector = aiohttp.TCPConnector(limit=limit, ssl=ssl_context(transport))
     middlewares = (add_credentials,) if headers or token is not None else ()
-    # trust_env: the model, like the storage, is reached through HTTP(S)_PROXY when set.
-    return aiohttp.ClientSession(connector=connector, middlewares=middlewares, trust_env=True)
+    # The model, like the storage, is reached through HTTP(S)_PROXY when set (runner.proxy).
+    return client_session(connector=connector, middlewares=middlewares)
