@@ -12,7 +12,7 @@ TEST_WORKERS ?= 4
 # `make test TEST_ORDER=node,faults,parallel` runs the suite's three runs in another order.
 TEST_ORDER ?= parallel,faults,node
 
-.PHONY: chart-docs help setup lock binaries node-prereqs storage-prereqs demo demo-node test unit integration node lint format cluster clean
+.PHONY: chart chart-package chart-docs help setup lock binaries node-prereqs storage-prereqs demo demo-node test unit integration node lint format cluster clean
 
 help:
 	@echo "make demo    - the whole system end to end on a local control plane"
@@ -23,6 +23,8 @@ help:
 	@echo "make cluster - a local control plane in the foreground (Ctrl-C stops it)"
 	@echo "make lock    - update uv.lock (LOCK_ARGS=--upgrade for newest) and the image pins"
 	@echo "make lint    - uv.lock current, ruff check, ruff format --check, mypy, lint-imports (layering)"
+	@echo "make chart   - the chart's generated files: its copy of crds/ (files/crds/)"
+	@echo "make chart-package - make chart, then helm package into dist/"
 	@echo "make chart-docs - the chart README's values table from values.yaml (helm-docs)"
 
 # The install is locked: uv.lock pins every distribution (the `dev` extra with
@@ -37,7 +39,16 @@ $(STAMP): pyproject.toml uv.lock
 	UV_PROJECT_ENVIRONMENT=$(VENV) $(VENV)/bin/uv sync --quiet --frozen --extra dev --python $(PY)
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) chart
+
+# The chart's copy of crds/ (files/crds/, ignored by git): helm reads only files
+# inside the chart. Every target that renders or installs the chart makes it first;
+# so do the tests (hack/chart.py runs the same generate_crds before helm).
+chart: $(STAMP)
+	$(PY) -m hack.chart crds
+
+chart-package: chart
+	$(PY) -m hack.chart package --destination dist
 
 # Updates uv.lock after a change to pyproject.toml (LOCK_ARGS=--upgrade takes the
 # newest versions allowed), then the image requirement files made from it.
@@ -70,10 +81,10 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-unit: $(STAMP)
+unit: $(STAMP) chart
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
 
-integration: $(STAMP) binaries storage-prereqs
+integration: $(STAMP) chart binaries storage-prereqs
 	$(PY) -m pytest -m "integration or e2e" -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The real-node tier's one-time pieces (packages, kubelet, base image) are
@@ -91,21 +102,21 @@ storage-prereqs: $(STAMP)
 # Three pytest runs (hack/suite.py): everything but the fault and real-node tiers
 # on TEST_WORKERS xdist workers, then each of those two alone. Every run goes
 # ahead; any failure fails `make test`; the last line sums them in pytest's format.
-test: $(STAMP) binaries node-prereqs storage-prereqs lint
+test: $(STAMP) chart binaries node-prereqs storage-prereqs lint
 	$(PY) -m hack.suite --workers $(TEST_WORKERS) --order $(TEST_ORDER) -- $(PYTEST_ARGS)
 
-demo: $(STAMP) binaries storage-prereqs
+demo: $(STAMP) chart binaries storage-prereqs
 	$(PY) -m hack.demo $(DEMO_ARGS)
 
 # Real kubelets and containerd (hack/realnode.py): installs Debian packages and
 # builds kubelet, the base image and both images on first use (cached).
-demo-node: $(STAMP) binaries
+demo-node: $(STAMP) chart binaries
 	$(PY) -m hack.demo_node $(DEMO_ARGS)
 
-node: $(STAMP) binaries node-prereqs
+node: $(STAMP) chart binaries node-prereqs
 	$(PY) -m pytest -m node $(PYTEST_ARGS)
 
-cluster: $(STAMP) binaries
+cluster: $(STAMP) chart binaries
 	$(PY) -m hack.cluster up
 
 clean:

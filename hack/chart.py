@@ -1,5 +1,9 @@
 """The Helm chart rendered by the real ``helm`` binary, for tests, benchmarks and the demo.
 
+- :func:`generate_crds` copies the repository's ``crds/`` into the chart
+  (``files/crds/``, not kept in git): ``make chart`` runs it, and so does
+  :func:`helm` before its first command, so no chart a test renders, installs
+  or packages can hold other CRDs than ``crds/``.
 - :func:`helm_binary` builds (once, cached outside the repository) or finds the
   pinned ``helm`` (``hack/helm/build.sh``).
 - :func:`render` runs ``helm template`` with the given values and returns the
@@ -28,6 +32,7 @@ Running the controller under the chart's RBAC::
 
 from __future__ import annotations
 
+import argparse
 import copy
 import functools
 import os
@@ -48,6 +53,9 @@ Obj = dict[str, Any]
 
 REPO = Path(__file__).resolve().parents[1]
 CHART_DIR = REPO / "deploy" / "kserve-inference-controller"
+CRDS_DIR = REPO / "crds"
+# Generated from CRDS_DIR (generate_crds, `make chart`); ignored by git.
+CHART_CRDS_DIR = CHART_DIR / "files" / "crds"
 HELM_BUILD_SCRIPT = REPO / "hack" / "helm" / "build.sh"
 HELM_DOCS_BUILD_SCRIPT = REPO / "hack" / "helm-docs" / "build.sh"
 
@@ -76,6 +84,42 @@ WITH_PROMETHEUS_OPERATOR = (
 
 class HelmError(RuntimeError):
     """helm exited non-zero; the message holds its command line and output."""
+
+
+def generate_crds(source: Path = CRDS_DIR, target: Path = CHART_CRDS_DIR) -> list[Path]:
+    """Make ``target`` hold exactly the CRDs of ``source`` (``*.yaml``), byte for byte.
+
+    Helm reads only files inside the chart, so the chart carries a copy of
+    ``crds/``; this makes it, rather than a hand-kept copy that can drift.
+    A file whose bytes are already right is left alone, and a new one is
+    written under a temporary name and renamed into place, so that processes
+    generating at once (test workers) never show helm a half-written CRD.
+    CRDs of ``target`` that ``source`` no longer has are removed. Returns the
+    files written.
+    """
+    crds = sorted(source.glob("*.yaml"))
+    if not crds:
+        raise FileNotFoundError(f"no CRDs (*.yaml) in {source}")
+    target.mkdir(parents=True, exist_ok=True)
+    wanted = {crd.name for crd in crds}
+    for stale in target.glob("*.yaml"):
+        if stale.name not in wanted:
+            stale.unlink(missing_ok=True)
+    written = []
+    for crd in crds:
+        data, copy_path = crd.read_bytes(), target / crd.name
+        if copy_path.exists() and copy_path.read_bytes() == data:
+            continue
+        temporary = target / f".{crd.name}.{os.getpid()}.tmp"
+        temporary.write_bytes(data)
+        os.replace(temporary, copy_path)
+        written.append(copy_path)
+    return written
+
+
+@functools.cache
+def _chart_generated() -> None:
+    generate_crds()
 
 
 @functools.cache
@@ -111,7 +155,11 @@ def helm(
     kubeconfig: Path | None = None,
     timeout: float = 300.0,
 ) -> subprocess.CompletedProcess[str]:
-    """Run helm with a private cache/config/data home, so nothing leaks into ~/.config."""
+    """Run helm with a private cache/config/data home, so nothing leaks into ~/.config.
+
+    The chart's generated files are made first (once per process).
+    """
+    _chart_generated()
     home = Path(tempfile.gettempdir()) / "ksc-helm-home"
     env = {
         **os.environ,
@@ -357,3 +405,32 @@ def service_account_mount(
     )
     (directory / "ca.crt").write_bytes(cluster.ca_path.read_bytes())
     return directory
+
+
+def package(destination: Path) -> Path:
+    """``helm package`` of the chart, its CRDs generated first, into ``destination``."""
+    generate_crds()
+    destination.mkdir(parents=True, exist_ok=True)
+    done = helm("package", str(CHART_DIR), "--destination", str(destination))
+    # "Successfully packaged chart and saved it to: <path>"
+    return Path(done.stdout.strip().rsplit(": ", 1)[-1])
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m hack.chart", description="Make the Helm chart's generated files."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("crds", help=f"copy {CRDS_DIR.name}/ into the chart's files/crds/")
+    packaging = commands.add_parser("package", help="the CRDs, then helm package")
+    packaging.add_argument("--destination", type=Path, default=REPO / "dist")
+    args = parser.parse_args(argv)
+    if args.command == "crds":
+        for path in generate_crds():
+            print(f"wrote {path.relative_to(REPO)}")
+    else:
+        print(package(args.destination))
+
+
+if __name__ == "__main__":
+    main()

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ import yaml
 
 from controller.metrics import Metrics
 from controller.settings import Settings, SettingsError, load_settings
+from hack.chart import CHART_CRDS_DIR, generate_crds, package, parse
 from tests.chart import (
     CHART_DIR,
     CONTROLLER_SERVICE_ACCOUNT,
@@ -112,18 +115,53 @@ def test_helm_lint_is_clean() -> None:
     assert not re.search(r"\[(WARNING|ERROR)\]", done.stdout + done.stderr), done.stdout
 
 
-def test_chart_crds_are_byte_identical_to_the_repository_crds() -> None:
-    source = {p.name: p.read_bytes() for p in sorted((REPO / "crds").glob("*.yaml"))}
-    chart = {p.name: p.read_bytes() for p in sorted((CHART_DIR / "files" / "crds").glob("*.yaml"))}
-    assert source, "no CRDs in crds/"
-    stale = sorted(
-        name for name in source.keys() | chart.keys() if source.get(name) != chart.get(name)
+def repository_crds() -> dict[str, bytes]:
+    crds = {p.name: p.read_bytes() for p in sorted((REPO / "crds").glob("*.yaml"))}
+    assert crds, "no CRDs in crds/"
+    return crds
+
+
+def test_the_charts_crds_are_generated_from_the_repository_crds(tmp_path: Path) -> None:
+    """files/crds/ is made from crds/ (`make chart`; helm() makes it before its first command)."""
+    source = repository_crds()
+    # A copy gone stale, and a CRD that crds/ no longer has.
+    target = tmp_path / "crds"
+    target.mkdir()
+    (target / sorted(source)[0]).write_bytes(b"stale")
+    (target / "gone.ai.krateo.io.yaml").write_bytes(b"old")
+    written = generate_crds(target=target)
+    assert {p.name for p in written} == set(source)
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == source
+    assert generate_crds(target=target) == [], "a copy already right is left alone"
+    # The chart every test renders holds exactly them.
+    helm("version")
+    assert {p.name: p.read_bytes() for p in sorted(CHART_CRDS_DIR.glob("*.yaml"))} == source
+
+
+def test_a_chart_without_its_crds_says_how_to_make_them(tmp_path: Path) -> None:
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART_DIR, chart)
+    shutil.rmtree(chart / "files" / "crds")
+    with pytest.raises(HelmError, match="make chart"):
+        helm("template", RELEASE, str(chart), "--namespace", NS)
+    without = parse(
+        helm(
+            "template", RELEASE, str(chart), "--namespace", NS, "--set", "crds.install=false"
+        ).stdout
     )
-    assert not stale, (
-        f"deploy's CRDs differ from crds/ ({', '.join(stale)}): "
-        f"rm {CHART_DIR.relative_to(REPO)}/files/crds/*.yaml && "
-        f"cp crds/*.yaml {CHART_DIR.relative_to(REPO)}/files/crds/"
-    )
+    assert find(without, "Deployment")
+    assert not find(without, "CustomResourceDefinition")
+
+
+def test_the_packaged_chart_holds_the_crds(tmp_path: Path) -> None:
+    archive = package(tmp_path)
+    with tarfile.open(archive) as packaged:
+        crds = {
+            Path(member.name).name: packaged.extractfile(member).read()  # type: ignore[union-attr]
+            for member in packaged.getmembers()
+            if "/files/crds/" in member.name
+        }
+    assert crds == repository_crds()
 
 
 def test_the_crds_are_release_templates_kept_on_uninstall() -> None:
