@@ -1,7 +1,7 @@
 -- Argo CD health check for ai.krateo.io/v1 InferenceRun and InferenceConfig.
 --
--- Install it under both keys of argocd-cm (docs/operator-guide.md, "Health in
--- Argo CD and Flux"):
+-- Install it under both keys of argocd-cm (docs/gitops-health.md,
+-- "Argo CD"):
 --   resource.customizations.health.ai.krateo.io_InferenceRun
 --   resource.customizations.health.ai.krateo.io_InferenceConfig
 -- Argo CD sets the global `obj` (the live object) and reads the returned

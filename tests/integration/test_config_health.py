@@ -1,6 +1,6 @@
-"""The operator guide's kstatus verdicts for InferenceConfigs, against the real kstatus library.
+"""docs/gitops-health.md's kstatus verdicts for InferenceConfigs, against the real kstatus library.
 
-Each row of the guide's table (after the ``<!-- config kstatus verdicts -->``
+Each row of the page's table (after the ``<!-- config kstatus verdicts -->``
 marker) is a config the controller really made on the local control plane,
 read back as kubectl serves it and judged by ``hack/kstatus`` (cli-utils'
 ``status.Compute``, what Flux runs).
@@ -23,7 +23,7 @@ __all__ = ["kstatus_check"]  # the fixture, imported for the test below
 
 OK, FAIL = "test.local/fake-ok:1", "test.local/fake-fail:1"
 CONFIGS = "inferenceconfigs"
-GUIDE = REPO / "docs" / "operator-guide.md"
+GUIDE = REPO / "docs" / "gitops-health.md"
 MARKER = "<!-- config kstatus verdicts -->"
 
 
@@ -88,7 +88,7 @@ async def test_the_guides_config_verdicts_are_what_kstatus_says(
             verdict = kstatus(kstatus_check, obj)
             name = obj["metadata"]["name"]
             assert verdict["status"] == rows[row], f"{row} ({name}): kstatus says {verdict}"
-    # Failed carries the Stalled condition's message, as the guide says.
+    # Failed carries the Stalled condition's message, as the page says.
     bad = back("bad")
     (stalled,) = [c for c in bad["status"]["conditions"] if c["type"] == "Stalled"]
     assert kstatus(kstatus_check, bad)["message"] == stalled["message"]

@@ -1,6 +1,6 @@
-"""The shell blocks a newcomer copies from the README and the operator guide's Install, run.
+"""The shell blocks a newcomer copies from the README and docs/install.md's Install, run.
 
-Every ```sh block of the README and of the operator guide's "Install"
+Every ```sh block of the README and of docs/install.md's "Install"
 section runs as written, in order, in one bash session per document (so a
 variable set by one block is there for the next), from the repository root,
 with the local control plane's kubectl and the pinned helm on PATH and its
@@ -37,12 +37,12 @@ BLOCK_TIMEOUT = 120
 pytestmark = pytest.mark.timeout(600)
 
 # (document, the section whose blocks run: None for all of it)
-DOCUMENTS = [("README.md", None), ("docs/operator-guide.md", "## Install")]
+DOCUMENTS = [("README.md", None), ("docs/install.md", "## Install")]
 NOT_RUN = re.compile(r"<!-- docs-test: not run \((?P<why>[^)]*)\) -->")
 FENCE = re.compile(r"^```(?P<lang>\S*)\n(?P<body>.*?)^```\n", re.MULTILINE | re.DOTALL)
 # Commands that start the whole system or this suite: never run from a test.
 RECURSIVE = re.compile(r"\bmake\s+(?:demo|test|integration|unit|node|demo-node|bench)\b")
-# What the operator guide's Install creates on the cluster (and the test removes).
+# What docs/install.md's Install creates on the cluster (and the test removes).
 NAMESPACE = "kserve-controller-system"
 RELEASE = "kserve-inference-controller"
 
@@ -94,8 +94,8 @@ def test_every_document_has_blocks_and_every_marker_a_reason() -> None:
 
 @pytest.fixture
 def installed_by_the_guide(cluster: LocalCluster) -> Iterator[None]:
-    """Removes what the guide's Install blocks create, CRDs and their objects excepted."""
-    install_crds(cluster)  # as every test cluster has them: the guide applies them again
+    """Removes what docs/install.md's Install blocks create, CRDs and their objects excepted."""
+    install_crds(cluster)  # as every test cluster has them: the page applies them again
     yield
     rendered = subprocess.run(
         [

@@ -327,7 +327,7 @@ async def test_a_run_before_the_controller_writes_its_status(
     health, _ = argo_health(live)
     assert health == "Progressing"
     # kstatus cannot tell a resource nobody has looked at from a finished one:
-    # no conditions and no observedGeneration is Current (docs/operator-guide.md).
+    # no conditions and no observedGeneration is Current (docs/gitops-health.md).
     assert kstatus(kstatus_check, live)["status"] == "Current"
 
 
@@ -447,17 +447,17 @@ async def test_kstatus_sees_an_unusable_config_as_failed(
     assert kstatus(kstatus_check, bad)["status"] == "Failed"
 
 
-# ----------------------------------------------------------------------------- the guide
+# ----------------------------------------------------------------------------- the page
 
-GUIDE = REPO / "docs" / "operator-guide.md"
-SECTION = "## Health in Argo CD and Flux"
+GUIDE = REPO / "docs" / "gitops-health.md"
+SECTION = "# Health in Argo CD and Flux"
 
 
 def _section() -> str:
+    """The page under its title (the page is the section)."""
     text = GUIDE.read_text()
     assert SECTION in text
-    rest = text.split(SECTION, 1)[1]
-    return rest.split("\n## ", 1)[0]
+    return text.split(SECTION, 1)[1]
 
 
 def test_the_guide_shows_the_health_check_the_tests_run() -> None:

@@ -1,4 +1,4 @@
-"""The guide's "From kubectl get isvc to a modelUrl" block prints what the controller resolves.
+"""docs/models.md's "From kubectl get isvc to a modelUrl" block prints what the controller resolves.
 
 The block runs as written (bash, the cluster's kubectl) against InferenceServices
 of the test stand-in CRD, and its output is compared with the URL the
@@ -22,7 +22,7 @@ from tests.isvc import InferenceServices, inference_service, ready_status
 from tests.kubehelpers import eventually
 from tests.runs import Runs, inference_config, status
 
-GUIDE = REPO / "docs" / "operator-guide.md"
+GUIDE = REPO / "docs" / "models.md"
 MARKER = "<!-- isvc to modelUrl -->"
 FIRST_LINE = "ISVC=sklearn-iris NS=kserve-test"
 CONFIGS = "inferenceconfigs"

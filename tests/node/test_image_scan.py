@@ -9,7 +9,7 @@ the distributions the image's virtualenv holds. Each image's root filesystem,
 unpacked and entered with ``chroot`` as uid 65532, runs its component, trusts
 the CA bundle, and (the runner) writes and reads Parquet, CSV and JSON with its
 pruned pyarrow. The sizes (the layers as stored, and gzip-compressed as a
-registry would ship them) are printed and bounded: the operator guide records
+registry would ship them) are printed and bounded: docs/images.md records
 them.
 """
 
@@ -46,7 +46,7 @@ FORBIDDEN_PATHS = {
     "usr/bin/dpkg",
 }
 # The goals of the issue the images answer: the controller meets its own; the
-# runner's is missed by pyarrow's libraries it loads (the operator guide says
+# runner's is missed by pyarrow's libraries it loads (docs/images.md says
 # why), so its bound is what it measures, with room for a patch release.
 LIMITS_MIB = {CONTROLLER_IMAGE: 150, RUNNER_IMAGE: 200}
 SCRIPT_MODULE = re.compile(rb"^from ([A-Za-z_][\w.]*) import ", re.MULTILINE)

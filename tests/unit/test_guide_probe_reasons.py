@@ -1,4 +1,4 @@
-"""The operator guide's table of probe reasons is exactly what controller/probe.py sets."""
+"""docs/configs-and-runs.md's table of probe reasons is exactly what controller/probe.py sets."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.unit.test_probe import probe_job, probe_pod
 
 pytestmark = [pytest.mark.unit]
 
-GUIDE = REPO / "docs" / "operator-guide.md"
+GUIDE = REPO / "docs" / "configs-and-runs.md"
 MARKER = "<!-- probe reasons -->"
 
 

@@ -182,7 +182,7 @@ controller never reads one (runners do, with their own identity).
 {{- end }}
 
 {{/*
-Sharding by namespace (sharding.shards, docs/operator-guide.md "Sharding").
+Sharding by namespace (sharding.shards, docs/sharding.md).
 "ksc.shards": the number of shards. The others take a shard as
 dict "index" i "count" n (with a list of the root context and it for names).
 */}}
