@@ -23,7 +23,7 @@ before any child is made.
 
 Two topics live in their own modules: the cron grammar and time zones in
 ``controller.cron``, and what a credential looks like (the storage scan) in
-``runner.credentials``, which the runner's redaction shares.
+``contract.credentials``, which the runner's redaction shares.
 
 A failed check is a ``pydantic.ValidationError``; ``describe_invalid`` turns it
 (or an ``InvalidObject``) into the ``(reason, message)`` pair of a condition.
@@ -58,8 +58,13 @@ from pydantic.alias_generators import to_camel
 from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
-from controller.cron import Schedule, TimeZone
-from runner.contract import (
+from contract.credentials import (
+    find_inline_credentials,
+    is_credential_env,
+    is_credential_key,
+    text_has_credential,
+)
+from contract.document import (
     MODEL_CA_FILE,
     MODEL_TOKEN_FILE,
     STORAGE_SECRETS_DIR_ENV,
@@ -69,12 +74,7 @@ from runner.contract import (
     SecretSource,
     secret_references,
 )
-from runner.credentials import (
-    find_inline_credentials,
-    is_credential_env,
-    is_credential_key,
-    text_has_credential,
-)
+from controller.cron import Schedule, TimeZone
 from runner.termination import RunResult
 
 GROUP = "ai.krateo.io"
@@ -138,7 +138,7 @@ DNS_LABEL_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # whose cron pattern is also the CRD's CEL rule.
 
 # --------------------------------------------------------------------------------------------
-# Inline credentials. Storage settings are scanned with runner.credentials
+# Inline credentials. Storage settings are scanned with contract.credentials
 # (find_inline_credentials: what a credential is, defined once for the runner's
 # redaction, the controller's logs and this check).
 
@@ -152,7 +152,7 @@ _MODEL_URL_WITH_PASSWORD = re.compile(MODEL_URL_WITH_PASSWORD)
 
 def model_url_has_password(url: str | None) -> bool:
     """Whether ``url`` carries ``user:password@`` before its host, or any other
-    credential (``?api_key=...``, a JWT) that ``runner.credentials`` recognises."""
+    credential (``?api_key=...``, a JWT) that ``contract.credentials`` recognises."""
     if url is None:
         return False
     return _MODEL_URL_WITH_PASSWORD.match(url) is not None or text_has_credential(url)
@@ -489,7 +489,7 @@ _QUALIFIED_NAME_RE = re.compile(QUALIFIED_NAME_PATTERN)
 # The CRD's CEL rule on runnerPod.env: a variable whose name says it holds a
 # credential (AWS_SECRET_ACCESS_KEY, HF_TOKEN, PGPASSWORD, API_KEY_B64) must take
 # it from a Secret, not a literal value. Names of separated upper- or lower-case
-# words only: the controller's check (runner.credentials.is_credential_env)
+# words only: the controller's check (contract.credentials.is_credential_env)
 # also reads camelCase and refuses credential-shaped values; a unit test checks
 # everything this pattern refuses, the controller refuses too. RE2 and `re`
 # read it alike.
@@ -878,7 +878,7 @@ class InferenceConfigSpec(_Model):
     # Never: a failed attempt of a run whose output is not keyed fails the run
     # (its Job's backoffLimit is 0) instead of starting again from row 0.
     unkeyed_output_retries: UnkeyedOutputRetries = "Allow"
-    # How the runner gets the storage entries' Secrets (runner.contract.SecretSource).
+    # How the runner gets the storage entries' Secrets (contract.document.SecretSource).
     # API, the default: upstream's configs name Secrets in other namespaces
     # (krateo-system), which no kubelet can mount into the run's pod.
     secret_source: SecretSource = "API"

@@ -40,9 +40,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from contract.document import KServe
 from controller.api import InferenceConfig, InferenceServiceRef, ModelStatus
 from controller.kube.resources import Obj, Resource
-from runner.contract import KServe
 
 INFERENCESERVICES = Resource(
     "serving.kserve.io", "v1beta1", "inferenceservices", "InferenceService"

@@ -13,7 +13,7 @@
   like a credential: values of keys such as ``authorization``, ``token``,
   ``password``, ``secret``, ``api_key``, ``cookie``; ``Bearer``/``Basic``
   credentials and ``key=value`` credentials inside strings; the userinfo of
-  URLs. What looks like a credential is :mod:`runner.credentials`, the
+  URLs. What looks like a credential is :mod:`contract.credentials`, the
   definition the runner's redaction shares. It walks nested dicts and lists,
   because contracts, headers and API bodies get logged as whole objects.
 """
@@ -30,7 +30,7 @@ import orjson
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-from runner.credentials import redact_structure
+from contract.credentials import redact_structure
 
 
 def redact(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:

@@ -45,6 +45,19 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any, TypedDict, Unpack
 
+from contract.document import (
+    MODEL_CA_DIR,
+    MODEL_TOKEN_DIR,
+    STORAGE_SECRETS_DIR,
+    STORAGE_SECRETS_DIR_ENV,
+    Contract,
+    KServe,
+    Sharding,
+)
+from contract.exitcodes import PERMANENT
+from contract.paths import CONTRACT, TERMINATION_LOG
+from contract.paths import CONTRACT_DIR as CONTRACT_DIR
+from contract.paths import CONTRACT_KEY as CONTRACT_KEY
 from controller.api import (
     API_VERSION,
     CONFIG_KIND,
@@ -64,21 +77,8 @@ from controller.naming import (
     job_name,
     probe_labels,
 )
-from runner.contract import (
-    MODEL_CA_DIR,
-    MODEL_TOKEN_DIR,
-    STORAGE_SECRETS_DIR,
-    STORAGE_SECRETS_DIR_ENV,
-    Contract,
-    KServe,
-    Sharding,
-)
-from runner.exitcodes import PERMANENT
-from runner.paths import CONTRACT, TERMINATION_LOG
-from runner.paths import CONTRACT_DIR as CONTRACT_DIR
-from runner.paths import CONTRACT_KEY as CONTRACT_KEY
 
-# Where the contract is mounted: the runner's default path (runner.paths, its one definition).
+# Where the contract is mounted: the runner's default path (contract.paths, its one definition).
 CONTRACT_PATH = CONTRACT
 CONTAINER_NAME = "inference"
 # The runner's exit codes that mean "retrying cannot help" (a bad contract, or a

@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from contract.exitcodes import REASONS, ExitCode
 from controller.api import (
     CONDITION_COMPLETE,
     CONDITION_FAILED,
@@ -89,7 +90,6 @@ from controller.api import (
 from controller.cron import next_schedule_time
 from controller.naming import KUEUE_QUEUE_LABEL, POD_START_FAILED_ANNOTATION
 from controller.render import CONTAINER_NAME
-from runner.exitcodes import REASONS, ExitCode
 from runner.termination import RunResult, parse_success, total
 
 CONDITION_WARNING = "Warning"
@@ -111,7 +111,7 @@ REASON_TAINT_MANAGER = "DeletionByTaintManager"
 # A Job in a Kueue queue, suspended until Kueue admits it.
 REASON_QUEUED = "Queued"
 
-# The runner's exit codes (runner/exitcodes.py, their one definition) -> the
+# The runner's exit codes (contract/exitcodes.py, their one definition) -> the
 # reason a run shows; 137 is the kernel's, not the runner's.
 EXIT_REASONS = {int(code): reason for code, reason in REASONS.items() if code != ExitCode.DONE}
 EXIT_REASONS[137] = "RunnerKilled"

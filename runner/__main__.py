@@ -10,8 +10,8 @@ import os
 import signal
 import sys
 
+from contract.exitcodes import ExitCode
 from runner import app, check, logs
-from runner.exitcodes import ExitCode
 
 EPILOG = """\
 exit codes: 0 done, 2 bad contract, 3 input, 4 inference, 5 output (another attempt

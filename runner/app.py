@@ -2,14 +2,14 @@
 
 :func:`run` is the whole process minus argument parsing: it reads the
 environment, loads and validates the contract, executes it, writes the
-termination message and returns the exit code (:mod:`runner.exitcodes`). The
+termination message and returns the exit code (:mod:`contract.exitcodes`). The
 Secret source is a parameter, so tests run real runs in-process against an
 in-memory one.
 
 Order of work, each step failing with its stage's exit code, the first when
 another attempt may succeed, the second when none can (the other side refused:
 a 4xx other than 408/429, or an answer that is not what it should be; the Job
-fails at once on those, see :mod:`runner.exitcodes`):
+fails at once on those, see :mod:`contract.exitcodes`):
 
 1. contract (2): parse and validate the contract, the model URL, both storage
    entries and the sharding environment, before any I/O;
@@ -25,7 +25,7 @@ When the input entry asks for paging, steps 2, 4 and 5 become one stream
 as a keyed chunk, exactly once, resumable after a pod restart.
 
 Environment: ``CONTRACT_PATH``, ``TERMINATION_LOG_PATH``, ``NODE_AGENT_ROOT``
-(:mod:`runner.paths`); ``pod_uid`` (upstream's downward-API variable; ``POD_UID``
+(:mod:`contract.paths`); ``pod_uid`` (upstream's downward-API variable; ``POD_UID``
 also works); ``POD_NAMESPACE`` (:func:`runner.secrets.pod_namespace`);
 ``JOB_COMPLETION_INDEX`` for sharded runs; ``RUNNER_DEADLINE_SECONDS``, the
 whole run's deadline for retries and requests (none by default: the Job's
@@ -46,16 +46,17 @@ import aiohttp
 import orjson
 from pydantic import ValidationError
 
-from runner import openai, paths, storage, streaming, termination
-from runner.batching import shard
-from runner.contract import STORAGE_SECRETS_DIR_ENV, Contract
-from runner.exitcodes import (
+from contract import paths
+from contract.document import STORAGE_SECRETS_DIR_ENV, Contract
+from contract.exitcodes import (
     ContractError,
     ExitCode,
     InferenceRejected,
     InputRejected,
     RunnerError,
 )
+from runner import openai, storage, streaming, termination
+from runner.batching import shard
 from runner.inference import (
     MODEL_RETRY_EVENT,
     BatchPlan,

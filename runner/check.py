@@ -60,16 +60,16 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import orjson
 
-from runner import openai, storage
-from runner.app import Invocation
-from runner.contract import Contract, KServe
-from runner.exitcodes import (
+from contract.document import Contract, KServe
+from contract.exitcodes import (
     ContractError,
     ExitCode,
     InferenceError,
     InferenceRejected,
     ModelAuthFailed,
 )
+from runner import openai, storage
+from runner.app import Invocation
 from runner.httputil import RETRYABLE_4XX, server_message, unanswered
 from runner.inference import (
     DEFAULT_INPUT_NAME,

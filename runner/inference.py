@@ -46,10 +46,10 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import orjson
 
+from contract.document import Batching, KServe
+from contract.exitcodes import ContractError, InferenceRejected
 from runner import decoding
 from runner.batching import batch_ranges, map_ordered
-from runner.contract import Batching, KServe
-from runner.exitcodes import ContractError, InferenceRejected
 from runner.httputil import RETRYABLE_4XX, retry_after_seconds, server_message, trim
 from runner.retry import Deadline, RetryPolicy, Transient, call_with_retries
 

@@ -6,7 +6,7 @@ one request per input row to ``<modelUrl>/<endpoint>``, where ``modelUrl`` is th
 API's base (KServe's ``http://<host>/openai/v1``; vLLM's ``http://<host>/v1``; a
 URL that already ends with the endpoint is taken as it is) and ``endpoint`` is
 ``chat/completions``, ``completions`` or ``embeddings``
-(:class:`runner.contract.OpenAI`, ``kserve.openai`` in the contract).
+(:class:`contract.document.OpenAI`, ``kserve.openai`` in the contract).
 
 **Requests** (``format: rows``). Each row's ``inputColumn`` is the prompt: a
 string, or for chat completions a list of messages (a string becomes one user
@@ -60,9 +60,9 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
+from contract.document import OPENAI_ROW_FIELDS, KServe, OpenAI, OpenAIEndpoint
+from contract.exitcodes import ContractError, InputRejected
 from runner.batching import map_ordered
-from runner.contract import OPENAI_ROW_FIELDS, KServe, OpenAI, OpenAIEndpoint
-from runner.exitcodes import ContractError, InputRejected
 from runner.httputil import RETRYABLE_4XX, retry_after_seconds, server_message
 from runner.inference import BatchPlan, ModelRefused, model_call_failures, normalise_url
 from runner.join import Selection, SelectionError

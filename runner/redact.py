@@ -18,7 +18,7 @@ message and the termination message:
    PEM private keys, JWTs and well-known token formats are replaced wherever
    they appear, even if nobody registered them.
 
-Nets 2 and 3 are :mod:`runner.credentials`, the definition the controller's log
+Nets 2 and 3 are :mod:`contract.credentials`, the definition the controller's log
 redaction shares.
 """
 
@@ -29,8 +29,8 @@ from collections.abc import Iterable
 from typing import Any
 
 # REDACTED is re-exported: the runner names it through this module.
-from runner.credentials import REDACTED as REDACTED
-from runner.credentials import redact_structure, redact_text
+from contract.credentials import REDACTED as REDACTED
+from contract.credentials import redact_structure, redact_text
 
 MIN_SECRET_LENGTH = 4
 

@@ -7,7 +7,7 @@ jitter, or after the server's ``Retry-After`` when it sent one, at most
 ``rate_limit_retries`` counts 429s apart, up to that many). Any other
 error fails at once. When retries run out the stage exits with its retryable
 code (3, 4 or 5: a later pod may find the other side back); a refusal exits
-with its permanent one (6, 7 or 8, see :mod:`runner.exitcodes`). Each attempt
+with its permanent one (6, 7 or 8, see :mod:`contract.exitcodes`). Each attempt
 gets ``min(request timeout, time left before the deadline)``.
 
 tenacity does the retrying; this module says when to stop and how long to wait.

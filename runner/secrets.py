@@ -9,7 +9,7 @@ redactor before anyone sees it, except the keys in :data:`PUBLIC_KEYS`.
 Kubernetes access (:class:`KubernetesSecretReader`):
 
 - in a pod (``KUBERNETES_SERVICE_HOST`` set): the service account's token and CA
-  (their paths go through :func:`runner.paths.pod_path`, so the test node agent
+  (their paths go through :func:`contract.paths.pod_path`, so the test node agent
   can provide them);
 - otherwise the kubeconfig at ``$KUBECONFIG`` (or ``~/.kube/config``): its
   current context's token or client certificate.
@@ -40,7 +40,7 @@ import aiohttp
 import orjson
 import yaml
 
-from runner import paths
+from contract import paths
 from runner.redact import REDACTOR, Redactor
 
 # Keys whose values are addresses or switches, not credentials: keeping them

@@ -5,7 +5,7 @@ The storage providers raise :class:`~runner.storage.base.StorageError` and
 :class:`~runner.inference.ModelRefused`, and the retries
 :class:`~runner.retry.GaveUp`. Each stage of ``python -m runner`` and of
 ``python -m runner --check`` turns them into its own
-:class:`~runner.exitcodes.RunnerError` (hence its exit code) the same way:
+:class:`~contract.exitcodes.RunnerError` (hence its exit code) the same way:
 :func:`storage_failures` and :func:`model_failures`. :func:`failed` writes the
 termination message of a command that ended with an error and says its exit code.
 """
@@ -18,8 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from runner import termination
-from runner.exitcodes import (
+from contract.exitcodes import (
     STAGE_ERRORS,
     ExitCode,
     InferenceError,
@@ -31,6 +30,7 @@ from runner.exitcodes import (
     OutputRejected,
     RunnerError,
 )
+from runner import termination
 from runner.inference import ModelRefused
 from runner.retry import GaveUp
 from runner.storage.base import Role, StorageError, StorageRejected

@@ -53,13 +53,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from runner.batching import batch_ranges
-from runner.decoding import StreamCollector
-from runner.exitcodes import (
+from contract.exitcodes import (
     InferenceRejected,
     InputRejected,
     RunnerError,
 )
+from runner.batching import batch_ranges
+from runner.decoding import StreamCollector
 from runner.inference import (
     MODEL_RETRY_EVENT,
     BatchPlan,

@@ -2,7 +2,7 @@
 
 Kubernetes copies the file at the container's ``terminationMessagePath``
 (``/dev/termination-log``; ``TERMINATION_LOG_PATH`` or the node agent's root
-override it, see :mod:`runner.paths`) into the pod status, cut at 4096 bytes.
+override it, see :mod:`contract.paths`) into the pod status, cut at 4096 bytes.
 The runner writes:
 
 - on success, compact JSON: ``{"rows": 150, "predictions": 150, "durationSeconds": 1.234}``;

@@ -15,7 +15,7 @@ nothing meant for it (a ``Host`` header, a token) ever reaches the storage:
   (the system's CAs otherwise); ``insecureSkipVerify``: not checked at all.
 
 A model that answers 401 or 403 refused the credentials: the run fails at
-once with exit 9 (``ModelAuthFailed``, :mod:`runner.exitcodes`).
+once with exit 9 (``ModelAuthFailed``, :mod:`contract.exitcodes`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import aiohttp
 
-from runner import paths
-from runner.contract import ModelTransport
-from runner.exitcodes import ContractError, InferenceError
+from contract import paths
+from contract.document import ModelTransport
+from contract.exitcodes import ContractError, InferenceError
 from runner.proxy import client_session
 from runner.redact import REDACTOR
 

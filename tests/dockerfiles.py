@@ -14,6 +14,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 COMPONENTS = ("controller", "runner")
+# What both images carry beside their component: the contract both sides import.
+SHARED = ("contract",)
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ def stages(text: str) -> list[Stage]:
 
 def third_party_imports(package: Path) -> set[str]:
     """Top-level modules imported anywhere under ``package`` that are neither stdlib nor ours."""
-    ours = set(COMPONENTS)
+    ours = {*COMPONENTS, *SHARED}
     found: set[str] = set()
     for path in package.rglob("*.py"):
         tree = ast.parse(path.read_text(), filename=str(path))

@@ -106,7 +106,7 @@ from psycopg.types.numeric import FloatLoader
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-from runner.exitcodes import ContractError
+from contract.exitcodes import ContractError
 from runner.retry import GaveUp, RetryPolicy, Transient, call_with_retries, log_retries
 from runner.secrets import SecretError
 from runner.storage.base import (

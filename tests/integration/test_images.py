@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from hack import lock
-from tests.dockerfiles import COMPONENTS, REPO, dockerfile, stages, third_party_imports
+from tests.dockerfiles import COMPONENTS, REPO, SHARED, dockerfile, stages, third_party_imports
 
 INSTALL_SCRIPT = REPO / "deploy" / "images" / "install.sh"
 UV = Path(sys.executable).parent / "uv"
@@ -93,7 +93,7 @@ def test_installed_entry_point_runs(component: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("component", COMPONENTS)
 def test_everything_the_component_imports_is_installed(component: str, tmp_path: Path) -> None:
     python = install(component, tmp_path)
-    modules = sorted(third_party_imports(REPO / component))
+    modules = sorted(set().union(*(third_party_imports(REPO / p) for p in (component, *SHARED))))
     assert modules
     done = run(python, "-c", "\n".join(f"import {m}" for m in modules), cwd=tmp_path)
     assert done.returncode == 0, f"{component} image lacks a dependency: {done.stderr}"
@@ -110,11 +110,12 @@ for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
 
 @pytest.mark.parametrize("component", COMPONENTS)
 def test_every_module_of_the_component_imports(component: str, tmp_path: Path) -> None:
-    # Catches imports across packages (the controller uses runner.contract) that
+    # Catches imports across packages (the controller uses contract.document) that
     # the image would lack.
     python = install(component, tmp_path)
-    done = run(python, "-c", _IMPORT_ALL, component, cwd=tmp_path)
-    assert done.returncode == 0, f"{component} image: {done.stderr}"
+    for package in (component, *SHARED):
+        done = run(python, "-c", _IMPORT_ALL, package, cwd=tmp_path)
+        assert done.returncode == 0, f"{component} image: {done.stderr}"
 
 
 # Installed in the venv beside the runner's requirements, by whom (uv and pip themselves).

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from contract.exitcodes import ExitCode
 from hack.loopback import FaultProxy
-from runner.exitcodes import ExitCode
 from tests.runner.conftest import (
     World,
     direct_iris,

@@ -16,8 +16,8 @@ import orjson
 import pytest
 from aiohttp import web
 
+from contract.exitcodes import ExitCode
 from hack.loopback import FaultProxy, LoopbackApp
-from runner.exitcodes import ExitCode
 from tests.runner.conftest import (
     SECRET_NAMESPACE,
     STORAGE_SECRET,

@@ -14,10 +14,10 @@ import orjson
 import pytest
 import yaml
 
+from contract.exitcodes import ExitCode
 from hack.loopback import FaultProxy
 from hack.storage_service import IRIS_COLUMNS
 from runner import storage
-from runner.exitcodes import ExitCode
 from tests.runner.conftest import (
     REPO,
     SECRET_NAMESPACE,

@@ -9,8 +9,8 @@ import orjson
 import pytest
 from aiohttp import web
 
+from contract.exitcodes import ExitCode
 from hack.loopback import LoopbackApp
-from runner.exitcodes import ExitCode
 from tests.runner.conftest import (
     InMemorySecrets,
     Outcome,

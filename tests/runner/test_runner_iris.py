@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner.exitcodes import ExitCode
+from contract.exitcodes import ExitCode
 from tests.runner.conftest import (
     World,
     direct_iris,

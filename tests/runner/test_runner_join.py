@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from contract.exitcodes import ExitCode
 from hack.storage_service import IRIS_COLUMNS
-from runner.exitcodes import ExitCode
 from tests.runner.conftest import World, direct_iris, iris_contract, random_iris_rows
 from tests.runner.test_runner_streaming import http_secrets, paged_http_contract
 

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from contract.exitcodes import ExitCode
 from hack.loopback import AuthProxy
 from hack.pki import Pki, make_pki
-from runner.exitcodes import ExitCode
 from tests.runner.conftest import World, iris_contract
 
 TOKEN = "tok-7d41c0a9e2b84f1f"

@@ -13,9 +13,9 @@ from typing import Any
 import orjson
 import pytest
 
+from contract.exitcodes import ExitCode
 from hack.openai_server import chat_reply, completion_text, content_text, embedding
 from hack.storage_service import StorageService
-from runner.exitcodes import ExitCode
 from tests.runner.conftest import (
     STORAGE_PASSWORD,
     STORAGE_USER,

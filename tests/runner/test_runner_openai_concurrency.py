@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from contract.exitcodes import ExitCode
 from hack.loopback import ForwardingProxy
-from runner.exitcodes import ExitCode
 from tests.runner.conftest import World
 from tests.runner.test_runner_openai import llm_contract, prompts, run, stored
 from tests.servers import OpenAIServer

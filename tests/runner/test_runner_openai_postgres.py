@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from contract.exitcodes import ExitCode
 from hack.openai_server import chat_reply
-from runner.exitcodes import ExitCode
 from tests.runner.conftest import World
 from tests.runner.test_runner_postgres import JOB, connection, secrets
 from tests.servers import Database, OpenAIServer

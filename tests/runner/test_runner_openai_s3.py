@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from contract.exitcodes import ExitCode
 from hack.openai_server import chat_reply
-from runner.exitcodes import ExitCode
 from tests.runner.conftest import World
 from tests.runner.test_runner_s3 import RUN, Bucket, bucket, parquet_bytes, s3_secrets
 from tests.servers import OpenAIServer

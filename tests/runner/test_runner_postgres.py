@@ -24,10 +24,10 @@ import orjson
 import psycopg
 import pytest
 
+from contract.exitcodes import ExitCode
 from hack.pki import Pki, make_pki
 from hack.postgres import SUPERUSER
 from hack.storage_service import IRIS_COLUMNS
-from runner.exitcodes import ExitCode
 from runner.storage.postgres import APPLICATION_NAME, RETRY_EVENT
 from tests.runner.conftest import (
     REPO,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from runner.exitcodes import ExitCode
+from contract.exitcodes import ExitCode
 from runner.storage.postgres import APPLICATION_NAME
 from tests.runner.conftest import World
 from tests.runner.test_runner_postgres import contract, secrets, seed

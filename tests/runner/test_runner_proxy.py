@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from contract.exitcodes import ExitCode
 from hack.cluster import LocalCluster
-from runner.exitcodes import ExitCode
 from runner.secrets import KubernetesSecretReader
 from tests.httpproxy import LoggingProxy
 from tests.integration.test_runner_secret import SECRET, create_secret, grant_get

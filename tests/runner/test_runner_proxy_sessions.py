@@ -21,8 +21,8 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
+from contract.document import ModelTransport
 from hack.pki import make_pki
-from runner.contract import ModelTransport
 from runner.proxy import EnvProxies, client_session
 from runner.transport import model_session
 from tests.httpproxy import LoggingProxy

@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from contract.exitcodes import ExitCode
 from hack.loopback import FaultProxy
 from hack.storage_service import StorageService
-from runner.exitcodes import ExitCode
 from runner.httputil import SERVER_MESSAGE_LIMIT
 from tests.runner.conftest import (
     World,

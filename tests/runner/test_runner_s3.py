@@ -27,9 +27,9 @@ import pytest
 from aiohttp import ClientSession, web
 from obstore.store import S3Store
 
+from contract.exitcodes import ExitCode
 from hack.loopback import LoopbackApp
 from hack.s3server import REGION, ROOT_ACCESS_KEY, ROOT_SECRET_KEY, S3Server
-from runner.exitcodes import ExitCode
 from tests.runner.conftest import (
     REPO,
     InMemorySecrets,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from contract.exitcodes import ExitCode
 from hack.storage_service import StorageService
-from runner.exitcodes import ExitCode
 from tests.runner.conftest import (
     SECRET_NAMESPACE,
     STORAGE_SECRET,

@@ -18,9 +18,9 @@ import orjson
 import pytest
 from aiohttp import web
 
+from contract.exitcodes import ExitCode
 from hack.loopback import FaultProxy, ForwardingProxy, serve
 from hack.storage_service import StorageService
-from runner.exitcodes import ExitCode
 from tests.runner.conftest import (
     REPO,
     SECRET_NAMESPACE,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from contract.exitcodes import ExitCode
 from hack.pki import Pki, make_pki
 from hack.storage_service import StorageService
-from runner.exitcodes import ExitCode
 from tests.runner.conftest import (
     World,
     iris_contract,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from contract.exitcodes import ExitCode
 from hack.model_server import ttm_forecast
-from runner.exitcodes import ExitCode
 from tests.runner.conftest import (
     World,
     krateo_entry,

@@ -15,6 +15,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from contract.credentials import find_inline_credentials
+from contract.document import Batching
 from controller import api, cron, render
 from controller.api import (
     Condition,
@@ -32,8 +34,6 @@ from controller.api import (
     set_condition,
 )
 from controller.cron import CRON_DESCRIPTORS, CRON_PATTERN, check_schedule
-from runner.contract import Batching
-from runner.credentials import find_inline_credentials
 from runner.termination import RunResult
 
 pytestmark = pytest.mark.unit

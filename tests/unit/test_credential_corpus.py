@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from controller import api
-from controller.api import EnvVar, InferenceConfig, describe_invalid
-from runner.credentials import (
+from contract.credentials import (
     find_inline_credentials,
     is_credential_env,
     redact_structure,
     redact_text,
 )
+from controller import api
+from controller.api import EnvVar, InferenceConfig, describe_invalid
 from runner.redact import Redactor
 
 pytestmark = pytest.mark.unit

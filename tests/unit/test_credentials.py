@@ -1,11 +1,11 @@
-"""What a credential looks like (runner/credentials.py): one definition for the
+"""What a credential looks like (contract/credentials.py): one definition for the
 runner's redaction, the controller's logs and the admission scan."""
 
 from __future__ import annotations
 
 import pytest
 
-from runner.credentials import (
+from contract.credentials import (
     REDACTED,
     find_inline_credentials,
     is_credential_key,

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from contract.credentials import find_inline_credentials
 from hack.demo import NAMESPACE, STORAGES, demo_manifests
 from hack.s3server import S3Server
 from runner import storage
-from runner.credentials import find_inline_credentials
 from runner.storage.s3 import S3Provider
 
 REPO = Path(__file__).resolve().parents[2]

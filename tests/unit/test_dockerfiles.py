@@ -25,6 +25,7 @@ from tests.chart import CHART_DIR
 from tests.dockerfiles import (
     COMPONENTS,
     REPO,
+    SHARED,
     dockerfile,
     instructions,
     stages,
@@ -119,6 +120,14 @@ def test_runner_image_does_not_carry_the_controller() -> None:
     assert "controller" not in copied.replace("ksc-install", "")
 
 
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_image_copies_the_contract_both_sides_import(component: str) -> None:
+    sources = context_sources(component)
+    assert component in sources, sources
+    for shared in SHARED:
+        assert shared in sources, f"Dockerfile.{component} does not copy {shared}/"
+
+
 def context_sources(component: str) -> list[str]:
     sources: list[str] = []
     for stage in stages(dockerfile(component).read_text()):
@@ -173,7 +182,10 @@ def test_runner_extra_lists_every_distribution_the_runner_imports() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     extra = {_dist_name(req) for req in project["optional-dependencies"]["runner"]}
     owners = packages_distributions()
-    needed = {_dist_name(owners[module][0]) for module in third_party_imports(REPO / "runner")}
+    imported = third_party_imports(REPO / "runner")
+    for shared in SHARED:
+        imported |= third_party_imports(REPO / shared)
+    needed = {_dist_name(owners[module][0]) for module in imported}
     missing = sorted(needed - extra)
     assert not missing, f"pyproject.toml's `runner` extra lacks {missing}"
 

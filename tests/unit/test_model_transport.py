@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from contract.exitcodes import PERMANENT, REASONS, ExitCode
 from controller.api import InferenceConfig, InferenceRun, describe_invalid, run_config_warnings
 from controller.probe import ConfigView, plan_config
 from controller.render import desired_configmap, desired_job
-from runner.exitcodes import PERMANENT, REASONS, ExitCode
 from tests.unit.helpers import NOW, UID
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from contract.document import STORAGE_SECRETS_DIR, Contract, OpenAI, secret_references
 from controller import naming
 from controller.api import InferenceConfig, InferenceRun
 from controller.render import (
@@ -25,7 +26,6 @@ from controller.render import (
     probe_contract,
     render_contract,
 )
-from runner.contract import STORAGE_SECRETS_DIR, Contract, OpenAI, secret_references
 from tests.unit.helpers import UID
 
 # The example contract of upstream's README, in its own key order.

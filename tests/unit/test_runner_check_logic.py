@@ -5,6 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from contract.document import KServe
+from contract.exitcodes import ContractError, InferenceRejected
 from runner.check import (
     ModelProbe,
     input_problem,
@@ -13,8 +15,6 @@ from runner.check import (
     select_input,
     success_message,
 )
-from runner.contract import KServe
-from runner.exitcodes import ContractError, InferenceRejected
 from runner.inference import InputMetadata
 from runner.secrets import SecretError, _api_error
 from runner.storage.krateo import notebook_names, probe_target

@@ -8,10 +8,10 @@ from typing import Any
 import orjson
 import pytest
 
+from contract.document import Contract
+from contract.exitcodes import ContractError, ExitCode
 from runner import storage
 from runner.app import RunnerEnv, load_contract, plan
-from runner.contract import Contract
-from runner.exitcodes import ContractError, ExitCode
 from runner.storage.http import HttpProvider
 from runner.storage.krateo import KrateoProvider
 

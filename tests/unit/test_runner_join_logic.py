@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from contract.document import Contract
+from contract.exitcodes import ContractError
 from runner import storage
 from runner.app import RunnerEnv, plan
-from runner.contract import Contract
-from runner.exitcodes import ContractError
 from runner.join import RowSplitter, Selection, SelectionError, join, split_settings
 
 pytestmark = pytest.mark.unit

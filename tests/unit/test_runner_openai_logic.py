@@ -10,10 +10,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from contract.document import Contract, KServe, OpenAI
+from contract.exitcodes import ContractError
 from controller.api import InferenceConfig
 from runner.app import RunnerEnv, plan
-from runner.contract import Contract, KServe, OpenAI
-from runner.exitcodes import ContractError
 from runner.inference import ModelRefused
 from runner.join import Selection, SelectionError
 from runner.openai import (

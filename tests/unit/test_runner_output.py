@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from runner.contract import KServe
-from runner.exitcodes import ContractError
+from contract.document import KServe
+from contract.exitcodes import ContractError
 from runner.httputil import retry_after_seconds, server_message, trim
 from runner.inference import (
     InputMetadata,

@@ -10,8 +10,8 @@ import pytest
 import yaml
 from psycopg import errors
 
+from contract.credentials import find_inline_credentials
 from runner import storage
-from runner.credentials import find_inline_credentials
 from runner.retry import Transient
 from runner.storage.base import StorageError, StorageRejected
 from runner.storage.postgres import (

@@ -11,8 +11,9 @@ import orjson
 import pytest
 import structlog
 
-from runner import logs, paths
-from runner.credentials import REDACTED
+from contract import paths
+from contract.credentials import REDACTED
+from runner import logs
 from runner.redact import Redactor
 from runner.secrets import PUBLIC_KEYS, RedactingSecretReader, decode_data, pod_namespace
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner.exitcodes import (
+from contract.exitcodes import (
     PERMANENT,
     REASONS,
     STAGE_ERRORS,
