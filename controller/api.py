@@ -74,8 +74,8 @@ from contract.document import (
     SecretSource,
     secret_references,
 )
+from contract.termination import RunResult
 from controller.cron import Schedule, TimeZone
-from runner.termination import RunResult
 
 GROUP = "ai.krateo.io"
 VERSION = "v1"
@@ -1147,7 +1147,7 @@ class InferenceRunStatus(_Model):
     last_schedule_time: KubeTime | None = None
     progress: Progress | None = None
     # The runner's success message, its keys and (over shards) its sums
-    # (runner.termination.RunResult, the one definition), and the attempts.
+    # (contract.termination.RunResult, the one definition), and the attempts.
     result: RunOutcome | None = None
     reason: str | None = None
     message: str | None = None

@@ -60,6 +60,7 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
+from contract.progress import last_progress
 from controller.api import (
     CONDITION_READY,
     Condition,
@@ -85,7 +86,6 @@ from controller.naming import COMPLETION_INDEX_LABEL, RUN_UID_LABEL, child_label
 from controller.plan import Create, Plan, Refusal, View, Write, plan, wants_job_events
 from controller.render import CONTAINER_NAME
 from controller.status import run_conditions
-from runner.progress import last_progress
 
 log = structlog.stdlib.get_logger(__name__)
 

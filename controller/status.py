@@ -68,6 +68,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from contract.exitcodes import REASONS, ExitCode
+from contract.termination import RunResult, parse_success, total
 from controller.api import (
     CONDITION_COMPLETE,
     CONDITION_FAILED,
@@ -90,7 +91,6 @@ from controller.api import (
 from controller.cron import next_schedule_time
 from controller.naming import KUEUE_QUEUE_LABEL, POD_START_FAILED_ANNOTATION
 from controller.render import CONTAINER_NAME
-from runner.termination import RunResult, parse_success, total
 
 CONDITION_WARNING = "Warning"
 # The Warning of a run whose output, not keyed, was written by more than one attempt.

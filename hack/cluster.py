@@ -47,9 +47,9 @@ from typing import IO, Any
 
 import yaml
 
+from contract.termination import RunResult, success_message
 from hack.commands import run_tool
 from hack.pki import Pki, make_pki
-from runner.termination import RunResult, success_message
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO / "hack" / "controlplane" / "build.sh"

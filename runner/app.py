@@ -55,6 +55,9 @@ from contract.exitcodes import (
     InputRejected,
     RunnerError,
 )
+from contract.progress import EVENT as PROGRESS_EVENT
+from contract.progress import Progress
+from contract.termination import RunResult, success_message
 from runner import openai, storage, streaming, termination
 from runner.batching import shard
 from runner.inference import (
@@ -69,8 +72,7 @@ from runner.inference import (
 )
 from runner.join import RowSplitter, Selection, SelectionError, join
 from runner.logs import get_logger
-from runner.progress import EVENT as PROGRESS_EVENT
-from runner.progress import Progress, ProgressTracker
+from runner.progress import ProgressTracker
 from runner.proxy import client_session
 from runner.retry import Deadline, log_retries
 from runner.secrets import (
@@ -89,7 +91,6 @@ from runner.storage.base import (
     StorageProvider,
     explain,
 )
-from runner.termination import RunResult
 from runner.transport import model_session
 
 
@@ -624,6 +625,6 @@ async def run(
         return call.failed(error, state.stage, stopped)
     finally:
         await call.close()
-    message = termination.success_message(result)
+    message = success_message(result)
     call.succeeded("run succeeded", message, rows=result.rows, predictions=result.predictions)
     return ExitCode.DONE

@@ -58,6 +58,8 @@ from contract.exitcodes import (
     InputRejected,
     RunnerError,
 )
+from contract.progress import EVENT as PROGRESS_EVENT
+from contract.progress import Progress
 from runner.batching import batch_ranges
 from runner.decoding import StreamCollector
 from runner.inference import (
@@ -71,8 +73,7 @@ from runner.inference import (
 )
 from runner.join import RowSplitter, Selection, SelectionError, join
 from runner.openai import OpenAIPredictor, RowReader, openai_plan
-from runner.progress import EVENT as PROGRESS_EVENT
-from runner.progress import Progress, ProgressTracker
+from runner.progress import ProgressTracker
 from runner.retry import Deadline, log_retries
 from runner.stages import model_failures, storage_failures
 from runner.storage.base import (

@@ -33,11 +33,11 @@ import numpy as np
 import orjson
 import pytest
 
+from contract.progress import Progress, last_progress
 from hack.loopback import FaultProxy
 from hack.storage_service import IRIS_COLUMNS, StorageService
 from runner import app, logs
 from runner import check as config_check
-from runner.progress import Progress, last_progress
 from runner.secrets import SecretError
 from tests.servers import ModelServer, OpenAIServer
 

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from contract.credentials import find_inline_credentials
 from contract.document import Batching
+from contract.termination import RunResult
 from controller import api, cron, render
 from controller.api import (
     Condition,
@@ -34,7 +35,6 @@ from controller.api import (
     set_condition,
 )
 from controller.cron import CRON_DESCRIPTORS, CRON_PATTERN, check_schedule
-from runner.termination import RunResult
 
 pytestmark = pytest.mark.unit
 

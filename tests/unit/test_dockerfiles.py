@@ -120,6 +120,13 @@ def test_runner_image_does_not_carry_the_controller() -> None:
     assert "controller" not in copied.replace("ksc-install", "")
 
 
+def test_controller_image_does_not_carry_the_runner() -> None:
+    # What the controller needs of the runner is the contract both import (contract/).
+    sources = context_sources("controller")
+    assert "controller" in sources, sources
+    assert not any(source.split("/")[0] == "runner" for source in sources), sources
+
+
 @pytest.mark.parametrize("component", COMPONENTS)
 def test_image_copies_the_contract_both_sides_import(component: str) -> None:
     sources = context_sources(component)

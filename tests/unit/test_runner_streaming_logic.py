@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import orjson
 import pytest
 
+from contract.termination import RunResult, success_message
 from runner import decoding, storage
 from runner.retry import Deadline
 from runner.storage.base import (
@@ -21,7 +22,6 @@ from runner.storage.base import (
 )
 from runner.storage.transport import Answer, next_from, page_from, stored_from
 from runner.streaming import StreamStats, missing_part
-from runner.termination import RunResult, success_message
 
 pytestmark = pytest.mark.unit
 

@@ -7,18 +7,19 @@ from pathlib import Path
 import orjson
 import pytest
 
-from runner import termination
-from runner.progress import Progress, ProgressTracker, last_progress, parse_line
-from runner.redact import Redactor
-from runner.termination import (
+from contract.progress import Progress, last_progress, parse_line
+from contract.termination import (
     MAX_BYTES,
     RunResult,
     cut,
-    failure_message,
     parse_success,
     success_message,
     total,
 )
+from runner import termination
+from runner.progress import ProgressTracker
+from runner.redact import Redactor
+from runner.termination import failure_message
 
 pytestmark = pytest.mark.unit
 
