@@ -1,1 +1,4 @@
-"""Benchmarks: measured, never asserted (results in docs/benchmarks.md)."""
+"""Benchmarks: measured, never asserted.
+
+Each run's log is in bench/results/, the current figures in docs/benchmarks.md.
+"""

@@ -30,7 +30,7 @@ One control plane, one namespace, the controller under the Helm chart's RBAC
    ``leader_election_master_status`` = 1 (metrics polled every 50 ms), and to
    the Job of a run created at the moment of the signal (audit log).
 
-Prints Markdown tables. Figures, not assertions: see docs/benchmarks.md.
+Prints Markdown tables. Figures, not assertions: see bench/results/faults.md.
 """
 
 from __future__ import annotations

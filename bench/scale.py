@@ -39,7 +39,7 @@ config probes off so that every Job counted is a run's). Then, in this order:
    present: time to ready (cache sync), time until quiet, RSS, its requests.
 
 Prints Markdown tables, writes the series as JSON and plots them
-(``--plots-dir``, default docs/img: scale-latency.png, scale-memory.png).
+(``--plots-dir``, default bench/results/img: scale-latency.png, scale-memory.png).
 Measured and printed, never asserted.
 """
 
@@ -1216,7 +1216,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--profile", type=float, default=0.0,
         help="py-spy the controller for this many seconds from the start of the last phase",
     )  # fmt: skip
-    parser.add_argument("--plots-dir", type=Path, default=REPO / "docs" / "img")
+    parser.add_argument("--plots-dir", type=Path, default=REPO / "bench" / "results" / "img")
     parser.add_argument("--json", type=Path, help="also write the series and figures here")
     args = parser.parse_args(argv)
     if args.runs < len(args.rates) or args.namespaces < 1 or args.nodes < 1 or args.shards < 1:

@@ -20,6 +20,7 @@ PAGES = [
     REPO / "README.md",
     REPO / "deploy" / "README.md",
     *sorted((REPO / "docs").glob("*.md")),
+    *sorted((REPO / "bench" / "results").glob("*.md")),
 ]
 FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
 CODE = re.compile(r"`[^`\n]*`")
