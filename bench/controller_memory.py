@@ -3,8 +3,9 @@
     .venv/bin/python -m bench.controller_memory [--runs 1000]
 
 On one fresh local control plane, the controller (``python -m controller``,
-the Helm chart's RBAC, ``MAX_RECONCILE_RATE=4``, ``POLLING_INTERVAL=1h`` so
-that resyncs never keep it from settling) watching one namespace:
+the Helm chart's RBAC, ``--workers`` workers (``MAX_RECONCILE_RATE``, default:
+the chart's), ``POLLING_INTERVAL=1h`` so that resyncs never keep it from
+settling) watching one namespace:
 
 1. **Empty**: a fresh controller, caches synced with no run, settled (work
    queue empty, no reconcile for a few seconds): its RSS.
@@ -64,6 +65,7 @@ from bench.controller_throughput import (
     prepare,
     suspended_run,
 )
+from bench.scale import chart_workers
 from controller.kube.client import KubeClient
 from controller.kube.informer import LAST_APPLIED
 from controller.kube.resources import CONFIGMAPS, JOBS
@@ -71,8 +73,6 @@ from controller.naming import managed_selector
 from controller.reconcile import CONFIGS, RUNS
 from hack.cluster import running_cluster
 from runner.batching import map_ordered
-
-WORKERS = 4
 
 
 @dataclass(frozen=True)
@@ -182,9 +182,15 @@ def main(argv: list[str] | None = None) -> int:
         help="the interpreter to run the controller with, e.g. a venv made from "
         "deploy/images/requirements-controller.txt to measure the image's set of packages",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=chart_workers(),
+        help="MAX_RECONCILE_RATE (default: the chart's settings.maxReconcileRate)",
+    )
     args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
+    if args.runs < 1 or args.workers < 1:
+        parser.error("--runs and --workers must be at least 1")
 
     loads = [load_average()]
     with tempfile.TemporaryDirectory(prefix="ksc-bench-") as tmp, running_cluster() as cluster:
@@ -195,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         quiet = {"POLLING_INTERVAL": "1h"}
         in_cluster = not args.kubeconfig_mode
         options: dict[str, Any] = {"in_cluster": in_cluster, "python": args.controller_python}
-        first = Controller(setup, WORKERS, "controller-1", quiet, **options)
-        second = Controller(setup, WORKERS, "controller-2", quiet, **options)
+        first = Controller(setup, args.workers, "controller-1", quiet, **options)
+        second = Controller(setup, args.workers, "controller-2", quiet, **options)
         try:
             first.start()
             first.wait_quiet()
