@@ -56,7 +56,7 @@ from typing import Any
 import structlog
 
 from controller.kube.errors import ApiError
-from controller.kube.informer import object_key
+from controller.kube.objects import controller_of, object_key
 from controller.kube.resources import CRONJOBS, JOBS, Obj, Resource
 from controller.kube.workers import Result, Workers
 from controller.kube.workqueue import WorkQueue
@@ -311,10 +311,9 @@ class Cleanup:
         for job in labelled_jobs:
             # Only under a CronJob deleted here (one left alone keeps its Jobs
             # too), or one that is gone, read live.
-            owners = {r.get("uid") for r in job["metadata"].get("ownerReferences") or []}
             if owning_run(job) is not None:
                 continue
-            if owners & gone.crons:
+            if (owner := controller_of(job)) is not None and owner.get("uid") in gone.crons:
                 await self._delete(job, gone, execution=True)
             elif self._stray_execution(job, uid):
                 await self._delete_if_cron_gone(job, uid)
@@ -408,8 +407,7 @@ def _still_the_runs(obj: Obj, run_uid: str, *, execution: bool) -> bool:
     if labels.get(RUN_UID_LABEL) != run_uid:
         return False
     if execution:
-        refs = obj["metadata"].get("ownerReferences") or []
-        return any(r.get("controller") and r.get("kind") == CRONJOB_KIND for r in refs)
+        return (controller_of(obj) or {}).get("kind") == CRONJOB_KIND
     owner = owning_run(obj)
     return owner is not None and owner.uid == run_uid
 

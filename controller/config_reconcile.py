@@ -21,6 +21,7 @@ from controller.api import InferenceConfig, ModelCache, RunnerPodDefaults, descr
 from controller.isvc_watch import ModelWatch
 from controller.kube.errors import ApiError
 from controller.kube.events import EventRecorder
+from controller.kube.objects import is_controlled_by
 from controller.kube.resources import CONFIGMAPS, JOBS, Obj, Resource
 from controller.kube.workers import Result
 from controller.naming import CONFIG_UID_LABEL
@@ -77,7 +78,9 @@ class ConfigReconciler:
             config=config,
             invalid=invalid,
             probe_interval=self.probe_interval,
-            probe_jobs=[j for j in self.caches.jobs.by_index(BY_CONFIG_UID, uid) if _owned(j, uid)],
+            probe_jobs=[
+                j for j in self.caches.jobs.by_index(BY_CONFIG_UID, uid) if is_controlled_by(j, uid)
+            ],
             probe_pods=self.caches.pods.by_index(BY_CONFIG_UID, uid),
             runner_service_account=self.runner_service_account,
             pod_defaults=self.pod_defaults,
@@ -131,10 +134,3 @@ class ConfigReconciler:
                 if not exc.is_not_found:
                     raise
             informer.assume_deleted(f"{meta['namespace']}/{meta['name']}")
-
-
-def _owned(obj: Obj, uid: str) -> bool:
-    return any(
-        ref.get("uid") == uid and ref.get("controller")
-        for ref in obj["metadata"].get("ownerReferences") or []
-    )

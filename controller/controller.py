@@ -58,9 +58,9 @@ from controller.kube.informer import (
     OnAdd,
     OnDelete,
     OnUpdate,
-    object_key,
 )
 from controller.kube.leaderelection import LeaderElector, make_identity
+from controller.kube.objects import object_key
 from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS, PODS, Obj
 from controller.kube.workers import Workers
 from controller.kube.workqueue import WorkQueue, default_rate_limiter

@@ -43,7 +43,8 @@ import structlog
 from controller.isvc import INFERENCESERVICES, Access, AccessState
 from controller.kube.client import KubeClient
 from controller.kube.errors import ApiError, TransportError
-from controller.kube.informer import WATCH_IDLE_TIMEOUT, Informer, object_key
+from controller.kube.informer import WATCH_IDLE_TIMEOUT, Informer
+from controller.kube.objects import object_key
 from controller.kube.resources import Obj
 from controller.metrics import Metrics
 

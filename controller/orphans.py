@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from controller.kube.objects import controller_of
 from controller.kube.resources import Obj
 from controller.naming import RUN_UID_LABEL
 
@@ -56,15 +57,10 @@ def _label_uid(obj: Mapping[str, Any]) -> str | None:
     return str(uid) if uid else None
 
 
-def _controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
-    return next((r for r in refs if isinstance(r, Mapping) and r.get("controller")), None)
-
-
 def owning_run(obj: Mapping[str, Any]) -> RunRef | None:
     """The run ``obj`` is a workload of (label and controlling owner agree), else None."""
     uid = _label_uid(obj)
-    ref = _controller_ref(obj)
+    ref = controller_of(obj)
     if uid is None or ref is None:
         return None
     group = str(ref.get("apiVersion") or "").partition("/")[0]
@@ -79,7 +75,7 @@ def owning_run(obj: Mapping[str, Any]) -> RunRef | None:
 
 def owner_cronjob(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The controlling owner reference of ``obj`` when it is a CronJob (an execution's)."""
-    ref = _controller_ref(obj)
+    ref = controller_of(obj)
     if ref is None or ref.get("kind") != CRONJOB_KIND or not ref.get("name"):
         return None
     return ref
@@ -97,7 +93,7 @@ def workloads_of(run_uid: str, jobs: Iterable[Obj], cronjobs: Iterable[Obj]) -> 
         j
         for j in jobs
         if _label_uid(j) == run_uid
-        and (ref := _controller_ref(j)) is not None
+        and (ref := controller_of(j)) is not None
         and ref.get("kind") == CRONJOB_KIND
         and ref.get("uid") in cron_uids
     ]

@@ -70,6 +70,7 @@ from controller.api import (
     set_condition,
 )
 from controller.isvc import ModelProblem, Resolution, ResolvedModel, contract_model
+from controller.kube.objects import job_finished, parse_time
 from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS, Obj, Resource
 from controller.naming import (
     CONFIG_GENERATION_ANNOTATION,
@@ -93,7 +94,6 @@ from controller.status import (
     kstatus_conditions,
     one_line,
     outcome_conditions,
-    parse_time,
     pod_start_failure,
     queue_of,
 )
@@ -325,18 +325,10 @@ def wants_job_events(job: Obj | None, pods: Sequence[Obj], now: datetime) -> boo
     """Whether a one-shot run's Job may be failing to create pods (read its Events)."""
     if job is None or pods:
         return False
-    if _job_finished(job) or (job.get("spec") or {}).get("suspend"):
+    if job_finished(job) or (job.get("spec") or {}).get("suspend"):
         return False
     created = parse_time(job["metadata"].get("creationTimestamp"))
     return created is not None and now - created >= JOB_EVENTS_AFTER
-
-
-def _job_finished(job: Obj) -> bool:
-    return any(
-        c.get("type") in ("Complete", "Failed", "SuccessCriteriaMet", "FailureTarget")
-        and c.get("status") == "True"
-        for c in (job.get("status") or {}).get("conditions") or []
-    )
 
 
 def _differs(current: Obj, desired: Obj) -> bool:
@@ -400,7 +392,7 @@ def _children(view: View) -> _Children:
         spec = workload.get("spec") or {}
         suspended = bool(spec.get("suspend"))
         wanted = run.spec.suspend or (suspended and queue_of(workload) is not None)
-        if not _job_finished(workload) and suspended != wanted:
+        if not job_finished(workload) and suspended != wanted:
             meta = workload["metadata"]
             out.writes.append(
                 Patch(
@@ -698,7 +690,7 @@ def pod_start_cut(view: View, workload: Obj | None, status: InferenceRunStatus) 
     timeout = pod_start_timeout(view)
     if timeout <= 0 or view.run.spec.scheduled or workload is None:
         return None
-    if status.phase != "Pending" or _job_finished(workload):
+    if status.phase != "Pending" or job_finished(workload):
         return None
     meta = workload["metadata"]
     if (workload.get("spec") or {}).get("suspend"):

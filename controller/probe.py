@@ -40,6 +40,7 @@ from controller.api import (
     set_condition,
 )
 from controller.isvc import ModelProblem, Resolution, ResolvedModel, contract_model
+from controller.kube.objects import parse_time
 from controller.kube.resources import Obj
 from controller.naming import PROBE_GENERATION_ANNOTATION, probe_name
 from controller.plan import Event
@@ -49,7 +50,6 @@ from controller.status import (
     EXIT_REASONS,
     container_cannot_start,
     one_line,
-    parse_time,
 )
 
 # While a probe runs, look again at least this often (its pod's events also bring the config back).

@@ -78,6 +78,7 @@ from controller.isvc_watch import ModelWatch
 from controller.kube.errors import ApiError
 from controller.kube.events import EventRecorder
 from controller.kube.informer import Informer
+from controller.kube.objects import controller_of, is_controlled_by
 from controller.kube.resources import CONFIGMAPS, CRONJOBS, EVENTS, JOBS, Obj, Resource
 from controller.kube.workers import Result
 from controller.logging import bound
@@ -351,7 +352,7 @@ class Reconciler:
         uid = run.metadata.uid
 
         def owned(informer: Informer) -> list[Obj]:
-            return [o for o in informer.by_index(BY_RUN_UID, uid) if _owned_by(o, uid)]
+            return [o for o in informer.by_index(BY_RUN_UID, uid) if is_controlled_by(o, uid)]
 
         cronjobs = owned(self.caches.cronjobs)
         cron_uids = {c["metadata"].get("uid") for c in cronjobs}
@@ -359,9 +360,9 @@ class Reconciler:
         executions = [
             j
             for j in all_jobs
-            if any(o.get("uid") in cron_uids for o in j["metadata"].get("ownerReferences") or [])
+            if (owner := controller_of(j)) is not None and owner.get("uid") in cron_uids
         ]
-        jobs = [j for j in all_jobs if _owned_by(j, uid)]
+        jobs = [j for j in all_jobs if is_controlled_by(j, uid)]
         pods = self.caches.pods.by_index(BY_RUN_UID, uid)
         now = self.clock()
         job_events: list[tuple[str, str]] = []
@@ -588,7 +589,7 @@ class Reconciler:
             if exc.is_not_found:
                 raise _Requeue(f"{resource.kind} {name} appeared and went") from exc
             raise
-        if _owned_by(existing, run.metadata.uid):
+        if is_controlled_by(existing, run.metadata.uid):
             labels = existing["metadata"].get("labels") or {}
             wanted = child_labels(run.metadata.name, run.metadata.uid, run.spec.config_ref.name)
             if any(labels.get(k) != v for k, v in wanted.items()):
@@ -605,15 +606,12 @@ class Reconciler:
                 log.info("adopted child", kind=resource.kind, name=name)
             self.caches.of(resource).assume(existing)
             return None
-        owner = next(
-            (
-                f"{r.get('kind')} {r.get('name')}"
-                for r in existing["metadata"].get("ownerReferences") or []
-                if r.get("controller")
-            ),
-            None,
+        owner = controller_of(existing)
+        whose = (
+            f"it belongs to {owner.get('kind')} {owner.get('name')}"
+            if owner is not None
+            else "it has no controlling owner"
         )
-        whose = f"it belongs to {owner}" if owner else "it has no controlling owner"
         return Refusal(
             kind=resource.kind,
             name=name,
@@ -732,13 +730,6 @@ def _refusal(exc: ApiError, kind: str, name: str, verb: str) -> Refusal:
 def _too_large(exc: ApiError) -> bool:
     text = exc.message.lower()
     return exc.status == 413 or "too large" in text or "exceeds the maximum" in text
-
-
-def _owned_by(obj: Obj, uid: str) -> bool:
-    return any(
-        ref.get("uid") == uid and ref.get("controller")
-        for ref in obj["metadata"].get("ownerReferences") or []
-    )
 
 
 def _run_ref(run: InferenceRun) -> Obj:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from controller.api import CONFIG_KIND, CONFIG_PLURAL, GROUP, RUN_KIND, RUN_PLURAL, VERSION
 from controller.kube.errors import ApiError, NotFound, TransportError
+from controller.kube.objects import parse_time
 from controller.kube.resources import LEASES, Resource
 
 if TYPE_CHECKING:
@@ -203,12 +204,6 @@ def list_failure(
 # ------------------------------------------------------------------ pure verdicts: Lease
 
 
-def parse_time(text: str) -> datetime:
-    """A Kubernetes Time or MicroTime (RFC 3339, ``Z`` or an offset) as an aware datetime."""
-    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-
-
 def lease_result(
     lease: Mapping[str, Any] | None,
     *,
@@ -247,6 +242,8 @@ def lease_result(
     try:
         renewed = parse_time(str(renew_text))
     except ValueError:
+        renewed = None
+    if renewed is None:
         return fail(f"{lease_id} has an unreadable renewTime {renew_text!r}; {pods}")
     age = (now - renewed).total_seconds()
     if age > duration:

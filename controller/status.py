@@ -61,7 +61,6 @@ and ``Warning`` (something the controller does differently than written).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -89,6 +88,7 @@ from controller.api import (
     set_condition,
 )
 from controller.cron import next_schedule_time
+from controller.kube.objects import JOB_FAILED, finished_condition, job_outcome, parse_time
 from controller.naming import KUEUE_QUEUE_LABEL, POD_START_FAILED_ANNOTATION
 from controller.render import CONTAINER_NAME
 
@@ -148,12 +148,6 @@ def _conditions_of(obj: Json | None) -> dict[str, Json]:
         for c in (obj.get("status") or {}).get("conditions") or []
         if c.get("status") == "True"
     }
-
-
-def parse_time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 def _runner_state(pod: Json) -> Json | None:
@@ -352,8 +346,7 @@ def outcome(result: RunResult, job: Json) -> RunOutcome:
 
 
 def _succeeded(job: Json) -> bool:
-    conditions = _conditions_of(job)
-    return "Complete" in conditions or "SuccessCriteriaMet" in conditions
+    return job_outcome(job) == "Succeeded"
 
 
 def duplicate_output_warning(
@@ -428,30 +421,28 @@ def _job_outcome(
     ``pending_cause``: why the run was Pending when last looked at (a deadline
     that ends it keeps the cause, as the Job deletes the pod that said it).
     """
-    conditions = _conditions_of(job)
-    for kind in ("Failed", "FailureTarget"):
-        if kind in conditions:
-            cond = conditions[kind]
-            job_reason = cond.get("reason") or "JobFailed"
-            job_message = cond.get("message") or ""
-            cut = pod_start_failed(job)
-            if cut is not None and job_reason == "DeadlineExceeded":
-                # The controller ended the Job: its pod could not start in time.
-                return "Failed", cut[0], one_line(cut[1])
-            failure = runner_failure(pods)
-            if job_reason == "DeadlineExceeded" or failure is None:
-                message = job_message
-                if failure is not None:
-                    message = f"{job_message}; last runner: {failure[1]}".strip("; ")
-                else:
-                    stuck = pod_waiting(pods) or pod_disruption(pods, now) or pending_cause
-                    if stuck is not None:
-                        message = f"{job_message}; it was pending: {stuck[0]}: {stuck[1]}"
-                return "Failed", job_reason, one_line(message.strip("; "))
-            return "Failed", failure[0], failure[1]
-    if "Complete" in conditions or "SuccessCriteriaMet" in conditions:
+    ended = finished_condition(job)
+    if ended is not None and ended.get("type") in JOB_FAILED:
+        job_reason = ended.get("reason") or "JobFailed"
+        job_message = ended.get("message") or ""
+        cut = pod_start_failed(job)
+        if cut is not None and job_reason == "DeadlineExceeded":
+            # The controller ended the Job: its pod could not start in time.
+            return "Failed", cut[0], one_line(cut[1])
+        failure = runner_failure(pods)
+        if job_reason == "DeadlineExceeded" or failure is None:
+            message = job_message
+            if failure is not None:
+                message = f"{job_message}; last runner: {failure[1]}".strip("; ")
+            else:
+                stuck = pod_waiting(pods) or pod_disruption(pods, now) or pending_cause
+                if stuck is not None:
+                    message = f"{job_message}; it was pending: {stuck[0]}: {stuck[1]}"
+            return "Failed", job_reason, one_line(message.strip("; "))
+        return "Failed", failure[0], failure[1]
+    if ended is not None:
         return "Succeeded", "Completed", ""
-    if "Suspended" in conditions or (job.get("spec") or {}).get("suspend"):
+    if "Suspended" in _conditions_of(job) or (job.get("spec") or {}).get("suspend"):
         queue = queue_of(job)
         if queue is not None and not suspend_asked:
             return "Pending", REASON_QUEUED, f"waiting for Kueue to admit it to queue {queue}"
@@ -908,7 +899,7 @@ def _one_shot(status: InferenceRunStatus, observed: Observed) -> None:
             status.result = outcome(result, job)
             status.progress = Progress(rows_done=result.rows, rows_total=result.rows)
     elif phase == "Failed":
-        failed = _conditions_of(job).get("Failed") or _conditions_of(job).get("FailureTarget") or {}
+        failed = finished_condition(job) or {}
         status.completion_time = (
             parse_time(failed.get("lastTransitionTime")) or status.completion_time or observed.now
         )
@@ -934,14 +925,9 @@ def _execution(job: Json, all_pods: Sequence[Json], now: datetime) -> tuple[Exec
     completion = None
     if phase in ("Succeeded", "Failed"):
         completion = parse_time(job_status.get("completionTime"))
-        if completion is None:
-            with contextlib.suppress(StopIteration):
-                cond = next(
-                    c
-                    for c in (job_status.get("conditions") or [])
-                    if c["type"] in ("Failed", "FailureTarget") and c["status"] == "True"
-                )
-                completion = parse_time(cond.get("lastTransitionTime"))
+        ended = finished_condition(job)
+        if completion is None and ended is not None and ended.get("type") in JOB_FAILED:
+            completion = parse_time(ended.get("lastTransitionTime"))
     execution = Execution(
         name=job["metadata"]["name"],
         phase=phase,  # type: ignore[arg-type]

@@ -4,6 +4,8 @@ Modules, each a noun for what it holds:
 
 - ``resources``: what is addressed, ``Resource`` (group, version, plural) and
   the descriptors (``JOBS``, ``CONFIGMAPS``...), and the ``Obj`` alias; pure;
+- ``objects``: what is read of a raw object, pure: its key, its controlling
+  owner, how a Job ended, Kubernetes times;
 - ``errors``: ``ApiError`` (HTTP status, the API's reason) and its subclasses;
 - ``transport``: the connection (configuration, TLS, proxies, auth, the
   client-side token bucket, request metrics);

@@ -84,6 +84,7 @@ import orjson
 import structlog
 
 from controller.kube.errors import ApiError, TransportError
+from controller.kube.objects import object_key, resource_version
 from controller.kube.resources import Obj, Resource, Transform
 from controller.metrics import labelled
 
@@ -124,22 +125,6 @@ log = structlog.stdlib.get_logger(__name__)
 # ------------------------------------------------------------------------- pure parts
 
 
-def object_key(obj: Mapping[str, Any]) -> str:
-    """``namespace/name``, or ``name`` for a cluster-scoped object (client-go's key)."""
-    metadata = obj.get("metadata") or {}
-    name = metadata.get("name")
-    if not name:
-        raise ValueError("object has no metadata.name")
-    namespace = metadata.get("namespace")
-    return f"{namespace}/{name}" if namespace else str(name)
-
-
-def resource_version(obj: Mapping[str, Any]) -> str | None:
-    metadata = obj.get("metadata") or {}
-    value = metadata.get("resourceVersion")
-    return str(value) if value else None
-
-
 def slim(obj: Obj) -> Obj:
     """``obj`` without managedFields and the last-applied annotation (a shallow copy)."""
     metadata = obj.get("metadata")
@@ -158,30 +143,6 @@ def slim(obj: Obj) -> Obj:
         else:
             metadata.pop("annotations", None)
     return {**obj, "metadata": metadata}
-
-
-def owner_uids(obj: Mapping[str, Any]) -> list[str]:
-    """Index function: the uids of the object's owners ("children by owner uid")."""
-    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
-    return [str(ref["uid"]) for ref in refs if isinstance(ref, dict) and ref.get("uid")]
-
-
-def owner_key(obj: Mapping[str, Any], *, kind: str, api_group: str) -> str | None:
-    """The key of the object's controlling owner when it is a ``kind`` of ``api_group``.
-
-    sample-controller's handleObject: a child's event becomes work for its
-    owner. Owners live in the child's namespace (owner references cannot
-    cross namespaces).
-    """
-    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
-    ref = next((r for r in refs if isinstance(r, dict) and r.get("controller")), None)
-    if ref is None or ref.get("kind") != kind or not ref.get("name"):
-        return None
-    group = str(ref.get("apiVersion") or "").rpartition("/")[0]
-    if group != api_group:
-        return None
-    namespace = (obj.get("metadata") or {}).get("namespace")
-    return f"{namespace}/{ref['name']}" if namespace else str(ref["name"])
 
 
 class Store:

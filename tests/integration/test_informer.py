@@ -15,9 +15,12 @@ from typing import Any
 import pytest
 
 from controller.kube.client import KubeClient
-from controller.kube.informer import Informer, object_key, owner_uids
+from controller.kube.informer import Informer
+from controller.kube.objects import object_key
 from controller.kube.resources import CONFIGMAPS, NAMESPACES
 from controller.metrics import Metrics
+from controller.naming import RUN_UID_LABEL
+from controller.reconcile import BY_RUN_UID, run_uid_index
 from hack.cluster import LocalCluster
 from tests.integration.partition import behind_a_proxy
 from tests.kubehelpers import controller_ref, eventually
@@ -160,7 +163,8 @@ async def test_children_by_owner_and_garbage_collection(
     kube: KubeClient, namespace: str, tasks: list[asyncio.Task[None]]
 ) -> None:
     parent = await kube.create(CONFIGMAPS, namespace, configmap("parent", {"family": "x"}))
-    child = configmap("child", {"family": "x"})
+    # Indexed as the controller indexes its children: by the owner's uid label.
+    child = configmap("child", {"family": "x", RUN_UID_LABEL: parent["metadata"]["uid"]})
     child["metadata"]["ownerReferences"] = [controller_ref(parent)]
     await kube.create(CONFIGMAPS, namespace, child)
     informer = Informer(
@@ -168,17 +172,17 @@ async def test_children_by_owner_and_garbage_collection(
         CONFIGMAPS,
         namespaces=[namespace],
         label_selector="family=x",
-        indexers={"by-owner": owner_uids},
+        indexers={BY_RUN_UID: run_uid_index},
     )
     seen = Seen(informer)
     await started(informer, tasks)
-    children = informer.by_index("by-owner", parent["metadata"]["uid"])
+    children = informer.by_index(BY_RUN_UID, parent["metadata"]["uid"])
     assert [o["metadata"]["name"] for o in children] == ["child"]
 
     # The real garbage collector removes the child once its owner is gone.
     await kube.delete(CONFIGMAPS, namespace, "parent", propagation_policy="Background")
     await seen.wait_for(("delete", f"{namespace}/parent"), ("delete", f"{namespace}/child"))
-    assert informer.by_index("by-owner", parent["metadata"]["uid"]) == []
+    assert informer.by_index(BY_RUN_UID, parent["metadata"]["uid"]) == []
 
 
 async def test_watches_that_time_out_are_reopened_without_a_list_or_a_lost_event(

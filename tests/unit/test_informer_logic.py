@@ -28,10 +28,9 @@ from controller.kube.informer import (
     Store,
     WatchExpired,
     WatchFailed,
-    object_key,
-    owner_uids,
     slim,
 )
+from controller.kube.objects import controller_of, is_controlled_by, object_key
 from controller.kube.resources import Resource
 from controller.metrics import Metrics
 
@@ -238,8 +237,11 @@ def test_owner_helpers() -> None:
             ]
         },
     )
-    assert owner_uids(child) == ["u1", "u2"]
-    assert owner_uids(obj("lonely", "1")) == []
+    assert controller_of(child) == {"uid": "u2", "kind": "InferenceRun", "controller": True}
+    assert is_controlled_by(child, "u2")
+    assert not is_controlled_by(child, "u1")  # an owner, not the controlling one
+    assert controller_of(obj("lonely", "1")) is None
+    assert not is_controlled_by(obj("lonely", "1"), "u2")
 
 
 @pytest.mark.parametrize("packed", [False, True])

@@ -22,14 +22,8 @@ from controller.api import InferenceConfig, InferenceRun
 from controller.config_reconcile import config_uid_index
 from controller.controller import _uid_index
 from controller.kube.events import InvolvedObject
-from controller.kube.informer import (
-    LAST_APPLIED,
-    object_key,
-    owner_key,
-    owner_uids,
-    resource_version,
-    slim,
-)
+from controller.kube.informer import LAST_APPLIED, slim
+from controller.kube.objects import controller_of, is_controlled_by, object_key, resource_version
 from controller.naming import (
     COMPLETION_INDEX_LABEL,
     DESIRED_HASH_ANNOTATION,
@@ -37,6 +31,7 @@ from controller.naming import (
     PROBE_GENERATION_ANNOTATION,
     RUN_SPEC_HASH_ANNOTATION,
 )
+from controller.orphans import owning_run
 from controller.plan import Plan, View, plan, run_spec_hash, wants_job_events
 from controller.probe import ConfigView, plan_config
 from controller.projection import (
@@ -49,7 +44,6 @@ from controller.projection import (
     projection,
 )
 from controller.reconcile import (
-    _owned_by,
     _runner_running,
     config_index,
     run_uid_index,
@@ -579,8 +573,10 @@ SCENARIOS |= {
 }
 
 
-def run_owner(obj: Obj) -> str | None:
-    return owner_key(obj, kind="InferenceRun", api_group="ai.krateo.io")
+def controller_ref_of(obj: Obj) -> tuple[Any, ...] | None:
+    """What the reconcilers read of an object's controlling owner reference."""
+    ref = controller_of(obj)
+    return None if ref is None else tuple(ref.get(k) for k in ("apiVersion", "kind", "name", "uid"))
 
 
 CHILD_FIELDS = ("configmaps", "jobs", "cronjobs", "executions", "pods")
@@ -646,14 +642,14 @@ def test_the_reconcilers_helpers_read_the_same_from_projected_children(name: str
             for read in (
                 object_key,
                 resource_version,
-                owner_uids,
-                run_owner,
+                controller_ref_of,
+                owning_run,
                 run_uid_index,
                 config_uid_index,
                 _uid_index,
             ):
                 assert read(small) == read(obj), read
-            assert _owned_by(small, RUN_UID) == _owned_by(obj, RUN_UID)
+            assert is_controlled_by(small, RUN_UID) == is_controlled_by(obj, RUN_UID)
             if obj["kind"] == "Pod":
                 assert _runner_running(small) == _runner_running(obj)
             if obj["kind"] == "Job":

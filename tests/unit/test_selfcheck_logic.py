@@ -17,6 +17,7 @@ import pytest
 
 from controller import __main__ as controller_main
 from controller.kube.errors import ApiError, NotFound, TransportError
+from controller.kube.objects import parse_time
 from controller.selfcheck import (
     CONFIGS,
     RUNS,
@@ -30,7 +31,6 @@ from controller.selfcheck import (
     lease_result,
     list_failure,
     listed_ok,
-    parse_time,
     resource_missing,
     username,
 )
@@ -144,6 +144,7 @@ def test_an_unreadable_renew_time_fails() -> None:
 def test_parse_time_reads_kubernetes_times(text: str, expected: datetime) -> None:
     parsed = parse_time(text)
     assert parsed == expected
+    assert parsed is not None
     assert parsed.tzinfo is not None  # a naive time is taken as UTC
 
 
