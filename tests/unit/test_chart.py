@@ -697,6 +697,21 @@ def test_every_alert_has_a_runbook_url_to_a_section_that_exists(
         assert anchor == alert["alert"].lower()
 
 
+def test_runbook_links_of_earlier_releases_still_land(monitored_objects: list[Obj]) -> None:
+    """Rules rendered before the guide's split point at operator-guide.md#<alert>.
+
+    `helm upgrade --reuse-values` keeps that old default of runbookUrl: the
+    index keeps an anchor per alert, linking to its runbook.
+    """
+    (rule_object,) = find(monitored_objects, "PrometheusRule")
+    alerts = [r["alert"] for g in rule_object["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert alerts
+    index = (REPO / "docs" / "operator-guide.md").read_text()
+    for alert in alerts:
+        anchor = alert.lower()
+        assert f'<a id="{anchor}"></a>[{alert}](runbooks.md#{anchor})' in index, alert
+
+
 # ----------------------------------------------------------------------------- sharding
 
 SHARD_LABEL = "ai.krateo.io/controller-shard"
