@@ -1,6 +1,6 @@
 """The Helm chart, rendered offline by the pinned helm binary (no cluster).
 
-What is checked here: lint, the CRDs kept identical to crds/, the controller's
+What is checked here: lint, the CRDs generated from crds/, the controller's
 and the runner's RBAC (exact rules, no Secrets for the controller, get-only for
 runners), Pod Security "restricted" fields, the settings ConfigMap against
 controller/settings.py, and the metric names used by alerts and the dashboard
