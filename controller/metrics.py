@@ -14,13 +14,11 @@ back without seeing each other's samples.
 
 from __future__ import annotations
 
-import functools
 import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
-from urllib.parse import urlsplit
 
 from prometheus_client import (
     CollectorRegistry,
@@ -32,6 +30,10 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+# controller.kube records with these; they are defined there (it imports no app module).
+from controller.kube.instruments import api_host as api_host
+from controller.kube.instruments import labelled as labelled
 
 # No ``<counter>_created`` / ``<histogram>_created`` series: they double the
 # number of series, client-go and controller-runtime export none, and
@@ -89,25 +91,6 @@ def _version() -> str:
         return metadata.version("kserve-inference-controller")
     except metadata.PackageNotFoundError:
         return "unknown"
-
-
-@functools.lru_cache(maxsize=4096)
-def labelled(metric: Any, **labels: str) -> Any:
-    """``metric.labels(**labels)``, looked up once.
-
-    prometheus_client validates the names and takes a lock on every
-    ``labels()`` call; the hot paths (every request, watch event, reconcile
-    and queue operation) ask for the same few children again and again. A
-    child stays valid as long as nobody ``remove()``s it, which nothing here
-    does for the metrics it is used with.
-    """
-    return metric.labels(**labels)
-
-
-@functools.lru_cache(maxsize=64)
-def api_host(url: str) -> str:
-    """client-go's ``host`` label: the API server's host[:port], no scheme or path."""
-    return urlsplit(url).netloc or url
 
 
 # controller-runtime's reconcile_time_seconds buckets.

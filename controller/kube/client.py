@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack
+from typing import Any, Literal, TypedDict, Unpack
 
 import aiohttp
 import orjson
 
 from controller.kube.errors import ApiError
+from controller.kube.instruments import KubeMetrics
 from controller.kube.resources import PODS, Obj, Resource
 from controller.kube.transport import (
     KEEPALIVE,
@@ -46,9 +47,6 @@ from controller.kube.transport import (
     load_configuration,
     no_answer_raises,
 )
-
-if TYPE_CHECKING:
-    from controller.metrics import Metrics
 
 FIELD_MANAGER = "kserve-inference-controller"
 DEFAULT_REQUEST_TIMEOUT = 30.0
@@ -95,7 +93,7 @@ class KubeClient:
         *,
         qps: float = 20.0,
         burst: int = 30,
-        metrics: Metrics | None = None,
+        metrics: KubeMetrics | None = None,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         field_manager: str = FIELD_MANAGER,
         keepalive: float = KEEPALIVE,
@@ -136,7 +134,7 @@ class KubeClient:
         context: str | None = None,
         qps: float = 20.0,
         burst: int = 30,
-        metrics: Metrics | None = None,
+        metrics: KubeMetrics | None = None,
         keepalive: float = KEEPALIVE,
     ) -> KubeClient:
         """A client for the cluster named by the kubeconfig (or the pod's own cluster).

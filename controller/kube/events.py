@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import structlog
 
 from controller.kube.errors import ApiError
+from controller.kube.instruments import NO_METRICS, KubeMetrics
 from controller.kube.resources import EVENTS
 
 if TYPE_CHECKING:
     from controller.kube.client import KubeClient
-    from controller.metrics import Metrics
 
 EventType = Literal["Normal", "Warning"]
 
@@ -147,7 +147,7 @@ class EventRecorder:
         *,
         component: str = COMPONENT,
         instance: str = "",
-        metrics: Metrics | None = None,
+        metrics: KubeMetrics | None = None,
         aggregate_interval: float = AGGREGATE_INTERVAL,
         spam_burst: int = SPAM_BURST,
         spam_refill_seconds: float = SPAM_REFILL_SECONDS,
@@ -162,7 +162,7 @@ class EventRecorder:
         self.aggregate_interval = aggregate_interval
         self.spam_burst = spam_burst
         self.spam_refill_seconds = spam_refill_seconds
-        self._metrics = metrics
+        self._metrics = NO_METRICS if metrics is None else metrics
         self._wall_clock = wall_clock
         self._cache_size = cache_size
         self._series: OrderedDict[tuple[Any, ...], _Series] = OrderedDict()
@@ -387,5 +387,4 @@ class EventRecorder:
         return True
 
     def _count(self, outcome: str) -> None:
-        if self._metrics is not None:
-            self._metrics.events_total.labels(outcome=outcome).inc()
+        self._metrics.events_total.labels(outcome=outcome).inc()

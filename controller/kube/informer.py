@@ -84,13 +84,12 @@ import orjson
 import structlog
 
 from controller.kube.errors import ApiError, TransportError
+from controller.kube.instruments import NO_METRICS, KubeMetrics, labelled
 from controller.kube.objects import object_key, resource_version
 from controller.kube.resources import Obj, Resource, Transform
-from controller.metrics import labelled
 
 if TYPE_CHECKING:
     from controller.kube.client import KubeClient
-    from controller.metrics import Metrics
 
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 PAGE_SIZE = 500
@@ -421,7 +420,7 @@ class Informer:
         label_selector: str | None = None,
         field_selector: str | None = None,
         indexers: Mapping[str, IndexFunc] | None = None,
-        metrics: Metrics | None = None,
+        metrics: KubeMetrics | None = None,
         name: str | None = None,
         rng: random.Random | None = None,
         page_size: int = PAGE_SIZE,
@@ -447,7 +446,7 @@ class Informer:
         # None = one cluster-wide scope.
         self._scopes: tuple[str | None, ...] = tuple(dict.fromkeys(namespaces)) or (None,)
         self._handlers: list[EventHandler] = []
-        self._metrics = metrics
+        self._metrics = NO_METRICS if metrics is None else metrics
         self._rng = rng if rng is not None else random.Random()
         self._synced_scopes: set[str | None] = set()
         self._synced = asyncio.Event()
@@ -661,8 +660,7 @@ class Informer:
             continue_token = metadata.get("continue") or None
             if not continue_token:
                 break
-        if self._metrics is not None:
-            self._metrics.informer_lists_total.labels(resource=self.name).inc()
+        self._metrics.informer_lists_total.labels(resource=self.name).inc()
         rv = str(metadata.get("resourceVersion") or "")
         if not rv:
             raise ApiError(0, "NoResourceVersion", "list answer has no resourceVersion")
@@ -737,10 +735,9 @@ class Informer:
         obj = event.get("object")
         if not isinstance(obj, dict):
             raise WatchFailed(f"watch event {kind!r} without an object")
-        if self._metrics is not None:
-            labelled(
-                self._metrics.informer_watch_events_total, resource=self.name, type=str(kind)
-            ).inc()
+        labelled(
+            self._metrics.informer_watch_events_total, resource=self.name, type=str(kind)
+        ).inc()
         if kind == "ERROR":
             code = obj.get("code")
             if code == 410:
@@ -834,10 +831,7 @@ class Informer:
             self._log.exception("event handler failed", key=object_key(args[-1]))
 
     def _count_error(self, reason: str) -> None:
-        if self._metrics is not None:
-            self._metrics.informer_watch_errors_total.labels(
-                resource=self.name, reason=reason
-            ).inc()
+        self._metrics.informer_watch_errors_total.labels(resource=self.name, reason=reason).inc()
 
 
 def _load_malloc_trim() -> Callable[[int], int] | None:

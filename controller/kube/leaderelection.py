@@ -64,11 +64,11 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from controller.kube.errors import ApiError, TransportError
+from controller.kube.instruments import NO_METRICS, KubeMetrics
 from controller.kube.resources import LEASES, Obj, Resource
 
 if TYPE_CHECKING:
     from controller.kube.client import KubeClient
-    from controller.metrics import Metrics
 
 DEFAULT_LEASE_DURATION = 15.0
 DEFAULT_RENEW_DEADLINE = 10.0
@@ -232,7 +232,7 @@ class LeaderElector:
         renew_deadline: float = DEFAULT_RENEW_DEADLINE,
         retry_period: float = DEFAULT_RETRY_PERIOD,
         owner_service_account: str | None = None,
-        metrics: Metrics | None = None,
+        metrics: KubeMetrics | None = None,
         rng: random.Random | None = None,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         request_timeout: float | None = None,
@@ -256,7 +256,7 @@ class LeaderElector:
         self.retry_period = retry_period
         self.request_timeout = request_timeout
         self.owner_service_account = owner_service_account or None
-        self._metrics = metrics
+        self._metrics = NO_METRICS if metrics is None else metrics
         self._rng = rng if rng is not None else random.Random()
         self._wall_clock = wall_clock
         self._observation: Observation | None = None
@@ -527,10 +527,7 @@ class LeaderElector:
         self._set_gauge(False)
 
     def _set_gauge(self, leader: bool) -> None:
-        if self._metrics is not None:
-            self._metrics.leader_election_master_status.labels(name=self.name).set(
-                1 if leader else 0
-            )
+        self._metrics.leader_election_master_status.labels(name=self.name).set(1 if leader else 0)
 
 
 def _reason(exc: ApiError | TimeoutError) -> str:

@@ -24,7 +24,7 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
+from typing import Any, Protocol, TypedDict, Unpack
 
 import aiohttp
 import aiohttp.helpers
@@ -34,10 +34,7 @@ from yarl import URL
 
 from controller.kube.errors import TransportError, api_error
 from controller.kube.incluster import InClusterConfigError, InClusterConfiguration
-from controller.metrics import api_host, labelled
-
-if TYPE_CHECKING:
-    from controller.metrics import Metrics
+from controller.kube.instruments import NO_METRICS, KubeMetrics, api_host, labelled
 
 USER_AGENT = "kserve-inference-controller/0.1.0"
 # Within how long a silent dead peer is noticed (seconds): the controller's
@@ -216,7 +213,7 @@ class Transport:
         *,
         qps: float,
         burst: int,
-        metrics: Metrics | None = None,
+        metrics: KubeMetrics | None = None,
         keepalive: float = KEEPALIVE,
     ) -> None:
         self.configuration = configuration
@@ -224,7 +221,7 @@ class Transport:
         self._socket_factory = keepalive_socket(keepalive)
         self.host = str(configuration.host).rstrip("/")
         self.limiter = token_bucket(qps, burst)
-        self._metrics = metrics
+        self._metrics = NO_METRICS if metrics is None else metrics
         self._ssl = ssl_context_for(configuration) if self.host.startswith("https") else None
         self.connection = _Connection()
 
@@ -340,26 +337,24 @@ class Transport:
         return headers
 
     def _count(self, verb: str, method: str, code: str, seconds: float) -> None:
-        if self._metrics is not None:
-            host = api_host(self.host)
-            labelled(
-                self._metrics.rest_client_requests_total,
-                verb=verb,
-                method=method,
-                code=code,
-                host=host,
-            ).inc()
-            labelled(
-                self._metrics.rest_client_request_duration_seconds, verb=method, host=host
-            ).observe(seconds)
+        host = api_host(self.host)
+        labelled(
+            self._metrics.rest_client_requests_total,
+            verb=verb,
+            method=method,
+            code=code,
+            host=host,
+        ).inc()
+        labelled(
+            self._metrics.rest_client_request_duration_seconds, verb=method, host=host
+        ).observe(seconds)
 
     async def _throttle(self, verb: str) -> None:
         loop_time = _loop_time()
         await self.limiter.acquire()
-        if self._metrics is not None:
-            labelled(self._metrics.rest_client_rate_limiter_wait_seconds, verb=verb).observe(
-                _loop_time() - loop_time
-            )
+        labelled(self._metrics.rest_client_rate_limiter_wait_seconds, verb=verb).observe(
+            _loop_time() - loop_time
+        )
 
 
 @dataclass

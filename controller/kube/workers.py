@@ -34,17 +34,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import structlog
 
 from controller.kube.errors import ApiError
+from controller.kube.instruments import NO_METRICS, KubeMetrics, labelled
 from controller.kube.workqueue import ShutDown, WorkQueue
-from controller.logging import bound
-from controller.metrics import labelled
-
-if TYPE_CHECKING:
-    from controller.metrics import Metrics
 
 log = structlog.stdlib.get_logger(__name__)
 
@@ -75,7 +70,7 @@ class Workers:
         *,
         workers: int = 1,
         name: str = "inferencerun",
-        metrics: Metrics | None = None,
+        metrics: KubeMetrics | None = None,
         resync_period: float | None = None,
         should_resync: Callable[[str], bool] = lambda _key: True,
         log_key: str = "run",
@@ -91,9 +86,8 @@ class Workers:
         self.resync_period = resync_period
         self.should_resync = should_resync
         self.log_key = log_key
-        self._metrics = metrics
-        if metrics is not None:
-            metrics.init_controller(name, workers)
+        self._metrics = NO_METRICS if metrics is None else metrics
+        self._metrics.init_controller(name, workers)
 
     async def run(self) -> None:
         """Run the workers until the queue is shut down and drained (or until cancelled)."""
@@ -116,7 +110,7 @@ class Workers:
         result_label: str | None = None  # stays None if cancelled mid-reconcile
         self._active(+1)
         try:
-            with bound(**{self.log_key: key}):
+            with structlog.contextvars.bound_contextvars(**{self.log_key: key}):
                 try:
                     result = await self.reconcile(key)
                 except TerminalError as exc:
@@ -157,16 +151,12 @@ class Workers:
         return True
 
     def _panicked(self) -> None:
-        if self._metrics is not None:
-            labelled(self._metrics.reconcile_panics_total, controller=self.name).inc()
+        labelled(self._metrics.reconcile_panics_total, controller=self.name).inc()
 
     def _active(self, delta: int) -> None:
-        if self._metrics is not None:
-            labelled(self._metrics.active_workers, controller=self.name).inc(delta)
+        labelled(self._metrics.active_workers, controller=self.name).inc(delta)
 
     def _observe(self, result: str, seconds: float) -> None:
-        if self._metrics is None:
-            return
         m = self._metrics
         labelled(m.reconcile_total, controller=self.name, result=result).inc()
         labelled(m.reconcile_time_seconds, controller=self.name).observe(seconds)

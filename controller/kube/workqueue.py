@@ -62,12 +62,9 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
-from controller.metrics import labelled
-
-if TYPE_CHECKING:
-    from controller.metrics import Metrics
+from controller.kube.instruments import NO_METRICS, KubeMetrics, labelled
 
 K = TypeVar("K", bound=Hashable)
 K_contra = TypeVar("K_contra", bound=Hashable, contravariant=True)
@@ -198,35 +195,26 @@ def default_rate_limiter(
 
 
 class _Timing:
-    """Workqueue metrics for one queue; a no-op when the queue has no Metrics."""
+    """Workqueue metrics for one queue (on NO_METRICS when the queue is given none)."""
 
-    def __init__(self, metrics: Metrics | None, name: str) -> None:
+    def __init__(self, metrics: KubeMetrics, name: str) -> None:
         self._metrics = metrics
         self._name = name
 
     def depth(self, value: int) -> None:
-        if self._metrics is not None:
-            labelled(self._metrics.workqueue_depth, name=self._name).set(value)
+        labelled(self._metrics.workqueue_depth, name=self._name).set(value)
 
     def added(self) -> None:
-        if self._metrics is not None:
-            labelled(self._metrics.workqueue_adds_total, name=self._name).inc()
+        labelled(self._metrics.workqueue_adds_total, name=self._name).inc()
 
     def retried(self) -> None:
-        if self._metrics is not None:
-            labelled(self._metrics.workqueue_retries_total, name=self._name).inc()
+        labelled(self._metrics.workqueue_retries_total, name=self._name).inc()
 
     def queued_for(self, seconds: float) -> None:
-        if self._metrics is not None:
-            labelled(self._metrics.workqueue_queue_duration_seconds, name=self._name).observe(
-                seconds
-            )
+        labelled(self._metrics.workqueue_queue_duration_seconds, name=self._name).observe(seconds)
 
     def worked_for(self, seconds: float) -> None:
-        if self._metrics is not None:
-            labelled(self._metrics.workqueue_work_duration_seconds, name=self._name).observe(
-                seconds
-            )
+        labelled(self._metrics.workqueue_work_duration_seconds, name=self._name).observe(seconds)
 
 
 class WorkQueue(Generic[K]):
@@ -237,7 +225,7 @@ class WorkQueue(Generic[K]):
         name: str = "default",
         *,
         rate_limiter: RateLimiter[K] | None = None,
-        metrics: Metrics | None = None,
+        metrics: KubeMetrics | None = None,
     ) -> None:
         self.name = name
         self.rate_limiter: RateLimiter[K] = (
@@ -263,14 +251,15 @@ class WorkQueue(Generic[K]):
         self._drained: list[asyncio.Future[None]] = []
         self._shutting_down = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        if metrics is None:
+            metrics = NO_METRICS
         self._timing = _Timing(metrics, name)
-        if metrics is not None:
-            metrics.workqueue_unfinished_work_seconds.labels(name=name).set_function(
-                self._unfinished_work_seconds
-            )
-            metrics.workqueue_longest_running_processor_seconds.labels(name=name).set_function(
-                self._longest_running_seconds
-            )
+        metrics.workqueue_unfinished_work_seconds.labels(name=name).set_function(
+            self._unfinished_work_seconds
+        )
+        metrics.workqueue_longest_running_processor_seconds.labels(name=name).set_function(
+            self._longest_running_seconds
+        )
 
     # ------------------------------------------------------------------ state
 

@@ -178,7 +178,7 @@ async def test_spam_filter_caps_distinct_events_per_object(
     await recorder.flush()
     assert len(api.calls) == 26
     metrics = recorder._metrics
-    assert metrics is not None
+    assert isinstance(metrics, Metrics)
     assert (
         metrics.registry.get_sample_value(
             "kserve_inference_controller_events_total", {"outcome": "dropped"}

@@ -1,0 +1,75 @@
+"""What controller.kube records with: the app's Metrics and the no-op NO_METRICS agree on it."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.metrics import MetricWrapperBase
+
+from controller.kube.instruments import NO_METRICS, KubeMetrics, NoMetrics, labelled
+from controller.kube.workers import Workers
+from controller.kube.workqueue import WorkQueue
+from controller.metrics import Metrics
+
+pytestmark = pytest.mark.unit
+
+
+def _families() -> list[str]:
+    return [
+        name
+        for name, member in inspect.getmembers(KubeMetrics)
+        if isinstance(member, property) and not name.startswith("_")
+    ]
+
+
+def test_the_app_metrics_have_every_family_the_client_records() -> None:
+    families = _families()
+    assert len(families) >= 20, families
+    metrics = Metrics(process=False)
+    for name in families:
+        assert isinstance(getattr(metrics, name), MetricWrapperBase), name
+        assert hasattr(NoMetrics, name), name
+
+
+def test_no_metrics_takes_every_sample_and_keeps_none() -> None:
+    for name in _families():
+        child = labelled(getattr(NO_METRICS, name), name="q", controller="c")
+        child.inc()
+        child.inc(2)
+        child.dec()
+        child.set(1)
+        child.observe(0.5)
+        child.set_function(lambda: 1.0)
+    NO_METRICS.init_controller("c", 2)
+
+
+async def test_a_queue_and_its_workers_run_without_metrics() -> None:
+    queue: WorkQueue[str] = WorkQueue("plain")
+    seen: list[str] = []
+
+    async def reconcile(key: str) -> None:
+        seen.append(key)
+        queue.shut_down()
+
+    workers = Workers(queue, reconcile, name="plain")
+    queue.add("a")
+    await asyncio.wait_for(workers.run(), timeout=30)
+    assert seen == ["a"]
+
+
+async def test_the_same_queue_with_metrics_records() -> None:
+    metrics = Metrics(process=False)
+    queue: WorkQueue[str] = WorkQueue("measured", metrics=metrics)
+
+    async def reconcile(key: str) -> None:
+        queue.shut_down()
+
+    workers = Workers(queue, reconcile, name="measured", metrics=metrics)
+    queue.add("a")
+    await asyncio.wait_for(workers.run(), timeout=30)
+    text = generate_latest(metrics.registry).decode()
+    assert 'workqueue_adds_total{name="measured"} 1.0' in text
+    assert 'controller_runtime_reconcile_total{controller="measured",result="success"} 1.0' in text
