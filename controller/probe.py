@@ -40,7 +40,7 @@ from controller.api import (
     set_condition,
 )
 from controller.isvc import ModelProblem, Resolution, ResolvedModel, contract_model
-from controller.kube.objects import parse_time
+from controller.kube.objects import finished_condition, job_finished, job_outcome, parse_time
 from controller.kube.resources import Obj
 from controller.naming import PROBE_GENERATION_ANNOTATION, probe_name
 from controller.plan import Event
@@ -87,14 +87,6 @@ class ConfigPlan:
     probed: tuple[str, bool, str, str] | None = None
 
 
-def _finished(job: Obj) -> Obj | None:
-    """The Job's terminal condition, if it has one."""
-    for cond in (job.get("status") or {}).get("conditions") or []:
-        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
-            return dict(cond)
-    return None
-
-
 def _age_order(obj: Obj) -> tuple[str, str]:
     return obj["metadata"].get("creationTimestamp") or "", obj["metadata"]["name"]
 
@@ -128,8 +120,8 @@ def probe_outcome(job: Obj, pods: Sequence[Obj]) -> tuple[bool, str, str]:
             if waiting.get("reason") and waiting["reason"] != "ContainerCreating":
                 text = one_line(waiting.get("message") or waiting["reason"])
                 return False, str(waiting["reason"]), f"probe pod could not start: {text}"
-    cond = _finished(job) or {}
-    if cond.get("type") == "Complete":
+    cond = finished_condition(job) or {}
+    if job_outcome(job) == "Succeeded":
         return True, "ProbeSucceeded", ""
     reason = "ProbeTimedOut" if cond.get("reason") == "DeadlineExceeded" else "ProbeFailed"
     return False, reason, one_line(f"probe Job {name}: {cond.get('message') or 'failed'}")
@@ -232,8 +224,8 @@ def plan_config(view: ConfigView) -> ConfigPlan:
     out = ConfigPlan(status=status)
 
     jobs = sorted(view.probe_jobs, key=_age_order)
-    finished = [j for j in jobs if _finished(j) is not None]
-    running = [j for j in jobs if _finished(j) is None]
+    finished = [j for j in jobs if job_finished(j)]
+    running = [j for j in jobs if not job_finished(j)]
     # A probe whose pod cannot start is over: its outcome is that pod's reason.
     stuck = {j["metadata"]["name"]: probe_stuck(j, view.probe_pods) for j in running}
     stuck_jobs = [j for j in running if stuck[j["metadata"]["name"]] is not None]
@@ -258,7 +250,8 @@ def plan_config(view: ConfigView) -> ConfigPlan:
             done_at = parse_time(newest["metadata"].get("creationTimestamp")) or view.now
         else:
             passed, reason, message = probe_outcome(newest, view.probe_pods)
-            done_at = parse_time((_finished(newest) or {}).get("lastTransitionTime")) or view.now
+            ended = finished_condition(newest) or {}
+            done_at = parse_time(ended.get("lastTransitionTime")) or view.now
         out.probed = (newest["metadata"]["name"], passed, reason, message)
         status.conditions = set_condition(
             status.conditions,

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from controller.api import GROUP, VERSION
+from controller.kube import objects
 from controller.naming import COMPLETION_INDEX_LABEL
 
 Obj = dict[str, Any]
@@ -237,15 +238,11 @@ def log_pods(
 
 
 def job_outcome(job: Mapping[str, Any]) -> Exit | None:
-    """A Job's end from its conditions (``Complete``/``Failed``), None while it runs."""
-    for condition in (job.get("status") or {}).get("conditions") or []:
-        if condition.get("status") != "True":
-            continue
-        if condition.get("type") == "Complete":
-            return Exit.SUCCEEDED
-        if condition.get("type") == "Failed":
-            return Exit.FAILED
-    return None
+    """A Job's end from its conditions (controller.kube.objects.job_outcome), None while it runs."""
+    outcome = objects.job_outcome(job)
+    if outcome is None:
+        return None
+    return Exit.SUCCEEDED if outcome == "Succeeded" else Exit.FAILED
 
 
 def newest_job(jobs: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:

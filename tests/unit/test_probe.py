@@ -136,6 +136,27 @@ def test_a_finished_probe_becomes_the_condition_and_is_deleted() -> None:
     assert [(e.type, e.reason) for e in out.events] == [("Normal", "ProbeSucceeded")]
 
 
+def test_a_probe_the_job_controller_has_decided_on_is_read_at_once() -> None:
+    # SuccessCriteriaMet and FailureTarget come before Complete and Failed
+    # (the Job controller waits for the pods to terminate): the probe is over.
+    decided = probe_job("SuccessCriteriaMet")
+    out = plan_config(
+        view(raw_config(), probe_jobs=[decided], probe_pods=[probe_pod(0, '{"check":"ok"}')])
+    )
+    probed = cond(out.status, "Probed")
+    assert (probed.status, probed.reason) == ("True", "ProbeSucceeded")
+    assert out.delete == [decided]
+    assert out.status.last_probe_time == NOW - timedelta(minutes=1)
+
+    failing = probe_job("FailureTarget")
+    failing["status"]["conditions"][0]["reason"] = "DeadlineExceeded"
+    out = plan_config(view(raw_config(), probe_jobs=[failing]))
+    probed = cond(out.status, "Probed")
+    assert (probed.status, probed.reason) == ("False", "ProbeTimedOut")
+    assert out.delete == [failing]
+    assert [(e.type, e.reason) for e in out.events] == [("Warning", "ProbeTimedOut")]
+
+
 def test_a_failed_probe_says_why_with_the_runners_reason() -> None:
     job = probe_job("Failed")
     pod = probe_pod(7, "inference: model answered 404: model m not found")

@@ -128,6 +128,9 @@ def test_a_jobs_outcome_comes_from_its_true_conditions() -> None:
         Exit.SUCCEEDED
     )
     assert runview.job_outcome(job(("FailureTarget", "True"), ("Failed", "True"))) == Exit.FAILED
+    # The Job controller has decided; Complete or Failed follows once its pods are gone.
+    assert runview.job_outcome(job(("SuccessCriteriaMet", "True"))) == Exit.SUCCEEDED
+    assert runview.job_outcome(job(("FailureTarget", "True"))) == Exit.FAILED
 
 
 def test_newest_job_is_the_last_created() -> None:
