@@ -1080,6 +1080,12 @@ def test_notes_link_to_the_docs_and_never_name_a_repository_path(sets: tuple[str
     links = re.findall(r"https?://[^\s)]+", text)
     assert links, text
     assert all(link.startswith(home) for link in links), links
+    # Each link reaches a file of this repository, and a section that exists.
+    for link in links:
+        path, _, anchor = re.sub(r"^/(blob|tree)/main/", "", link.removeprefix(home)).partition("#")
+        assert (REPO / path).exists(), link
+        if anchor:
+            assert anchor in github_anchors((REPO / path).read_text()), link
 
 
 def shell_commands(markdown: str) -> list[str]:
