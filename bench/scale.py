@@ -52,6 +52,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -840,13 +841,16 @@ def report(results: Results) -> str:
         f"{results.events_drain:.0f} s more; the idle minute starts after that.",
         "",
     ]
-    lines += requests_table(
-        f"requests per idle minute ({results.idle_seconds:.0f} s idle, "
-        f"{results.cached_runs} runs cached)",
-        results.idle_requests,
-        [results.idle_seconds / 60] * args.shards,
-        "per minute",
-    )
+    if results.idle_seconds > 0:
+        lines += requests_table(
+            f"requests per idle minute ({results.idle_seconds:.0f} s idle, "
+            f"{results.cached_runs} runs cached)",
+            results.idle_requests,
+            [results.idle_seconds / 60] * args.shards,
+            "per minute",
+        )
+    else:
+        lines.append("Requests per idle minute: not measured (`--idle-seconds 0`).")
     creates: list[Counter[str]] = []
     for shard in range(args.shards):
         total: Counter[str] = Counter()
@@ -1233,6 +1237,16 @@ def chart_workers() -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="ksc-scale-"))
+    # SIGTERM (a stopped long run) unwinds like Ctrl-C: the cluster stops, its files go.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        return _main(args, workdir)
+    finally:
+        # Also after a failure or an interrupt: the cluster's data is GBs at 10,000 runs.
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _main(args: argparse.Namespace, workdir: Path) -> int:
     cluster = LocalCluster(bin_dir=ensure_binaries(), workdir=workdir / "cluster", node_agent=False)
     try:
         cluster.start()
@@ -1266,7 +1280,6 @@ def main(argv: list[str] | None = None) -> int:
                 indent=1,
             )
         )
-    shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 
