@@ -66,11 +66,11 @@ from bench.controller_throughput import (
     suspended_run,
 )
 from bench.scale import chart_workers
+from controller.caches import CONFIGS, RUNS
 from controller.kube.client import KubeClient
 from controller.kube.informer import LAST_APPLIED
 from controller.kube.resources import CONFIGMAPS, JOBS
 from controller.naming import managed_selector
-from controller.reconcile import CONFIGS, RUNS
 from hack.cluster import running_cluster
 from runner.batching import map_ordered
 

@@ -81,12 +81,12 @@ from bench.common import (
     since,
 )
 from controller.api import InferenceConfig, InferenceRun
+from controller.caches import CONFIGS, RUNS
 from controller.kube.client import KubeClient
 from controller.kube.errors import ApiError
 from controller.kube.resources import CRONJOBS, JOBS, NAMESPACES, Obj, Resource
 from controller.naming import RUN_UID_LABEL, managed_selector
 from controller.plan import Create, View, plan
-from controller.reconcile import CONFIGS, RUNS
 from controller.sharding import shard_of
 from hack import chart
 from hack.cluster import LocalCluster, ensure_binaries

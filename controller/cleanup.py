@@ -55,6 +55,7 @@ from typing import Any
 
 import structlog
 
+from controller.caches import BY_RUN_UID, RUNS, Caches
 from controller.kube.errors import ApiError
 from controller.kube.objects import controller_of, object_key
 from controller.kube.resources import CRONJOBS, JOBS, Obj, Resource
@@ -72,7 +73,6 @@ from controller.orphans import (
     owning_run,
     workloads_of,
 )
-from controller.reconcile import BY_RUN_UID, RUNS, Caches
 
 log = structlog.stdlib.get_logger(__name__)
 

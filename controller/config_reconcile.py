@@ -18,27 +18,17 @@ import structlog
 from pydantic import ValidationError
 
 from controller.api import InferenceConfig, ModelCache, RunnerPodDefaults, describe_invalid
+from controller.caches import BY_CONFIG_UID, CONFIGS, Caches
 from controller.isvc_watch import ModelWatch
 from controller.kube.errors import ApiError
 from controller.kube.events import EventRecorder
 from controller.kube.objects import is_controlled_by
-from controller.kube.resources import CONFIGMAPS, JOBS, Obj, Resource
+from controller.kube.resources import CONFIGMAPS, JOBS, Obj
 from controller.kube.workers import Result
-from controller.naming import CONFIG_UID_LABEL
 from controller.probe import ConfigView, plan_config
-from controller.reconcile import Caches, model_of
+from controller.reconcile import model_of
 
 log = structlog.stdlib.get_logger(__name__)
-
-CONFIGS = Resource("ai.krateo.io", "v1", "inferenceconfigs", "InferenceConfig")
-# Index name shared with controller.controller, which registers it.
-BY_CONFIG_UID = "config-uid"
-
-
-def config_uid_index(obj: Obj) -> list[str]:
-    """Index function: the config a probe Job, pod or ConfigMap belongs to."""
-    uid = (obj["metadata"].get("labels") or {}).get(CONFIG_UID_LABEL)
-    return [uid] if uid else []
 
 
 @dataclass

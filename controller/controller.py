@@ -41,19 +41,28 @@ leader is elected on the shard's own Lease.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, get_args
 
 import structlog
 
 from controller.api import Phase
+from controller.caches import (
+    BY_CONFIG,
+    BY_INFERENCESERVICE,
+    BY_PHASE,
+    BY_UID,
+    build_caches,
+    config_uid_index,
+    inferenceservice_index,
+    run_uid_index,
+)
 from controller.cleanup import Cleanup
-from controller.config_reconcile import BY_CONFIG_UID, ConfigReconciler, config_uid_index
+from controller.config_reconcile import ConfigReconciler
 from controller.isvc_watch import ModelWatch
 from controller.kube.client import KubeClient
 from controller.kube.events import EventRecorder
 from controller.kube.informer import (
-    WATCH_IDLE_TIMEOUT,
     Informer,
     OnAdd,
     OnDelete,
@@ -61,32 +70,18 @@ from controller.kube.informer import (
 )
 from controller.kube.leaderelection import LeaderElector, make_identity
 from controller.kube.objects import object_key
-from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS, PODS, Obj
+from controller.kube.resources import Obj
 from controller.kube.workers import Workers
 from controller.kube.workqueue import WorkQueue, default_rate_limiter
 from controller.metrics import Metrics
-from controller.naming import managed_selector
-from controller.projection import projection, unchanged
-from controller.reconcile import (
-    BY_CONFIG,
-    BY_INFERENCESERVICE,
-    BY_RUN_UID,
-    CONFIGS,
-    RUNS,
-    Caches,
-    Reconciler,
-    config_index,
-    inferenceservice_index,
-    run_uid_index,
-)
+from controller.projection import unchanged
+from controller.reconcile import Reconciler
 from controller.server import Servers, start_servers
 from controller.settings import Settings
-from controller.sharding import Shard, compose
+from controller.sharding import Shard
 
 log = structlog.stdlib.get_logger(__name__)
 
-BY_UID = "uid"
-BY_PHASE = "phase"
 # A child's changes (a pod Pending, Running, then Succeeded; its Job counting
 # it, then Complete) come in bursts: they reach the run's queue this long
 # after the first of them, so that one pass reads them all. The Kubernetes Job
@@ -94,22 +89,6 @@ BY_PHASE = "phase"
 # A child's deletion is not batched: the run must recreate it or say so.
 CHILD_EVENTS_BATCH = 1.0
 PHASES = get_args(Phase)
-
-
-def _uid_index(obj: Obj) -> list[str]:
-    uid = obj["metadata"].get("uid")
-    return [uid] if uid else []
-
-
-def _phase_index(obj: Obj) -> list[str]:
-    """Index function for runs: ``namespace``, config name and phase ("" for none), NUL-joined.
-
-    What the runs gauge counts by, so a scrape reads the index, not every run.
-    """
-    namespace = str(obj["metadata"].get("namespace") or "")
-    config = str(((obj.get("spec") or {}).get("configRef") or {}).get("name") or "")
-    phase = (obj.get("status") or {}).get("phase")
-    return [f"{namespace}\0{config}\0{phase if isinstance(phase, str) else ''}"]
 
 
 def _ignore(_obj: Obj) -> None:
@@ -129,57 +108,6 @@ def _with_new(handler: OnAdd) -> OnUpdate:
             handler(new)
 
     return on_update
-
-
-def build_caches(
-    client: KubeClient,
-    namespaces: Sequence[str] = (),
-    *,
-    shard: Shard | None = None,
-    metrics: Metrics | None = None,
-    idle_timeout: float = WATCH_IDLE_TIMEOUT,
-) -> Caches:
-    """The controller's caches (not yet running) of ``namespaces`` (empty: all namespaces).
-
-    Runs and configs whole, children (ConfigMaps, Jobs, CronJobs, pods) by the
-    managed-by label, each kept as its projection with the indexes the
-    reconcilers and handlers read. Tests that drive the reconcilers by hand
-    build the same caches with this.
-    """
-    shard = shard or Shard()
-    selector = managed_selector()
-
-    def informer(resource: Any, *, all_shards: bool = False, **kwargs: Any) -> Informer:
-        # Each cache keeps only what the controller reads of its kind, and
-        # only this shard's objects: the shard's filter drops first.
-        return Informer(
-            client,
-            resource,
-            namespaces=namespaces if all_shards else shard.narrow(namespaces),
-            metrics=metrics,
-            idle_timeout=idle_timeout,
-            transform=compose(None if all_shards else shard.keep, projection(resource.kind)),
-            # Kept as JSON: a third of the memory of parsed dicts (Store).
-            packed=True,
-            **kwargs,
-        )
-
-    children = {BY_RUN_UID: run_uid_index, BY_CONFIG_UID: config_uid_index}
-    return Caches(
-        runs=informer(
-            RUNS, indexers={BY_CONFIG: config_index, BY_UID: _uid_index, BY_PHASE: _phase_index}
-        ),
-        # Every shard's: a run may use a config of another namespace.
-        configs=informer(
-            CONFIGS,
-            all_shards=True,
-            indexers={BY_UID: _uid_index, BY_INFERENCESERVICE: inferenceservice_index},
-        ),
-        jobs=informer(JOBS, label_selector=selector, indexers=children),
-        cronjobs=informer(CRONJOBS, label_selector=selector, indexers=children),
-        configmaps=informer(CONFIGMAPS, label_selector=selector, indexers=children),
-        pods=informer(PODS, label_selector=selector, indexers=children),
-    )
 
 
 class Controller:

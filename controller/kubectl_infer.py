@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from controller import kubectl_config, runview
+from controller.caches import CONFIGS, RUNS
 from controller.kube.client import KubeClient
 from controller.kube.errors import ApiError, NotFound, TransportError
 from controller.kube.resources import CRONJOBS, EVENTS, JOBS, NAMESPACES, PODS, Resource
 from controller.naming import run_selector
-from controller.reconcile import CONFIGS, RUNS
 from controller.render import CONTAINER_NAME
 from controller.runview import Exit, UsageError
 

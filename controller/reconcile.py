@@ -73,30 +73,23 @@ from controller.api import (
     describe_invalid,
     set_condition,
 )
+from controller.caches import BY_RUN_UID, CONFIGS, RUNS, Caches
 from controller.isvc import Access, AccessState, Resolution, resolve, service_key
 from controller.isvc_watch import ModelWatch
 from controller.kube.errors import ApiError
 from controller.kube.events import EventRecorder
 from controller.kube.informer import Informer
 from controller.kube.objects import controller_of, is_controlled_by
-from controller.kube.resources import CONFIGMAPS, CRONJOBS, EVENTS, JOBS, Obj, Resource
+from controller.kube.resources import CONFIGMAPS, EVENTS, Obj, Resource
 from controller.kube.workers import Result
 from controller.logging import bound
 from controller.metrics import Metrics
-from controller.naming import COMPLETION_INDEX_LABEL, RUN_UID_LABEL, child_labels
+from controller.naming import COMPLETION_INDEX_LABEL, child_labels
 from controller.plan import Create, Plan, Refusal, View, Write, plan, wants_job_events
 from controller.render import CONTAINER_NAME
 from controller.status import run_conditions
 
 log = structlog.stdlib.get_logger(__name__)
-
-RUNS = Resource("ai.krateo.io", "v1", "inferenceruns", "InferenceRun")
-CONFIGS = Resource("ai.krateo.io", "v1", "inferenceconfigs", "InferenceConfig")
-
-# Index names shared with controller.controller, which registers them.
-BY_RUN_UID = "run-uid"
-BY_CONFIG = "config"
-BY_INFERENCESERVICE = "inferenceservice"
 
 PROGRESS_TAIL_LINES = 20
 # Observe -> plan -> apply rounds in one reconcile: children, then the status
@@ -109,23 +102,6 @@ JOB_EVENTS_INTERVAL = 10.0
 # run: 256 of them were ~3 MB), and every config in use.
 RUN_MODELS = 32
 CONFIG_MODELS = 64
-
-
-@dataclass
-class Caches:
-    runs: Informer
-    configs: Informer
-    jobs: Informer
-    cronjobs: Informer
-    configmaps: Informer
-    pods: Informer
-
-    def all(self) -> list[Informer]:
-        """Every cache, in the order they start (runs first)."""
-        return [self.runs, self.configs, self.jobs, self.cronjobs, self.configmaps, self.pods]
-
-    def of(self, resource: Resource) -> Informer:
-        return {CONFIGMAPS: self.configmaps, JOBS: self.jobs, CRONJOBS: self.cronjobs}[resource]
 
 
 class _Requeue(Exception):
@@ -760,28 +736,3 @@ def _runner_running(pod: Obj) -> bool:
         if status.get("name") == CONTAINER_NAME and "running" in (status.get("state") or {}):
             return True
     return False
-
-
-def run_uid_index(obj: Obj) -> list[str]:
-    """Index function: the run a child belongs to (its ``ai.krateo.io/run-uid`` label)."""
-    uid = (obj["metadata"].get("labels") or {}).get(RUN_UID_LABEL)
-    return [uid] if uid else []
-
-
-def inferenceservice_index(obj: Obj) -> list[str]:
-    """Index function for configs: ``namespace/name`` of the InferenceService they reference."""
-    ref = ((obj.get("spec") or {}).get("kserve") or {}).get("inferenceServiceRef") or {}
-    name = ref.get("name") if isinstance(ref, dict) else None
-    if not name:
-        return []
-    return [f"{ref.get('namespace') or obj['metadata'].get('namespace')}/{name}"]
-
-
-def config_index(obj: Obj) -> list[str]:
-    """Index function for runs: ``namespace/name`` of the config they use."""
-    spec = obj.get("spec") or {}
-    ref = spec.get("configRef") or {}
-    name = ref.get("name")
-    if not name:
-        return []
-    return [f"{ref.get('namespace') or obj['metadata'].get('namespace')}/{name}"]

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from controller.api import CONFIG_KIND, CONFIG_PLURAL, GROUP, RUN_KIND, RUN_PLURAL, VERSION
+from controller.api import GROUP, VERSION
+from controller.caches import CONFIGS, RUNS
 from controller.kube.errors import ApiError, NotFound, TransportError
 from controller.kube.objects import parse_time
 from controller.kube.resources import LEASES, Resource
@@ -48,8 +49,6 @@ if TYPE_CHECKING:
 
 Status = Literal["ok", "FAIL", "skip"]
 
-CONFIGS = Resource(GROUP, VERSION, CONFIG_PLURAL, CONFIG_KIND)
-RUNS = Resource(GROUP, VERSION, RUN_PLURAL, RUN_KIND)
 CHECKED_RESOURCES = (CONFIGS, RUNS)
 SELF_SUBJECT_REVIEWS = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
 INSTALL_CRDS = (

@@ -1,6 +1,6 @@
 """The controller's caches of one namespace, for tests that drive its reconcilers by hand.
 
-Built by :func:`controller.controller.build_caches`, as the controller builds
+Built by :func:`controller.caches.build_caches`, as the controller builds
 them (projected and indexed), without the work queues: a test decides when
 each reconcile happens and which informer lags.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from controller.controller import build_caches
+from controller.caches import build_caches
 from controller.kube.client import KubeClient
 from controller.kube.informer import Informer
 

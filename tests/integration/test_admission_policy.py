@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from controller.caches import RUNS
 from controller.kube.client import KubeClient
 from controller.kube.errors import ApiError, NotFound
 from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS
 from controller.naming import MANAGED_BY_LABEL, MANAGED_BY_VALUE
-from controller.reconcile import RUNS
 from hack.cluster import LocalCluster
 from hack.crds import install_crds
 from tests import chart

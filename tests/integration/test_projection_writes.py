@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 
+from controller.caches import CONFIGS, RUNS
 from controller.config_reconcile import ConfigReconciler
 from controller.kube.client import KubeClient
 from controller.kube.events import EventRecorder
 from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS
 from controller.naming import managed_selector
-from controller.reconcile import CONFIGS, RUNS, Reconciler
+from controller.reconcile import Reconciler
 from tests.caches import NamespaceCaches
 from tests.kubehelpers import eventually
 from tests.runs import inference_config, inference_run

@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 
+from controller.caches import CONFIGS, RUNS
 from controller.kube.client import KubeClient
 from controller.kube.errors import NotFound
 from controller.kube.events import EventRecorder
 from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS
 from controller.naming import managed_selector
-from controller.reconcile import CONFIGS, RUNS, Reconciler
+from controller.reconcile import Reconciler
 from hack.cluster import LocalCluster
 from tests.caches import NamespaceCaches
 from tests.kubehelpers import eventually

@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from controller.api import InferenceConfig, InferenceRun, describe_invalid
+from controller.caches import inferenceservice_index
 from controller.isvc import (
     Access,
     AccessState,
@@ -22,7 +23,6 @@ from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS
 from controller.naming import DESIRED_HASH_ANNOTATION
 from controller.plan import Create, Patch, View, plan
 from controller.probe import ConfigView, plan_config
-from controller.reconcile import inferenceservice_index
 from controller.render import desired_configmap, desired_workload
 from tests.unit.helpers import NOW, UID
 

@@ -19,8 +19,7 @@ import orjson
 import pytest
 
 from controller.api import InferenceConfig, InferenceRun
-from controller.config_reconcile import config_uid_index
-from controller.controller import _uid_index
+from controller.caches import config_index, config_uid_index, run_uid_index, uid_index
 from controller.kube.events import InvolvedObject
 from controller.kube.informer import LAST_APPLIED, slim
 from controller.kube.objects import controller_of, is_controlled_by, object_key, resource_version
@@ -43,11 +42,7 @@ from controller.projection import (
     project_pod,
     projection,
 )
-from controller.reconcile import (
-    _runner_running,
-    config_index,
-    run_uid_index,
-)
+from controller.reconcile import _runner_running
 from controller.render import desired_configmap, desired_probe, desired_workload
 from tests.unit.helpers import CONFIG_UID, NOW
 from tests.unit.helpers import UID as RUN_UID
@@ -646,7 +641,7 @@ def test_the_reconcilers_helpers_read_the_same_from_projected_children(name: str
                 owning_run,
                 run_uid_index,
                 config_uid_index,
-                _uid_index,
+                uid_index,
             ):
                 assert read(small) == read(obj), read
             assert is_controlled_by(small, RUN_UID) == is_controlled_by(obj, RUN_UID)

@@ -16,11 +16,10 @@ from typing import Any
 import pytest
 
 from controller import __main__ as controller_main
+from controller.caches import CONFIGS, RUNS
 from controller.kube.errors import ApiError, NotFound, TransportError
 from controller.kube.objects import parse_time
 from controller.selfcheck import (
-    CONFIGS,
-    RUNS,
     Result,
     api_failure,
     api_ok,
