@@ -696,14 +696,7 @@ def derive_status(observed: Observed) -> InferenceRunStatus:
         reason, message = observed.config_problem
         status.phase, status.reason, status.message = "Error", reason, message
         conditions = _cond(conditions, CONDITION_READY, "False", reason, message, observed)
-        status.conditions = run_conditions(
-            conditions,
-            status,
-            observed.now,
-            run.metadata.generation or None,
-            scheduled=run.spec.scheduled,
-        )
-        return status
+        return _closed(status, conditions, observed)
 
     if run.spec.scheduled:
         _scheduled(status, observed)
@@ -756,6 +749,14 @@ def derive_status(observed: Observed) -> InferenceRunStatus:
     else:
         conditions = _cond(conditions, CONDITION_READY, "True", "Available", "", observed)
 
+    return _closed(status, conditions, observed)
+
+
+def _closed(
+    status: InferenceRunStatus, conditions: list[Condition], observed: Observed
+) -> InferenceRunStatus:
+    """``status`` with ``conditions`` and the outcome and kstatus conditions that follow."""
+    run = observed.run
     status.conditions = run_conditions(
         conditions,
         status,
