@@ -11,8 +11,10 @@ Modules, each a noun for what it holds:
   client-side token bucket, request metrics);
 - ``client``: ``KubeClient``, raw-dict verbs over a transport (and a
   container's log);
-- ``informer``: list-then-watch caches with indexes, event handlers and
-  ``assume`` (a write is seen by the next read before its watch event comes);
+- ``informer``: the reflector (list, then watch) that keeps a cache true, with
+  event handlers and ``assume`` (a write is seen by the next read before its
+  watch event comes); its cache is ``store`` (objects by key and named
+  indexes), its waits between attempts ``backoff``;
 - ``workqueue``: client-go's rate-limited work queue (contract in its docstring);
 - ``workers``: the loop that drains a queue into ``reconcile(key)``;
 - ``leaderelection``: Lease-based leader election;

@@ -80,13 +80,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import orjson
 import structlog
 
+from controller.kube.backoff import Retries
 from controller.kube.errors import ApiError, TransportError
 from controller.kube.instruments import NO_METRICS, KubeMetrics, labelled
 from controller.kube.objects import object_key, resource_version
 from controller.kube.resources import Obj, Resource, Transform
+from controller.kube.store import IndexFunc, Store
 
 if TYPE_CHECKING:
     from controller.kube.client import KubeClient
@@ -98,22 +99,14 @@ MAX_WATCH_TIMEOUT = 600
 # A watch closed sooner than this without a single event counts as a failure,
 # so a server that hangs up at once cannot make the informer spin.
 MIN_HEALTHY_WATCH = 1.0
-# While the API server gives no answer, and for RECOVERY_WINDOW seconds after
-# it last gave none, failures are retried after RETRY_SOON/2 to RETRY_SOON.
-RETRY_SOON = 1.0
-RECOVERY_WINDOW = 60.0
 # A watch that delivers neither an event nor a bookmark for this long is
 # taken for stalled and reopened. The API server sends a bookmark about every
 # 60 s: 75 s leaves room for a late one. The controller's WATCH_IDLE_TIMEOUT.
 WATCH_IDLE_TIMEOUT = 75.0
-# Retry-After is honoured within these bounds.
-MIN_RETRY_AFTER = 0.1
-MAX_RETRY_AFTER = 30.0
 
-# Aliases, because Store.list and Informer.list shadow the builtin in their classes.
+# Aliases, because Informer.list shadows the builtin in its class.
 ObjList = list[Obj]
 KeyList = list[str]
-IndexFunc = Callable[[Obj], Iterable[str]]
 OnAdd = Callable[[Obj], None]
 OnUpdate = Callable[[Obj, Obj], None]
 OnDelete = Callable[[Obj], None]
@@ -144,253 +137,11 @@ def slim(obj: Obj) -> Obj:
     return {**obj, "metadata": metadata}
 
 
-class Store:
-    """The cache: objects by key, plus named indexes kept in step on every change.
-
-    ``packed``: each object is kept as its JSON (orjson) and parsed again on
-    every read. A parsed object takes about three times its JSON in Python
-    dicts and strings (a projected run with its ConfigMap, Job and pod: 3.9 KB
-    of JSON, 11 KB parsed), and a read costs a parse of a few KB (tens of
-    microseconds). Every read then hands out a new dict, so no reader can
-    change the cache by changing what it was given. The indexes are computed
-    from the objects as given and hold keys only.
-    """
-
-    def __init__(
-        self, indexers: Mapping[str, IndexFunc] | None = None, *, packed: bool = False
-    ) -> None:
-        # key -> the object, or its JSON when packed.
-        self._items: dict[str, Any] = {}
-        self._packed = packed
-        self._indexers: dict[str, IndexFunc] = {}
-        # index name -> index value -> object key, or keys when more than one
-        # (most values, a run's uid, name one object: a set each would be most
-        # of the index's memory).
-        self._indices: dict[str, dict[str, str | set[str]]] = {}
-        for name, func in (indexers or {}).items():
-            self.add_indexer(name, func)
-
-    def _load(self, value: Any) -> Obj:
-        if self._packed:
-            loaded: Obj = orjson.loads(value)
-            return loaded
-        stored: Obj = value
-        return stored
-
-    def add_indexer(self, name: str, func: IndexFunc) -> None:
-        if name in self._indexers:
-            raise ValueError(f"index {name!r} exists already")
-        self._indexers[name] = func
-        index: dict[str, str | set[str]] = {}
-        for key, value in self._items.items():
-            for indexed in func(self._load(value)):
-                _index_add(index, indexed, key)
-        self._indices[name] = index
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._items
-
-    def get(self, key: str) -> Obj | None:
-        value = self._items.get(key)
-        return None if value is None else self._load(value)
-
-    def list_keys(self) -> KeyList:
-        return list(self._items)
-
-    def list(self, namespace: str | None = None) -> list[Obj]:
-        if namespace is None:
-            return [self._load(value) for value in self._items.values()]
-        prefix = f"{namespace}/"
-        return [self._load(value) for key, value in self._items.items() if key.startswith(prefix)]
-
-    def index_keys(self, index: str, value: str) -> KeyList:
-        """Keys of the objects whose ``index`` function yields ``value``, sorted."""
-        found = self._index(index).get(value, ())
-        return [found] if isinstance(found, str) else sorted(found)
-
-    def index_count(self, index: str, value: str) -> int:
-        """How many objects the ``index`` function maps to ``value`` (nothing parsed)."""
-        found = self._index(index).get(value, ())
-        return 1 if isinstance(found, str) else len(found)
-
-    def index_values(self, index: str) -> KeyList:
-        """Every value the ``index`` function yields for some cached object."""
-        return list(self._index(index))
-
-    def _index(self, index: str) -> dict[str, str | set[str]]:
-        try:
-            return self._indices[index]
-        except KeyError:
-            raise KeyError(f"no index named {index!r}") from None
-
-    def by_index(self, index: str, value: str) -> ObjList:
-        return [self._load(self._items[key]) for key in self.index_keys(index, value)]
-
-    def upsert(self, obj: Obj) -> Obj | None:
-        """Store ``obj``; the object it replaced, if any."""
-        key = object_key(obj)
-        stored = self._items.get(key)
-        old = None if stored is None else self._load(stored)
-        if old is not None:
-            self._unindex(key, old)
-        self._items[key] = _pack(obj) if self._packed else obj
-        self._index_obj(key, obj)
-        return old
-
-    def remove(self, key: str) -> Obj | None:
-        stored = self._items.pop(key, None)
-        if stored is None:
-            return None
-        old = self._load(stored)
-        self._unindex(key, old)
-        return old
-
-    def _index_obj(self, key: str, obj: Obj) -> None:
-        for name, func in self._indexers.items():
-            index = self._indices[name]
-            for value in func(obj):
-                _index_add(index, value, key)
-
-    def _unindex(self, key: str, obj: Obj) -> None:
-        for name, func in self._indexers.items():
-            index = self._indices[name]
-            for value in func(obj):
-                keys = index.get(value)
-                if keys is None:
-                    continue
-                if isinstance(keys, str):
-                    if keys == key:
-                        del index[value]
-                    continue
-                keys.discard(key)
-                if len(keys) == 1:
-                    index[value] = next(iter(keys))
-                elif not keys:
-                    del index[value]
-
-
-def _pack(obj: Obj) -> bytes:
-    """``obj`` as JSON, in a bytes object of its own size.
-
-    orjson hands back its whole output buffer, several KB for any object
-    (16 KB measured for a 1.5 KB one): copied, the kept bytes are the JSON's.
-    """
-    return bytes(memoryview(orjson.dumps(obj)))
-
-
-def _index_add(index: dict[str, str | set[str]], value: str, key: str) -> None:
-    keys = index.get(value)
-    if keys is None:
-        index[value] = key
-    elif isinstance(keys, str):
-        if keys != key:
-            index[value] = {keys, key}
-    else:
-        keys.add(key)
-
-
 @dataclass(frozen=True)
 class EventHandler:
     on_add: OnAdd | None = None
     on_update: OnUpdate | None = None
     on_delete: OnDelete | None = None
-
-
-class Backoff:
-    """Jittered exponential backoff: ``initial * factor**n`` capped, times [1, 1 + jitter)."""
-
-    def __init__(
-        self,
-        initial: float = 0.8,
-        cap: float = 30.0,
-        factor: float = 2.0,
-        jitter: float = 1.0,
-        rng: random.Random | None = None,
-    ) -> None:
-        if initial <= 0 or cap < initial or factor < 1 or jitter < 0:
-            raise ValueError("need 0 < initial <= cap, factor >= 1 and jitter >= 0")
-        self.initial = initial
-        self.cap = cap
-        self.factor = factor
-        self.jitter = jitter
-        self._rng = rng if rng is not None else random.Random()
-        self._steps = 0
-
-    @property
-    def steps(self) -> int:
-        return self._steps
-
-    def next(self) -> float:
-        base = min(self.cap, self.initial * self.factor ** min(self._steps, 64))
-        self._steps += 1
-        return min(self.cap, base * (1.0 + self.jitter * self._rng.random()))
-
-    def reset(self) -> None:
-        self._steps = 0
-
-
-class Retries:
-    """How long one scope of an informer waits before trying again (see the module docstring).
-
-    Told every outcome of its lists and watches; :meth:`expired` and
-    :meth:`failed` answer the delay.
-    """
-
-    def __init__(self, rng: random.Random, clock: Callable[[], float]) -> None:
-        self._rng = rng
-        self._clock = clock
-        self.errors = Backoff(rng=rng)
-        self.expiries = Backoff(rng=rng)
-        self._expired_last = False
-        self._unanswered_at: float | None = None
-        self.failures = 0  # in a row, for the logs
-
-    def listed(self) -> None:
-        """A list succeeded."""
-        self.errors.reset()
-        self.failures = 0
-
-    def progressed(self) -> None:
-        """A watch delivered its first event."""
-        self.errors.reset()
-        self.failures = 0
-        self._end_expiries()
-
-    def watch_ended(self) -> None:
-        """The server ended a watch normally."""
-        self._end_expiries()
-
-    def expired(self) -> float:
-        """A 410: the wait before listing again, 0 unless the previous watch expired too."""
-        delay = self.expiries.next() if self._expired_last else 0.0
-        self._expired_last = True
-        return delay
-
-    def failed(self, exc: Exception) -> float:
-        """A list or a watch failed: the wait before trying again."""
-        self._end_expiries()
-        self.failures += 1
-        now = self._clock()
-        if isinstance(exc, TransportError):
-            self._unanswered_at = now
-            return self._soon()
-        retry_after = exc.retry_after if isinstance(exc, ApiError) else None
-        if retry_after is not None:
-            asked = max(MIN_RETRY_AFTER, retry_after) * (1.0 + 0.2 * self._rng.random())
-            return min(MAX_RETRY_AFTER, asked)
-        if self._unanswered_at is not None and now - self._unanswered_at < RECOVERY_WINDOW:
-            return self._soon()
-        return self.errors.next()
-
-    def _soon(self) -> float:
-        return RETRY_SOON * (0.5 + 0.5 * self._rng.random())
-
-    def _end_expiries(self) -> None:
-        self._expired_last = False
-        self.expiries.reset()
 
 
 class WatchExpired(Exception):

@@ -19,19 +19,19 @@ import orjson
 import pytest
 from structlog.testing import capture_logs
 
+from controller.kube.backoff import Backoff
 from controller.kube.errors import ApiError, TransportError
 from controller.kube.informer import (
     LAST_APPLIED,
     WATCH_IDLE_TIMEOUT,
-    Backoff,
     Informer,
-    Store,
     WatchExpired,
     WatchFailed,
     slim,
 )
 from controller.kube.objects import controller_of, is_controlled_by, object_key
 from controller.kube.resources import Resource
+from controller.kube.store import Store
 from controller.metrics import Metrics
 
 pytestmark = pytest.mark.unit

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from controller.kube.informer import Store
 from controller.kube.resources import Obj
+from controller.kube.store import Store
 
 
 def obj(name: str, config: str | None, *tags: str) -> Obj:
