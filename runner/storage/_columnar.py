@@ -159,11 +159,17 @@ class ArrowRows(Sequence[Any]):
     """A page read as Arrow tables; its records (dicts) are made only if asked.
 
     ``records`` makes the row path's records (:func:`records_of`, given by the
-    provider) on first use: iterating, indexing or slicing does.
+    provider) on first use: iterating, indexing or slicing does. ``opaque``
+    columns hold a text form of values the row path has as other objects (a
+    ``postgres`` date): a page that uses one as a feature or carried column is
+    taken by the row path.
     """
 
-    def __init__(self, tables: list[pa.Table], records: Any) -> None:
+    def __init__(
+        self, tables: list[pa.Table], records: Any, opaque: frozenset[str] = frozenset()
+    ) -> None:
         self.tables = tables
+        self.opaque = opaque
         self._records_of = records
         self._records: list[Any] | None = None
         self._count: int = sum(table.num_rows for table in tables)
@@ -207,6 +213,8 @@ class ArrowRows(Sequence[Any]):
             if not columns:
                 return None  # the row path says why
         if any(name not in names for name in columns):
+            return None
+        if self.opaque.intersection(columns) or self.opaque.intersection(carried_names):
             return None
         features = [table.column(name) for name in columns]
         if not all(_feature_ok(column) for column in features):

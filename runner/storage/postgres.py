@@ -43,6 +43,14 @@ BY input.k LIMIT ...`` (keyset paging, no ``OFFSET``), so ``k`` must be a unique
 non-null column of the query's result, ideally indexed. A row's *position* is
 its place in that order.
 
+**Columnar pages.** A streaming run does not read a page row by row: the server
+writes it as CSV (one value per page, ``string_agg`` of each row's columns in
+their text form) and Arrow parses it into columns of the query's result types,
+so no Python object is made per row; the features go to the model as JSON text
+and a page's output goes back into ``COPY ... (FORMAT csv)`` as one buffer
+Arrow writes (:mod:`runner.storage._pgcolumnar`, which says which types and
+pages take the row path instead; the values are the same either way).
+
 **Shards** split by position: shard ``s`` of ``c`` takes the positions ``p`` with
 ``p % c == s``, the same rule as every provider, so the same input is split the
 same way each time. Each shard's page query walks a window of ``c x pageSize``
@@ -95,13 +103,14 @@ import re
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from decimal import Decimal
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import orjson
 import psycopg
+import pyarrow as pa
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.numeric import FloatLoader
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
@@ -109,6 +118,8 @@ from pydantic.alias_generators import to_camel
 from contract.exitcodes import ContractError
 from runner.retry import GaveUp, RetryPolicy, Transient, call_with_retries, log_retries
 from runner.secrets import SecretError
+from runner.storage._columnar import ArrowRows
+from runner.storage._pgcolumnar import CsvLayout, Records, TextLoader, csv_chunk, csv_ready
 from runner.storage.base import (
     Page,
     Paging,
@@ -346,15 +357,20 @@ def output_rows(
     first = predictions[0] if predictions else None
     if not isinstance(first, dict):
         return [], [[copy_value(value)] for value in predictions]
-    carried = [name for name in first if name != PREDICTION]
+    carried = checked_carried([name for name in first if name != PREDICTION])
+    names = [*carried, PREDICTION]
+    return carried, [[copy_value(row.get(name)) for name in names] for row in predictions]
+
+
+def checked_carried(carried: list[str]) -> list[str]:
+    """The carried column names; StorageRejected when one is a column the runner fills."""
     clash = sorted(set(carried) & set(RESERVED))
     if clash:
         raise StorageRejected(
             f"the carried column(s) {clash} would overwrite the output table's own "
             f"({', '.join(RESERVED)}): rename them in the query"
         )
-    names = [*carried, PREDICTION]
-    return carried, [[copy_value(row.get(name)) for name in names] for row in predictions]
+    return carried
 
 
 # -- errors --------------------------------------------------------------------------
@@ -390,6 +406,8 @@ class PostgresProvider:
     key = KEY
     # Rows are objects with named columns: without join keys every column is a feature.
     named_rows = True
+    # store_keyed takes a columnar page's output as one Arrow table (_pgcolumnar).
+    columnar_output = True
 
     def __init__(self, settings: Settings, role: Role) -> None:
         self.settings = settings
@@ -404,6 +422,11 @@ class PostgresProvider:
         # Keyset paging: (the next input position, the key of the row before it).
         self._cursor: tuple[int, Any] | None = None
         self._end: int | None = None  # the input's size, once a short read found it
+        # How pages travel columnar (_pgcolumnar), once the query's columns are known;
+        # None: the row path.
+        self._layout: CsvLayout | None = None
+        self._records = Records({})
+        self._described = False
         self._table_ready = False
         self._carried: list[str] | None = None
         self._has_pod_column = False
@@ -595,6 +618,20 @@ class PostgresProvider:
                 return Page(offset, [], shard_total)
             after = (found[0],)
         fetch = limit * part.count
+        if not self._described:
+            self._layout, self._records = await self._run(
+                ctx, "describing the query's columns", self._describe(arguments)
+            )
+            self._described = True
+        if self._layout is not None:
+            columnar = await self._read_columnar(
+                ctx, offset, [*arguments, *after, fetch], bool(after), part
+            )
+            if columnar is not None:
+                table, scanned, last = columnar
+                assert self._layout is not None
+                arrow = ArrowRows([table], self._records, frozenset(self._layout.opaque))
+                return self._paged(offset, arrow, start, scanned, last, fetch, shard_total)
         query = self._page_query(bool(after), part.count)
 
         async def read(connection: psycopg.AsyncConnection[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -603,22 +640,112 @@ class PostgresProvider:
             return await cursor.fetchall()
 
         rows = await self._run(ctx, f"reading the page at row {offset}", read)
-        scanned = len(rows)
+        scanned, last = len(rows), None
         if rows:
             last = rows[-1].get(key)
             if part.count > 1:
                 scanned, last = rows[-1][_SCANNED], rows[-1][_LAST]
                 for row in rows:
                     del row[_NUMBER], row[_SCANNED], row[_LAST]
+        return self._paged(offset, rows, start, scanned, last, fetch, shard_total)
+
+    def _paged(
+        self,
+        offset: int,
+        rows: Sequence[Any],
+        start: int,
+        scanned: int,
+        last: Any,
+        fetch: int,
+        shard_total: int,
+    ) -> Page:
+        """The page, once the next one's start (``last``, ``scanned`` rows on) is noted."""
+        if scanned:
             if last is None:
+                assert self.paging is not None
                 raise StorageRejected(
-                    f"{self.where}: paging.key {key!r} is null in a row (or not a column of the "
-                    "query): the paging key must be a unique, non-null column"
+                    f"{self.where}: paging.key {self.paging.key!r} is null in a row (or not a "
+                    "column of the query): the paging key must be a unique, non-null column"
                 )
             self._cursor = (start + scanned, last)
         if scanned < fetch:
             self._end = start + scanned
-        return Page(offset, rows, shard_total)
+        return Page(offset, cast(list[Any], rows), shard_total)
+
+    def _describe(
+        self, arguments: list[str]
+    ) -> Callable[
+        [psycopg.AsyncConnection[dict[str, Any]]], Awaitable[tuple[CsvLayout | None, Records]]
+    ]:
+        """How pages travel (_pgcolumnar), from the query's result columns; no row is read."""
+
+        async def describe(
+            connection: psycopg.AsyncConnection[dict[str, Any]],
+        ) -> tuple[CsvLayout | None, Records]:
+            cursor = connection.cursor()
+            await cursor.execute(
+                sql.SQL("SELECT * FROM {} LIMIT 0").format(self._source()), arguments
+            )
+            columns = [(column.name, column.type_code) for column in cursor.description or []]
+            layout = CsvLayout.of(columns)
+            if layout is None:
+                return None, Records({})
+            # The loaders a row read uses for the opaque columns' text.
+            loaders: dict[str, TextLoader] = {}
+            for name, oid in layout.opaque.items():
+                loader = connection.adapters.get_loader(oid, psycopg.pq.Format.TEXT)
+                if loader is None:
+                    return None, Records({})
+                loaders[name] = loader(oid, connection)
+            return layout, Records(loaders)
+
+        return describe
+
+    async def _read_columnar(
+        self, ctx: StorageContext, offset: int, values: list[Any], after: bool, part: Partition
+    ) -> tuple[pa.Table, int, Any] | None:
+        """A page as one Arrow table, with its scanned rows and last key; None: the row path.
+
+        The server writes the page as CSV (one value), Arrow parses it (_pgcolumnar).
+        """
+        assert self.paging is not None
+        assert self._layout is not None
+        key = self.paging.key
+        layout = self._layout
+        if key not in layout.names:
+            return None  # the row path says why
+        if part.count > 1:
+            key_oid = layout.oids[layout.names.index(key)]
+            layout = layout.with_columns([(_SCANNED, 20), (_LAST, key_oid)])
+        query = sql.SQL(
+            "SELECT string_agg({line}, E'\\n' ORDER BY page.{key}) AS csv, count(*) AS n "
+            "FROM ({page}) AS page"
+        ).format(
+            line=layout.line("page"),
+            key=sql.Identifier(key),
+            page=self._page_query(after, part.count),
+        )
+
+        async def read(
+            connection: psycopg.AsyncConnection[dict[str, Any]],
+        ) -> tuple[Any, ...] | None:
+            cursor = connection.cursor(row_factory=tuple_row)
+            await cursor.execute(query, values)
+            return await cursor.fetchone()
+
+        found = await self._run(ctx, f"reading the page at row {offset}", read)
+        text, rows = (found[0] or "", int(found[1])) if found else ("", 0)
+        table = layout.parse(text.encode(), rows)
+        if table is None:
+            return None
+        if not rows:
+            return table.select(list(self._layout.names)), 0, None
+        if part.count > 1:
+            scanned, last = table.column(_SCANNED)[-1].as_py(), table.column(_LAST)[-1].as_py()
+            table = table.drop_columns([_SCANNED, _LAST])
+        else:
+            scanned, last = rows, table.column(key)[-1].as_py()
+        return table, int(scanned), last
 
     def _count(
         self, arguments: list[str]
@@ -759,14 +886,33 @@ class PostgresProvider:
         self,
         ctx: StorageContext,
         offset: int,
-        predictions: list[Any],
+        predictions: list[Any] | pa.Table,
         part: Partition,
         row_count: int | None = None,
     ) -> Stored:
-        """One chunk, keyed by its rows' input positions: stored once, retried like a read."""
-        if not predictions:
-            return Stored(0, 0)
-        carried, values = output_rows(predictions)
+        """One chunk, keyed by its rows' input positions: stored once, retried like a read.
+
+        A columnar page's output (an Arrow table, :mod:`runner.storage._pgcolumnar`)
+        goes into ``COPY`` as one CSV buffer; any other, one row at a time.
+        """
+        table: pa.Table | None = None
+        if isinstance(predictions, pa.Table):
+            if csv_ready(predictions):
+                table = predictions
+            else:
+                predictions = predictions.to_pylist()
+        if table is not None:
+            carried = checked_carried(table.column_names[:-1])
+            head = table.slice(0, 1).to_pylist()[0]
+            first_row = [head[name] for name in (*carried, PREDICTION)]
+            values: list[list[Any]] = []
+            count = table.num_rows
+        else:
+            if not predictions:
+                return Stored(0, 0)
+            carried, values = output_rows(predictions)
+            first_row = first_values(predictions, carried)
+            count = len(values)
         if self._carried is not None and carried != self._carried:
             raise StorageRejected(
                 f"{self.where}: the output rows' columns changed from {self._carried} to {carried}"
@@ -775,13 +921,9 @@ class PostgresProvider:
 
         async def write(connection: psycopg.AsyncConnection[dict[str, Any]]) -> int:
             if not self._table_ready:
-                await self._ready_table(connection, carried, first_values(predictions, carried))
+                await self._ready_table(connection, carried, first_row)
             pod = [ctx.pod_uid] if self._has_pod_column else []
             used = [*KEY_COLUMNS, *([POD_COLUMN] if pod else []), *carried, PREDICTION]
-            rows = [
-                (ctx.job_id, part.index, first + step * i, *pod, *row)
-                for i, row in enumerate(values)
-            ]
             listed = sql.SQL(", ").join(sql.Identifier(n) for n in used)
             staging = sql.Identifier(STAGING)
             cursor = connection.cursor()
@@ -792,11 +934,37 @@ class PostgresProvider:
                         "ON COMMIT DELETE ROWS"
                     ).format(staging, self._table)
                 )
-                async with cursor.copy(
-                    sql.SQL("COPY {} ({}) FROM STDIN").format(staging, listed)
-                ) as copy:
-                    for row in rows:
-                        await copy.write_row(row)
+                if table is not None:
+                    # The CSV carries row_index and the output columns; the staging
+                    # table's defaults give the run's key columns.
+                    defaults = [("run_uid", ctx.job_id), ("shard", part.index)]
+                    defaults += [(POD_COLUMN, ctx.pod_uid)] if pod else []
+                    await cursor.execute(
+                        sql.SQL("ALTER TABLE {} {}").format(
+                            staging,
+                            sql.SQL(", ").join(
+                                sql.SQL("ALTER COLUMN {} SET DEFAULT {}").format(
+                                    sql.Identifier(name), sql.Literal(value)
+                                )
+                                for name, value in defaults
+                            ),
+                        )
+                    )
+                    copied = ["row_index", *carried, PREDICTION]
+                    async with cursor.copy(
+                        sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
+                            staging, sql.SQL(", ").join(sql.Identifier(n) for n in copied)
+                        )
+                    ) as copy:
+                        await copy.write(memoryview(csv_chunk(table, first, step)))
+                else:
+                    async with cursor.copy(
+                        sql.SQL("COPY {} ({}) FROM STDIN").format(staging, listed)
+                    ) as copy:
+                        for i, row in enumerate(values):
+                            await copy.write_row(
+                                (ctx.job_id, part.index, first + step * i, *pod, *row)
+                            )
                 await cursor.execute(
                     sql.SQL(
                         "INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) DO NOTHING"
@@ -811,7 +979,7 @@ class PostgresProvider:
                 return max(cursor.rowcount, 0)
 
         stored = await self._run(ctx, f"storing the chunk at row {offset}", write)
-        return Stored(stored, len(values) - stored)
+        return Stored(stored, count - stored)
 
     async def store(self, ctx: StorageContext, predictions: list[Any]) -> None:
         """Every prediction of the shard (an unpaged run), ``chunkSize`` per transaction."""

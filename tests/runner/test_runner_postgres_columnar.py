@@ -1,0 +1,234 @@
+"""Postgres pages and chunks kept columnar give what the row path gives, value for value.
+
+A streaming run reads a ``postgres`` page as CSV the server writes and Arrow
+parses, and writes a columnar page's output as CSV Arrow writes
+(:mod:`runner.storage._pgcolumnar`). Each test reads or writes the same data
+both ways against the real server and compares: every type the columnar path
+parses, the ones it carries as text (dates, uuids, json, arrays, ``char(n)``),
+nulls, quotes, newlines and the floats that are easy to get wrong.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from hack.postgres import SUPERUSER
+from runner.logs import get_logger
+from runner.retry import Deadline
+from runner.storage._columnar import ArrowRows
+from runner.storage.base import Partition, StorageContext
+from runner.storage.postgres import PostgresProvider, from_settings
+from tests.runner.conftest import InMemorySecrets
+from tests.servers import Database
+
+SECRET, NAMESPACE = "pg", "data"
+TEXTS = ['a "quoted", comma', "line\nbreak\r\n", "back\\slash", "", "ünï ☃", "'single'", None]
+FLOATS = [0.1 + 0.2, -0.0, 1e-300, 1.7976931348623157e308, math.nan, math.inf, -math.inf, None]
+
+
+def weird_table(db: Database, count: int = 23) -> None:
+    db.execute(
+        "CREATE TABLE weird (id bigint PRIMARY KEY, i2 smallint, i4 integer, f4 real, "
+        "f8 double precision, num numeric, b boolean, t text, v varchar(20), c char(5), "
+        "d date, ts timestamptz, u uuid, j jsonb, arr integer[])"
+    )
+    rows = []
+    for n in range(count):
+        text = TEXTS[n % len(TEXTS)]
+        rows.append(
+            (
+                1000 - 3 * n,
+                None if n % 5 == 4 else n - 7,
+                n * 1000 if n % 6 else None,
+                1.1 * n if n % 4 else None,
+                FLOATS[n % len(FLOATS)],
+                [Decimal("12345678901234567890.125"), Decimal("NaN"), None, Decimal(n)][n % 4],
+                [True, False, None][n % 3],
+                text,
+                None if text is None else text[:20],
+                None if n % 3 == 0 else "ab",
+                None if n % 4 == 0 else f"2024-05-{n % 28 + 1:02d}",
+                None if n % 5 == 0 else f"2024-05-01 12:00:{n % 60:02d}+02",
+                None if n % 2 else f"12345678-1234-5678-1234-{n:012d}",
+                None if n % 3 == 1 else '{"k": [1, "x\\"y"], "n": null}',
+                None if n % 4 == 2 else [n, None, 3],
+            )
+        )
+    db.execute(
+        "INSERT INTO weird VALUES (" + ", ".join(["%s"] * 15) + ")",
+        rows,
+    )
+
+
+def context(db: Database) -> StorageContext:
+    return StorageContext(
+        session=None,
+        secrets=InMemorySecrets(
+            {(NAMESPACE, SECRET): {"username": SUPERUSER, "password": db.server.password}}
+        ),
+        namespace=NAMESPACE,
+        job_id="run-uid-columnar",
+        pod_uid="pod-columnar",
+        parameters={"low": "0"},
+        deadline=Deadline(None),
+        log=get_logger(),
+    )
+
+
+def settings(db: Database, **more: Any) -> dict[str, Any]:
+    return {
+        "host": db.server.host,
+        "port": db.server.port,
+        "database": db.name,
+        "secretRef": {"name": SECRET, "namespace": NAMESPACE},
+        "sslmode": "disable",
+        **more,
+    }
+
+
+def row_path(provider: PostgresProvider) -> PostgresProvider:
+    # The provider as it reads a query whose columns cannot travel columnar.
+    provider._described = True
+    provider._layout = None
+    return provider
+
+
+def comparable(value: Any) -> Any:
+    """Floats by repr (NaN equals NaN, -0.0 differs from 0.0), containers inside out."""
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: comparable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [comparable(v) for v in value]
+    return value
+
+
+async def read_all(
+    provider: PostgresProvider, ctx: StorageContext, part: Partition, page_size: int
+) -> tuple[list[Any], list[type]]:
+    await provider.prepare(ctx)
+    rows: list[Any] = []
+    kinds: list[type] = []
+    offset = 0
+    try:
+        while True:
+            page = await provider.read_page(ctx, offset, page_size, part)
+            if page.rows:
+                kinds.append(type(page.rows))
+            rows.extend(list(page.rows))
+            offset += len(page.rows)
+            if len(page.rows) < page_size:
+                return rows, kinds
+    finally:
+        await provider.close()
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+async def test_pages_read_columnar_equal_the_row_paths(postgres: Database, shards: int) -> None:
+    weird_table(postgres)
+    query = "SELECT * FROM weird WHERE id > $low"
+    entry = settings(postgres, query=query, paging={"pageSize": 4, "key": "id"})
+    for index in range(shards):
+        part = Partition(index, shards)
+        columnar, kinds = await read_all(
+            from_settings(entry, "input", {}), context(postgres), part, 4
+        )
+        rows, row_kinds = await read_all(
+            row_path(from_settings(entry, "input", {})), context(postgres), part, 4
+        )
+        assert rows, "the row path read nothing"
+        assert set(kinds) == {ArrowRows}, kinds
+        assert set(row_kinds) == {list}, row_kinds
+        assert comparable(columnar) == comparable(rows)
+        assert [list(r) for r in columnar] == [list(r) for r in rows]  # column order too
+
+
+async def test_an_empty_query_is_an_empty_page(postgres: Database) -> None:
+    weird_table(postgres)
+    entry = settings(
+        postgres, query="SELECT * FROM weird WHERE id < 0", paging={"pageSize": 4, "key": "id"}
+    )
+    rows, kinds = await read_all(
+        from_settings(entry, "input", {}), context(postgres), Partition(), 4
+    )
+    assert rows == []
+    assert kinds == []
+
+
+async def test_a_query_with_two_columns_of_one_name_is_read_by_the_row_path(
+    postgres: Database,
+) -> None:
+    weird_table(postgres, 5)
+    entry = settings(
+        postgres,
+        query="SELECT w.id, w.i4 AS x, w.f8 AS x FROM weird w",
+        paging={"pageSize": 4, "key": "id"},
+    )
+    rows, kinds = await read_all(
+        from_settings(entry, "input", {}), context(postgres), Partition(), 4
+    )
+    assert set(kinds) == {list}
+    assert len(rows) == 5
+
+
+def stored(db: Database, table: str) -> list[Any]:
+    found = db.query(f"SELECT * FROM {table} ORDER BY shard, row_index")
+    return [comparable([v for v in row if not hasattr(v, "tzinfo")]) for row in found]
+
+
+async def store_both(db: Database, output: pa.Table) -> tuple[list[Any], list[Any]]:
+    part = Partition(1, 3)
+    ctx = context(db)
+    for name, chunk in (("from_table", output), ("from_rows", output.to_pylist())):
+        provider = from_settings(settings(db, table=name, createTable=True), "output", {})
+        await provider.prepare(ctx)
+        try:
+            assert await provider.stored_next(ctx, part) == 0
+            first = await provider.store_keyed(ctx, 4, chunk, part)
+            again = await provider.store_keyed(ctx, 4, chunk, part)
+        finally:
+            await provider.close()
+        assert (first.stored, first.duplicates) == (output.num_rows, 0)
+        assert (again.stored, again.duplicates) == (0, output.num_rows)
+    return stored(db, "from_table"), stored(db, "from_rows")
+
+
+async def test_a_columnar_chunk_is_stored_as_its_rows_would_be(postgres: Database) -> None:
+    floats = [f for f in FLOATS if f is None or math.isfinite(f)]
+    count = 14
+    output = pa.table(
+        {
+            "id": pa.array([1000 - 3 * n for n in range(count)], pa.int64()),
+            "name": pa.array([TEXTS[n % len(TEXTS)] for n in range(count)], pa.string()),
+            "score": pa.array([floats[n % len(floats)] for n in range(count)], pa.float64()),
+            "flag": pa.array([[True, False, None][n % 3] for n in range(count)], pa.bool_()),
+            "prediction": pa.array([n % 3 for n in range(count)], pa.int64()),
+        }
+    )
+    from_table, from_rows = await store_both(postgres, output)
+    assert len(from_table) == count
+    assert from_table == from_rows
+    columns = postgres.query(
+        "SELECT column_name, data_type FROM information_schema.columns "
+        "WHERE table_name = 'from_table' ORDER BY ordinal_position"
+    )
+    assert ("name", "text") in columns
+    assert ("score", "double precision") in columns
+
+
+async def test_a_chunk_of_lists_is_stored_by_the_row_path(postgres: Database) -> None:
+    output = pa.table(
+        {
+            "id": pa.array([7, 8, 9], pa.int64()),
+            "prediction": pa.array([[0.25, 0.75], [1.0, 0.0], [0.5, 0.5]]),
+        }
+    )
+    from_table, from_rows = await store_both(postgres, output)
+    assert len(from_table) == 3
+    assert from_table == from_rows
