@@ -70,9 +70,10 @@ from controller.kube.informer import (
 )
 from controller.kube.leaderelection import LeaderElector, make_identity
 from controller.kube.objects import object_key
+from controller.kube.ratelimit import default_rate_limiter
 from controller.kube.resources import Obj
 from controller.kube.workers import Workers
-from controller.kube.workqueue import WorkQueue, default_rate_limiter
+from controller.kube.workqueue import WorkQueue
 from controller.metrics import Metrics
 from controller.projection import unchanged
 from controller.reconcile import Reconciler

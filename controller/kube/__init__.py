@@ -15,7 +15,8 @@ Modules, each a noun for what it holds:
   event handlers and ``assume`` (a write is seen by the next read before its
   watch event comes); its cache is ``store`` (objects by key and named
   indexes), its waits between attempts ``backoff``;
-- ``workqueue``: client-go's rate-limited work queue (contract in its docstring);
+- ``workqueue``: client-go's rate-limited work queue (contract in its docstring),
+  its rate limiters in ``ratelimit``;
 - ``workers``: the loop that drains a queue into ``reconcile(key)``;
 - ``leaderelection``: Lease-based leader election;
 - ``events``: the Kubernetes Events recorder.

@@ -20,7 +20,8 @@ Contract (each numbered line has its own test in tests/unit/test_workqueue.py):
 7. Global token bucket: every rate-limited add takes a token from one bucket
    shared by all keys (10 tokens/s, burst 100 by default, configurable); when
    it is empty the add waits for its token. Plain and delayed adds are not
-   rate-limited.
+   rate-limited. (Lines 6 and 7 are ``default_rate_limiter`` of
+   ``controller.kube.ratelimit``; any ``RateLimiter`` can be given instead.)
 8. Resync at low priority: ``resync_after(key, delay)`` schedules a periodic
    requeue. It replaces the key's previous pending resync (the clock restarts
    from the latest call), and when due it is a no-op if the key is already
@@ -62,18 +63,12 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Hashable
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 from controller.kube.instruments import NO_METRICS, KubeMetrics, labelled
+from controller.kube.ratelimit import RateLimiter, default_rate_limiter
 
 K = TypeVar("K", bound=Hashable)
-K_contra = TypeVar("K_contra", bound=Hashable, contravariant=True)
-
-# client-go DefaultControllerRateLimiter's numbers.
-DEFAULT_BASE_DELAY = 0.005
-DEFAULT_MAX_DELAY = 1000.0
-DEFAULT_QPS = 10.0
-DEFAULT_BURST = 100
 
 
 class ShutDown(Exception):
@@ -85,113 +80,6 @@ class Priority(enum.IntEnum):
 
     LOW = 0
     NORMAL = 1
-
-
-class RateLimiter(Protocol[K_contra]):
-    """How long a key waits before a rate-limited add (client-go's RateLimiter)."""
-
-    def when(self, key: K_contra, now: float) -> float:
-        """Delay in seconds for this rate-limited add of ``key`` (records the attempt)."""
-        ...
-
-    def forget(self, key: K_contra) -> None:
-        """The key succeeded: reset its history."""
-        ...
-
-    def num_requeues(self, key: K_contra) -> int:
-        """Rate-limited adds of ``key`` since its last ``forget``."""
-        ...
-
-
-class ExponentialBackoff(Generic[K]):
-    """Per-key exponential backoff: ``base * 2**failures``, capped at ``max_delay``."""
-
-    def __init__(
-        self, base_delay: float = DEFAULT_BASE_DELAY, max_delay: float = DEFAULT_MAX_DELAY
-    ) -> None:
-        if base_delay <= 0 or max_delay < base_delay:
-            raise ValueError(
-                f"need 0 < base_delay <= max_delay, got base_delay={base_delay} "
-                f"max_delay={max_delay}"
-            )
-        self.base_delay = base_delay
-        self.max_delay = max_delay
-        self._failures: dict[K, int] = {}
-
-    def when(self, key: K, now: float) -> float:
-        n = self._failures.get(key, 0)
-        self._failures[key] = n + 1
-        # 2**n overflows float quickly; past 2**64 the cap has long been reached.
-        if n > 64:
-            return self.max_delay
-        return min(self.base_delay * 2.0**n, self.max_delay)
-
-    def forget(self, key: K) -> None:
-        self._failures.pop(key, None)
-
-    def num_requeues(self, key: K) -> int:
-        return self._failures.get(key, 0)
-
-
-class TokenBucket(Generic[K]):
-    """A token bucket answering with a reservation delay (golang.org/x/time/rate's Reserve).
-
-    Each call takes one token, even when the bucket is empty: the caller then
-    waits ``delay`` seconds, the time the bucket needs to earn that token back.
-    Unlike an acquire-style limiter (aiolimiter) nobody sleeps here; the queue
-    turns the delay into a delayed add.
-    """
-
-    def __init__(self, qps: float = DEFAULT_QPS, burst: int = DEFAULT_BURST) -> None:
-        if qps <= 0 or burst < 1:
-            raise ValueError(f"need qps > 0 and burst >= 1, got qps={qps} burst={burst}")
-        self.qps = qps
-        self.burst = burst
-        self._tokens = float(burst)
-        self._last: float | None = None
-
-    def when(self, key: K, now: float) -> float:
-        if self._last is not None:
-            self._tokens = min(float(self.burst), self._tokens + (now - self._last) * self.qps)
-        self._last = now
-        self._tokens -= 1.0
-        return 0.0 if self._tokens >= 0 else -self._tokens / self.qps
-
-    def forget(self, key: K) -> None:
-        pass
-
-    def num_requeues(self, key: K) -> int:
-        return 0
-
-
-class MaxOf(Generic[K]):
-    """The longest delay of several rate limiters (client-go's MaxOfRateLimiter)."""
-
-    def __init__(self, *limiters: RateLimiter[K]) -> None:
-        if not limiters:
-            raise ValueError("MaxOf needs at least one rate limiter")
-        self.limiters = limiters
-
-    def when(self, key: K, now: float) -> float:
-        # Every limiter must record the attempt, so no short-circuit.
-        return max([limiter.when(key, now) for limiter in self.limiters])
-
-    def forget(self, key: K) -> None:
-        for limiter in self.limiters:
-            limiter.forget(key)
-
-    def num_requeues(self, key: K) -> int:
-        return max(limiter.num_requeues(key) for limiter in self.limiters)
-
-
-def default_rate_limiter(
-    qps: float = DEFAULT_QPS,
-    burst: int = DEFAULT_BURST,
-    base_delay: float = DEFAULT_BASE_DELAY,
-    max_delay: float = DEFAULT_MAX_DELAY,
-) -> MaxOf[K]:
-    """client-go's DefaultControllerRateLimiter: per-key backoff and a global bucket."""
-    return MaxOf(ExponentialBackoff(base_delay, max_delay), TokenBucket(qps, burst))
 
 
 class _Timing:

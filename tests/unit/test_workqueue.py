@@ -14,14 +14,8 @@ from typing import TypeVar
 import pytest
 from prometheus_client import generate_latest
 
-from controller.kube.workqueue import (
-    ExponentialBackoff,
-    MaxOf,
-    ShutDown,
-    TokenBucket,
-    WorkQueue,
-    default_rate_limiter,
-)
+from controller.kube.ratelimit import ExponentialBackoff, MaxOf, TokenBucket, default_rate_limiter
+from controller.kube.workqueue import ShutDown, WorkQueue
 from controller.metrics import Metrics
 
 pytestmark = [pytest.mark.unit, pytest.mark.looptime]
