@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from functools import lru_cache
 from typing import Any
 
 REDACTED = "[REDACTED]"
@@ -170,6 +171,9 @@ def key_words(key: str) -> list[str]:
     return words
 
 
+# Keys repeat (every log line has the same few): remembered, as the answer only
+# depends on the key; a key names a value, it is never a secret itself.
+@lru_cache(maxsize=4096)
 def is_credential_key(key: str) -> bool:
     """Whether a mapping key, header name or variable name names a credential value."""
     words = key_words(key)
