@@ -33,7 +33,7 @@ type ``null``). Carried integers and floats are widened to 64 bits, as
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -139,14 +139,23 @@ def _carried(column: pa.ChunkedArray, key: bool) -> pa.ChunkedArray | None:
     return None
 
 
-def row_texts(columns: Sequence[pa.ChunkedArray]) -> pa.Array:
-    """Each row's features as JSON text, ``[v1,...,vk]`` (module docstring)."""
+def row_texts(
+    columns: Sequence[pa.ChunkedArray], given: Sequence[pa.ChunkedArray | None] = ()
+) -> pa.Array:
+    """Each row's features as JSON text, ``[v1,...,vk]`` (module docstring).
+
+    ``given[i]``, when there, is column ``i``'s values already as JSON numbers
+    (a ``postgres`` page's server text), used as it is.
+    """
     # float32 widened first: the row path sends Python's float of it (5.099999904632568).
+    padded = [*given, *[None] * (len(columns) - len(given))]
     texts = [
-        pc.cast(
+        text
+        if text is not None
+        else pc.cast(
             column.cast(pa.float64()) if pa.types.is_floating(column.type) else column, pa.string()
         )
-        for column in columns
+        for column, text in zip(columns, padded, strict=True)
     ]
     joined = pc.binary_join_element_wise(*texts, ",") if len(texts) > 1 else texts[0]
     wrapped = pc.binary_join_element_wise("[", joined, "]", "")
@@ -166,10 +175,16 @@ class ArrowRows(Sequence[Any]):
     """
 
     def __init__(
-        self, tables: list[pa.Table], records: Any, opaque: frozenset[str] = frozenset()
+        self,
+        tables: list[pa.Table],
+        records: Any,
+        opaque: frozenset[str] = frozenset(),
+        texts: Mapping[str, pa.ChunkedArray] | None = None,
     ) -> None:
         self.tables = tables
         self.opaque = opaque
+        # A single table's number columns as JSON texts (row_texts' ``given``).
+        self.texts = texts or {}
         self._records_of = records
         self._records: list[Any] | None = None
         self._count: int = sum(table.num_rows for table in tables)
@@ -227,7 +242,8 @@ class ArrowRows(Sequence[Any]):
             kept.append(column)
         splitter.columns = columns
         carried = pa.table(kept, names=carried_names) if kept else _no_columns(table.num_rows)
-        return EncodedRows(row_texts(features)), Carried(carried)
+        given = [self.texts.get(name) for name in columns] if len(self.tables) == 1 else []
+        return EncodedRows(row_texts(features, given)), Carried(carried)
 
 
 def _no_columns(rows: int) -> pa.Table:

@@ -8,7 +8,10 @@ the runner about 12 CPU-us. So a streaming run keeps the rows columnar, as an
 - **input**: the server writes each page as CSV, one value for the whole page
   (``string_agg`` of one line per row, the columns' own text forms), and Arrow's
   CSV reader parses it into columns of the types the query's result has
-  (:class:`CsvLayout`). The values are those the row path gets from psycopg:
+  (:class:`CsvLayout`). Integers and floats also keep their text: the server's
+  text of a number is the JSON the model's request needs (the shortest form
+  that reads back as the same number), so the features are not formatted
+  again. The values are those the row path gets from psycopg:
   the same text, parsed the same way (``numeric`` as a float, as the row path's
   loader does; ``NaN`` and ``Infinity`` included). Strings are quoted by the
   server (``NULL`` unquoted and empty, ``''`` quoted), so nulls stay nulls.
@@ -35,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 from psycopg import sql
 
@@ -51,6 +55,9 @@ ARROW_TYPES: dict[int, pa.DataType] = {
     1043: pa.string(),  # varchar
 }
 _STRING_OIDS = frozenset({25, 1043})
+# Numbers whose server text is a JSON number equal to the row path's value: the
+# model's request takes that text as it is (no float-to-text cast per value).
+_JSON_NUMBER_OIDS = frozenset({20, 21, 23, 700, 701})
 _CONVERT = {
     "null_values": [""],
     "strings_can_be_null": True,
@@ -110,10 +117,14 @@ class CsvLayout:
             )
         return sql.SQL("concat_ws(',', {})").format(sql.SQL(", ").join(fields))
 
-    def parse(self, data: bytes, rows: int) -> pa.Table | None:
-        """The page's CSV as a table of ``rows`` rows; None when Arrow cannot take it."""
+    def parse(self, data: bytes, rows: int) -> tuple[pa.Table, dict[str, pa.ChunkedArray]] | None:
+        """The page's CSV as a table of ``rows`` rows, and the numbers' texts by column.
+
+        None when Arrow cannot take it.
+        """
         if rows == 0:
-            return pa.table({name: pa.array([], kind) for name, kind in self._columns()})
+            empty = pa.table({name: pa.array([], kind) for name, kind in self._columns()})
+            return empty, {}
         strings = any(oid in _STRING_OIDS or oid not in ARROW_TYPES for oid in self.oids)
         try:
             table = pa_csv.read_csv(
@@ -126,13 +137,22 @@ class CsvLayout:
                 # Only a quoted string can hold a newline; allowing it costs the parser.
                 parse_options=pa_csv.ParseOptions(newlines_in_values=strings),
                 convert_options=pa_csv.ConvertOptions(
-                    column_types=dict(self._columns()),
+                    column_types={
+                        name: pa.string() if oid in _JSON_NUMBER_OIDS else kind
+                        for (name, kind), oid in zip(self._columns(), self.oids, strict=True)
+                    },
                     **_CONVERT,
                 ),
             )
+            texts: dict[str, pa.ChunkedArray] = {}
+            for index, (name, oid) in enumerate(zip(self.names, self.oids, strict=True)):
+                if oid in _JSON_NUMBER_OIDS:
+                    texts[name] = table.column(index)
+                    number = pc.cast(texts[name], ARROW_TYPES[oid])
+                    table = table.set_column(index, name, number)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return None
-        return table if table.num_rows == rows else None
+        return (table, texts) if table.num_rows == rows else None
 
     def _columns(self) -> list[tuple[str, pa.DataType]]:
         return [

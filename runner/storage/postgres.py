@@ -628,9 +628,9 @@ class PostgresProvider:
                 ctx, offset, [*arguments, *after, fetch], bool(after), part
             )
             if columnar is not None:
-                table, scanned, last = columnar
+                table, texts, scanned, last = columnar
                 assert self._layout is not None
-                arrow = ArrowRows([table], self._records, frozenset(self._layout.opaque))
+                arrow = ArrowRows([table], self._records, frozenset(self._layout.opaque), texts)
                 return self._paged(offset, arrow, start, scanned, last, fetch, shard_total)
         query = self._page_query(bool(after), part.count)
 
@@ -703,7 +703,7 @@ class PostgresProvider:
 
     async def _read_columnar(
         self, ctx: StorageContext, offset: int, values: list[Any], after: bool, part: Partition
-    ) -> tuple[pa.Table, int, Any] | None:
+    ) -> tuple[pa.Table, dict[str, pa.ChunkedArray], int, Any] | None:
         """A page as one Arrow table, with its scanned rows and last key; None: the row path.
 
         The server writes the page as CSV (one value), Arrow parses it (_pgcolumnar).
@@ -735,17 +735,18 @@ class PostgresProvider:
 
         found = await self._run(ctx, f"reading the page at row {offset}", read)
         text, rows = (found[0] or "", int(found[1])) if found else ("", 0)
-        table = layout.parse(text.encode(), rows)
-        if table is None:
+        parsed = layout.parse(text.encode(), rows)
+        if parsed is None:
             return None
+        table, texts = parsed
         if not rows:
-            return table.select(list(self._layout.names)), 0, None
+            return table.select(list(self._layout.names)), {}, 0, None
         if part.count > 1:
             scanned, last = table.column(_SCANNED)[-1].as_py(), table.column(_LAST)[-1].as_py()
             table = table.drop_columns([_SCANNED, _LAST])
         else:
             scanned, last = rows, table.column(key)[-1].as_py()
-        return table, int(scanned), last
+        return table, texts, int(scanned), last
 
     def _count(
         self, arguments: list[str]
