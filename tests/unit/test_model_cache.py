@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from bench.common import config_body
 from controller.api import InferenceRun, ModelCache
 from controller.reconcile import Reconciler
 
@@ -76,3 +77,27 @@ def test_the_reconciler_forgets_a_deleted_runs_model() -> None:
     reconciler._run_models.parse("ns/r", raw_run())
     reconciler.forget("ns/r")
     assert len(reconciler._run_models) == 0
+
+
+def test_the_reconciler_keeps_the_configs_of_hundreds_of_namespaces_parsed() -> None:
+    # Runs spread over 300 namespaces, each with its config, reconciled round-robin:
+    # a cache smaller than the configs in use dropped each one just before its next
+    # use, and every reconcile parsed its config again.
+    reconciler = Reconciler(client=None, caches=None, events=None)
+    configs = [
+        config_body(f"ns-{i}", "cfg", "runner:1")
+        | {
+            "metadata": {
+                "namespace": f"ns-{i}",
+                "name": "cfg",
+                "uid": f"u-{i}",
+                "resourceVersion": "7",
+            }
+        }
+        for i in range(300)
+    ]
+    for _ in range(3):
+        for config in configs:
+            reconciler._config_models.parse(f"{config['metadata']['namespace']}/cfg", config)
+    assert reconciler._config_models.misses == 300
+    assert reconciler._config_models.hits == 600
