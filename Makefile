@@ -9,14 +9,19 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # xdist workers for the tiers that mostly wait (hack/suite.py); each has its own control plane.
 TEST_WORKERS ?= 4
-# `make test TEST_ORDER=node,faults,parallel` runs the suite's three runs in another order.
-TEST_ORDER ?= parallel,faults,node
+# xdist workers for the fault tier, each with a control plane of its own (its outages stay there).
+FAULT_WORKERS ?= 4
+# When the suite's three runs go: ',' between runs one after the other, '+' between runs at
+# the same time; `make test TEST_ORDER=node,faults,parallel` runs them one by one, reversed.
+TEST_ORDER ?= parallel,faults+node
 
 .PHONY: chart chart-package chart-docs help setup lock binaries node-prereqs storage-prereqs demo demo-node test unit integration node lint format cluster clean
 
 help:
 	@echo "make demo    - the whole system end to end on a local control plane"
 	@echo "make test    - lint + the whole test suite (unit, integration, e2e, faults, node)"
+	@echo "              TEST_ORDER=parallel,faults+node (',' one after the other, '+' together),"
+	@echo "              TEST_WORKERS=4 FAULT_WORKERS=4 (xdist workers), PYTEST_ARGS=... (every run)"
 	@echo "make demo-node - the demo on real kubelets: both images built, the Helm chart installed (root)"
 	@echo "make unit    - only the unit tests (no binaries, no servers)"
 	@echo "make node    - only the real-node tier (images, chart, real kubelets; root)"
@@ -100,10 +105,12 @@ storage-prereqs: $(STAMP)
 	$(PY) -m hack.postgres prepare --if-possible
 
 # Three pytest runs (hack/suite.py): everything but the fault and real-node tiers
-# on TEST_WORKERS xdist workers, then each of those two alone. Every run goes
-# ahead; any failure fails `make test`; the last line sums them in pytest's format.
+# on TEST_WORKERS xdist workers, then the fault tier on FAULT_WORKERS workers at
+# the same time as the real-node tier (one process). Every run goes ahead; any
+# failure fails `make test`; the last line sums them in pytest's format.
 test: $(STAMP) chart binaries node-prereqs storage-prereqs lint
-	$(PY) -m hack.suite --workers $(TEST_WORKERS) --order $(TEST_ORDER) -- $(PYTEST_ARGS)
+	$(PY) -m hack.suite --workers $(TEST_WORKERS) --fault-workers $(FAULT_WORKERS) \
+		--order $(TEST_ORDER) -- $(PYTEST_ARGS)
 
 demo: $(STAMP) chart binaries storage-prereqs
 	$(PY) -m hack.demo $(DEMO_ARGS)

@@ -2,26 +2,38 @@
 
 Most of the suite waits (on the API server, the controller, a model server),
 so it runs on several pytest-xdist workers, each with its own control plane
-(the ``cluster`` fixture is per session, and each worker is a session). Two
-tiers run alone, after it, one pytest each, because they must not share the
-machine's two cores with anything: the fault tier (kills and outages with
-deadlines) and the real-node tier (real kubelets, containerd, image builds).
+(the ``cluster`` fixture is per session, and each worker is a session). The
+fault tier (kills and outages of kube-apiserver, etcd and controllers) runs
+apart from it: a fault test stops the control plane it runs on, so no other
+test may share that control plane, and its deadlines want the cores not to be
+taken by the parallel run's four workers. It has workers of its own (each
+with its own control plane: an outage on one never reaches another), and runs
+at the same time as the real-node tier (real kubelets, containerd, image
+builds: a control plane of its own, nodes on 127.0.0.2 and 127.0.0.3, their
+own cgroups), which must never run twice at once and so is one process.
 
-=========  ==============================  =====================
+=========  ==============================  ==============================
 run        tests (by marker)               workers
-=========  ==============================  =====================
+=========  ==============================  ==============================
 parallel   everything but faults and node  ``--workers`` (xdist)
-faults     ``faults`` (tests/faults)        1
+faults     ``faults`` (tests/faults)        ``--fault-workers`` (xdist)
 node       ``node`` (tests/node)            1
-=========  ==============================  =====================
+=========  ==============================  ==============================
+
+``--order`` says when each runs: runs separated by commas run one after the
+other, runs joined by ``+`` at the same time (the default is
+``parallel,faults+node``); ``node,faults,parallel`` runs all three one by one
+the other way round, which shows the suite does not depend on the order.
+Runs at the same time print their lines as they come, each after its run's
+name in brackets.
 
 Tests are chosen by marker, and markers come from directories
 (tests/conftest.py), so a new test file is picked up with no list to keep.
 Every run goes ahead even if an earlier one failed; the exit status is the
-first failure's (pytest's own codes). Each run ends with pytest's closing
-line, and the last line of all is their sum in the same format. ``--order``
-runs them in another order (the suite does not depend on it); arguments
-after ``--`` go to every pytest run (paths, ``-k``, ``-x``...).
+first failure's (pytest's own codes, in ``--order``'s order). Each run ends
+with pytest's closing line, and the last line of all is their sum in the same
+format. Arguments after ``--`` go to every pytest run (paths, ``-k``,
+``-x``...).
 """
 
 from __future__ import annotations
@@ -31,19 +43,21 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-RUNS: dict[str, tuple[str, bool]] = {
-    # name: (marker expression, on xdist workers)
-    "parallel": ("not faults and not node", True),
-    "faults": ("faults", False),
-    "node": ("node", False),
+RUNS: dict[str, str] = {
+    # name: marker expression
+    "parallel": "not faults and not node",
+    "faults": "faults",
+    "node": "node",
 }
-DEFAULT_ORDER = ("parallel", "faults", "node")
+DEFAULT_ORDER = "parallel,faults+node"
 DEFAULT_WORKERS = 4
+DEFAULT_FAULT_WORKERS = 4
 
 NO_TESTS_COLLECTED = 5  # pytest's exit code when a run selects nothing
 
@@ -63,6 +77,29 @@ class Outcome:
     counts: Counter[str]
     seconds: float
     closing: str | None
+
+
+def parse_order(text: str) -> list[list[str]]:
+    """``--order``: stages one after the other (``,``), each of runs at the same time (``+``).
+
+    Every run is named exactly once; anything else is a ``ValueError`` saying what is wrong.
+    """
+    stages = [[name.strip() for name in stage.split("+")] for stage in text.split(",")]
+    named = [name for stage in stages for name in stage]
+    unknown = sorted({name for name in named if name not in RUNS})
+    twice = sorted({name for name in named if named.count(name) > 1})
+    missing = sorted(set(RUNS) - set(named))
+    problems = [
+        *([f"unknown run(s) {unknown}"] if unknown else []),
+        *([f"named more than once: {twice}"] if twice else []),
+        *([f"missing: {missing}"] if missing else []),
+    ]
+    if problems:
+        raise ValueError(
+            f"--order {text!r}: {'; '.join(problems)} (name each of {sorted(RUNS)} once, "
+            "',' between runs one after the other, '+' between runs at the same time)"
+        )
+    return stages
 
 
 def parse_closing(line: str) -> tuple[Counter[str], float] | None:
@@ -104,36 +141,66 @@ def verdict(outcomes: Sequence[Outcome]) -> int:
 
 
 def pytest_command(name: str, workers: int, extra: Sequence[str]) -> list[str]:
-    marker, parallel = RUNS[name]
-    command = [sys.executable, "-m", "pytest", "-m", marker]
+    """The pytest of run ``name`` on ``workers`` xdist workers (1: one process, no workers)."""
+    command = [sys.executable, "-m", "pytest", "-m", RUNS[name]]
     # -p no:xdist would also drop the xdist_group marker some tests use; -n 0 keeps it.
-    command += ["-n", str(workers), "--dist", "load"] if parallel else ["-n", "0"]
+    command += ["-n", str(workers), "--dist", "load"] if workers > 1 else ["-n", "0"]
     return [*command, *extra]
 
 
-def run(name: str, workers: int, extra: Sequence[str]) -> Outcome:
-    command = pytest_command(name, workers, extra)
-    print(f"\n### {name}: {' '.join(command[1:])}", flush=True)
+_PRINTING = threading.Lock()
+
+
+def _echo(line: str) -> None:
+    with _PRINTING:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+def run_stage(commands: dict[str, list[str]]) -> list[Outcome]:
+    """Run these pytest commands at the same time; their outcomes, in the same order.
+
+    With more than one, each line printed is prefixed with its run's name.
+    """
+    prefixed = len(commands) > 1
     started = time.monotonic()
-    closing: str | None = None
-    counts: Counter[str] = Counter()
-    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, bufsize=1) as proc:
+    outcomes: dict[str, Outcome] = {}
+
+    def follow(name: str, proc: subprocess.Popen[str]) -> None:
         assert proc.stdout is not None
+        closing: str | None = None
+        counts: Counter[str] = Counter()
         for line in proc.stdout:
-            sys.stdout.write(line)
+            _echo(f"[{name}] {line}" if prefixed else line)
             parsed = parse_closing(line)
             if parsed is not None:
                 closing, counts = line.strip(), parsed[0]
-    seconds = time.monotonic() - started
-    return Outcome(name, proc.returncode, counts, seconds, closing)
+        returncode = proc.wait()
+        outcomes[name] = Outcome(name, returncode, counts, time.monotonic() - started, closing)
+
+    followers = []
+    for name, command in commands.items():
+        _echo(f"\n### {name}: {' '.join(command[1:])}\n")
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, bufsize=1)
+        follower = threading.Thread(target=follow, args=(name, proc), name=f"follow-{name}")
+        follower.start()
+        followers.append(follower)
+    for follower in followers:
+        follower.join()
+    return [outcomes[name] for name in commands]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hack.suite", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m hack.suite",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
         "--order",
-        default=",".join(DEFAULT_ORDER),
-        help=f"the runs, comma-separated, in the order to run them (default {DEFAULT_ORDER})",
+        default=DEFAULT_ORDER,
+        help="when each run goes: ',' between runs one after the other, '+' between runs "
+        f"at the same time (default {DEFAULT_ORDER})",
     )
     parser.add_argument(
         "--workers",
@@ -142,15 +209,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="xdist workers (each with its own control plane) for the parallel run; "
         f"default $KSC_TEST_WORKERS or {DEFAULT_WORKERS}",
     )
+    parser.add_argument(
+        "--fault-workers",
+        type=int,
+        default=int(os.environ.get("KSC_FAULT_WORKERS", DEFAULT_FAULT_WORKERS)),
+        help="xdist workers (each with its own control plane) for the fault run; 1 runs it "
+        f"in one process; default $KSC_FAULT_WORKERS or {DEFAULT_FAULT_WORKERS}",
+    )
     parser.add_argument("pytest_args", nargs="*", help="passed to every pytest run")
     args = parser.parse_args(argv)
-    order = [name.strip() for name in args.order.split(",") if name.strip()]
-    if sorted(order) != sorted(RUNS):
-        parser.error(f"--order must name each of {sorted(RUNS)} once, got {order}")
-    if args.workers < 1:
-        parser.error(f"--workers must be at least 1, got {args.workers}")
+    try:
+        stages = parse_order(args.order)
+    except ValueError as exc:
+        parser.error(str(exc))
+    for option, value in (("--workers", args.workers), ("--fault-workers", args.fault_workers)):
+        if value < 1:
+            parser.error(f"{option} must be at least 1, got {value}")
+    workers = {"parallel": args.workers, "faults": args.fault_workers, "node": 1}
     started = time.monotonic()
-    outcomes = [run(name, args.workers, args.pytest_args) for name in order]
+    outcomes: list[Outcome] = []
+    for stage in stages:
+        commands = {name: pytest_command(name, workers[name], args.pytest_args) for name in stage}
+        outcomes += run_stage(commands)
     total: Counter[str] = Counter()
     print("\n### the suite, run by run", flush=True)
     for outcome in outcomes:
@@ -158,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shown = outcome.closing or f"(no closing line; pytest exited {outcome.returncode})"
         print(f"{outcome.name:>8}: {shown}  [exit {outcome.returncode}]")
     status = verdict(outcomes)
-    print(f"### all runs ({'+'.join(order)}):")
+    print(f"### all runs ({','.join('+'.join(stage) for stage in stages)}):")
     print(closing_line(total, time.monotonic() - started), flush=True)
     return status
 

@@ -1,15 +1,17 @@
 """Wiring shared by the fault tier (``tests/faults``, marker ``faults``).
 
-Every fault test runs on the session's one control plane, in its own
-namespace, and reads its invariants from the audit log
-(``tests/faults/invariants.py``). What this file adds:
+Every fault test runs on its session's control plane (under pytest-xdist, its
+worker's: ``make test`` runs this tier on workers of its own, apart from the
+rest of the suite, so an outage reaches no other worker's tests), one test at
+a time on it, in its own namespace, and reads its invariants from the audit
+log (``tests/faults/invariants.py``). What this file adds:
 
 - ``audit``: the audit log from the start of the test, in its namespace;
 - ``world``: what every fault test starts from (API client, namespace,
   cluster, audit log, seed, its random source, timeline and runs), so no test
   repeats that set-up;
 - ``apiserver_guard``: whatever a test does to kube-apiserver, it is running
-  again when the test ends (the cluster is shared with the rest of the suite);
+  again when the test ends (the next test of the session uses the cluster);
 - ``seed``: the random seed of the test (``KSC_FAULT_SEED`` replays one); it
   is printed in every failure message;
 - :class:`Timeline`: what the test did and when, for failure messages;

@@ -35,6 +35,8 @@ import os
 import random
 from pathlib import Path
 
+import pytest
+
 from hack.cluster import LocalCluster
 from tests.controllerproc import ControllerProcess, controller_user
 from tests.faults.fuzz_strategies import Api, FuzzEngine, run_fuzz
@@ -55,6 +57,10 @@ BUDGET_PER_CASE = 40
 UNATTRIBUTED_BUDGET = 40
 
 
+# A bound on the whole test (set-up, 500 examples, the checks, the controller's
+# shutdown), not a timing assertion: ~5 min at a load average of 10-15 on 2 cores,
+# where pytest's default of 300 s (set-up and teardown included) cut it short.
+@pytest.mark.timeout(900)
 async def test_fuzzed_specs_are_refused_or_given_a_reason(
     cluster: LocalCluster, namespace: str, controller: ControllerProcess, tmp_path: Path
 ) -> None:

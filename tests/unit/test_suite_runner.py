@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -79,18 +81,117 @@ def test_every_test_is_in_exactly_one_run() -> None:
         return bool(eval(expression, {}, {m: m in markers for m in ("faults", "node")}))
 
     for markers in (set(), {"faults"}, {"node"}):
-        runs = [name for name, (expr, _) in suite.RUNS.items() if selected(expr, markers)]
+        runs = [name for name, expr in suite.RUNS.items() if selected(expr, markers)]
         assert len(runs) == 1, (markers, runs)
-    assert set(suite.DEFAULT_ORDER) == set(suite.RUNS)
+    assert sorted(n for stage in suite.parse_order(suite.DEFAULT_ORDER) for n in stage) == sorted(
+        suite.RUNS
+    )
 
 
-def test_only_the_parallel_run_uses_workers() -> None:
+def test_the_default_order_runs_faults_and_node_together_after_the_parallel_run() -> None:
+    assert suite.parse_order(suite.DEFAULT_ORDER) == [["parallel"], ["faults", "node"]]
+
+
+@pytest.mark.parametrize(
+    ("text", "stages"),
+    [
+        ("parallel,faults,node", [["parallel"], ["faults"], ["node"]]),
+        ("node,faults,parallel", [["node"], ["faults"], ["parallel"]]),
+        ("node+faults,parallel", [["node", "faults"], ["parallel"]]),
+        (" faults + node , parallel ", [["faults", "node"], ["parallel"]]),
+        ("parallel+faults+node", [["parallel", "faults", "node"]]),
+    ],
+)
+def test_order_reads_stages_one_after_the_other_of_runs_at_the_same_time(
+    text: str, stages: list[list[str]]
+) -> None:
+    assert suite.parse_order(text) == stages
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("parallel,faults", "missing: ['node']"),
+        ("parallel,faults,node,faults", "named more than once: ['faults']"),
+        ("parallel+faults,node+e2e", "unknown run(s) ['e2e']"),
+        ("parallel,,faults+node", "unknown run(s) ['']"),
+        ("", "missing: ['faults', 'node', 'parallel']"),
+    ],
+)
+def test_a_bad_order_is_refused_saying_why(text: str, says: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)):
+        suite.parse_order(text)
+
+
+def test_a_bad_order_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        suite.main(["--order", "parallel,node"])
+    assert exited.value.code == 2
+    assert "missing: ['faults']" in capsys.readouterr().err
+
+
+def test_runs_with_workers_get_xdist_and_the_node_run_none() -> None:
     parallel = suite.pytest_command("parallel", 3, ["-x"])
     assert parallel[-5:] == ["-n", "3", "--dist", "load", "-x"]
+    faults = suite.pytest_command("faults", 2, [])
+    assert faults[-4:] == ["-n", "2", "--dist", "load"]
     for name in ("faults", "node"):
-        command = suite.pytest_command(name, 3, [])
+        command = suite.pytest_command(name, 1, [])
         assert command[-2:] == ["-n", "0"]
         assert command[command.index("-m", 3) + 1] == name
+
+
+def _fake_pytest(lines: list[str], code: int, pause: float = 0.0) -> list[str]:
+    """A command that prints ``lines`` (with a pause between) and exits ``code``."""
+    script = (
+        "import sys, time\n"
+        f"for line in {lines!r}:\n"
+        "    print(line, flush=True)\n"
+        f"    time.sleep({pause})\n"
+        f"sys.exit({code})\n"
+    )
+    return [sys.executable, "-c", script]
+
+
+def test_runs_at_the_same_time_each_keep_their_lines_and_verdict(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    commands = {
+        "faults": _fake_pytest(["f-one", "== 1 failed, 2 passed in 0.20s =="], 1, 0.2),
+        "node": _fake_pytest(["n-one", "n-two", "== 3 passed in 0.10s =="], 0, 0.1),
+    }
+    began = time.monotonic()
+    outcomes = suite.run_stage(commands)
+    took = time.monotonic() - began
+    assert [o.name for o in outcomes] == ["faults", "node"]
+    faults, node = outcomes
+    assert (faults.returncode, faults.counts) == (1, Counter({"failed": 1, "passed": 2}))
+    assert faults.closing == "== 1 failed, 2 passed in 0.20s =="
+    assert (node.returncode, node.counts) == (0, Counter({"passed": 3}))
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("[")]
+    assert [line for line in lines if line.startswith("[faults] ")] == [
+        "[faults] f-one",
+        "[faults] == 1 failed, 2 passed in 0.20s ==",
+    ]
+    assert [line for line in lines if line.startswith("[node] ")] == [
+        "[node] n-one",
+        "[node] n-two",
+        "[node] == 3 passed in 0.10s ==",
+    ]
+    assert len(lines) == 5, out
+    # Each run has its own time, within the stage's.
+    assert 0 < node.seconds <= took
+    assert 0 < faults.seconds <= took
+    assert suite.verdict(outcomes) == 1
+
+
+def test_a_run_alone_prints_its_lines_as_they_are(capsys: pytest.CaptureFixture[str]) -> None:
+    (outcome,) = suite.run_stage({"node": _fake_pytest(["n-one", "== 1 passed in 0.01s =="], 0)})
+    assert outcome.counts == Counter({"passed": 1})
+    out = capsys.readouterr().out
+    assert "\nn-one\n== 1 passed in 0.01s ==\n" in out
+    assert "[node]" not in out
 
 
 INNER = """
@@ -115,7 +216,7 @@ def test_a_failure_in_one_run_fails_the_whole_suite(tmp_path: Path) -> None:
                 "--workers",
                 "2",
                 "--order",
-                "node,parallel,faults",
+                "node+faults,parallel",
             ),
             *("--", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)),
         ],
