@@ -12,7 +12,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 import structlog
 from pydantic import ValidationError
@@ -26,14 +25,14 @@ from controller.kube.objects import is_controlled_by
 from controller.kube.resources import CONFIGMAPS, JOBS, Obj
 from controller.kube.workers import Result
 from controller.probe import ConfigView, plan_config
-from controller.reconcile import model_of
+from controller.reconcile import ReconcileClient, model_of, on_api_error
 
 log = structlog.stdlib.get_logger(__name__)
 
 
 @dataclass
 class ConfigReconciler:
-    client: Any  # controller.kube.client.KubeClient
+    client: ReconcileClient
     # The run reconciler's caches: of them, configs and (by BY_CONFIG_UID) probe Jobs, pods
     # and ConfigMaps.
     caches: Caches
@@ -109,10 +108,7 @@ class ConfigReconciler:
                 self.caches.jobs.assume(await self.client.create(JOBS, namespace, job))
                 log.info("probing config", job=job["metadata"]["name"])
         except ApiError as exc:
-            if exc.is_conflict or exc.is_not_found:
-                log.debug("looking again", why=str(exc))
-                return Result(requeue=True)
-            raise
+            return on_api_error(exc)
         return Result(requeue_after=plan.requeue_after)
 
     async def _delete_probe(self, job: Obj) -> None:

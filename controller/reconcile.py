@@ -32,15 +32,19 @@ An AlreadyExists on create is looked at live: the run's own child that the
 cache has not shown yet is taken as it is, and one without our labels (left
 by the upstream controller, which names children the same way) is adopted.
 
-Races are normal (AlreadyExists, Conflict, NotFound): the key comes back,
-rate-limited, to look at fresher state; no stack trace, no error counted.
-A write the API server **refuses** (invalid, forbidden, too large) or a name
-taken by an object that is not the run's becomes the run's status with the
-API's own message and a Warning Event, and is tried again with a backoff of
-its own (5 s doubling to 5 minutes). Except a create refused because the
-namespace is being deleted (403, cause ``NamespaceTerminating``): nothing can
-be created there any more, so the run gets nothing more (no retry, no status
-write, no Event) until it is gone.
+Errors follow one policy, controller-runtime's ``Result`` + error
+(:func:`on_api_error`, shared with the config reconciler). Races are normal
+(AlreadyExists, Conflict, NotFound): the key comes back, rate-limited, to
+look at fresher state; no stack trace, no error counted. No answer, a
+throttle or a server error is raised: the worker counts it and retries the
+key with backoff. A write the API server **refuses** (invalid, forbidden, too
+large) or a name taken by an object that is not the run's becomes the run's
+status with the API's own message and a Warning Event, and is tried again
+after a ``requeue_after`` from a per-run exponential backoff (the work
+queue's rate limiter, 5 s doubling to 5 minutes). Except a create refused
+because the namespace is being deleted (403, cause ``NamespaceTerminating``):
+nothing can be created there any more, so the run gets nothing more (no
+retry, no status write, no Event) until it is gone.
 
 A deleted run's children are not the reconciler's business: the controller
 deletes its Jobs and CronJobs at once (``controller.cleanup``) and the garbage
@@ -52,10 +56,10 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, Unpack
 
 import structlog
 from pydantic import ValidationError
@@ -80,9 +84,13 @@ from controller.kube.errors import ApiError
 from controller.kube.events import EventRecorder
 from controller.kube.informer import Informer
 from controller.kube.objects import controller_of, is_controlled_by
+from controller.kube.ratelimit import ExponentialBackoff
 from controller.kube.resources import CONFIGMAPS, EVENTS, Obj, Resource
 from controller.kube.workers import Result
 from controller.logging import bound
+
+if TYPE_CHECKING:
+    from controller.kube.client import ListOptions
 from controller.metrics import Metrics
 from controller.naming import COMPLETION_INDEX_LABEL, child_labels
 from controller.plan import Create, Plan, Refusal, View, Write, plan, wants_job_events
@@ -110,8 +118,60 @@ class _Requeue(Exception):
     """A normal race: look again soon (rate-limited), not an error worth a stack trace."""
 
 
-class _NamespaceTerminating(Exception):
-    """A create refused because the run's namespace is being deleted: the run's last pass."""
+class ReconcileClient(Protocol):
+    """What the reconcilers ask of the API server (``KubeClient`` is one; tests pass a fake)."""
+
+    async def get(self, resource: Resource, namespace: str | None, name: str) -> Obj: ...
+
+    async def list(
+        self, resource: Resource, namespace: str | None = None, **options: Unpack[ListOptions]
+    ) -> Obj: ...
+
+    async def create(
+        self, resource: Resource, namespace: str | None, body: Mapping[str, Any]
+    ) -> Obj: ...
+
+    async def patch(
+        self, resource: Resource, namespace: str | None, name: str, patch: Mapping[str, Any]
+    ) -> Obj: ...
+
+    async def update_status(
+        self, resource: Resource, namespace: str | None, name: str, body: Mapping[str, Any]
+    ) -> Obj: ...
+
+    async def delete(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        *,
+        uid: str | None = None,
+    ) -> Obj: ...
+
+    async def read_pod_log(
+        self, namespace: str, name: str, *, container: str, tail_lines: int | None
+    ) -> str: ...
+
+
+def on_api_error(exc: ApiError) -> Result:
+    """What follows an ApiError that ended a reconcile pass: the one mapping, for both reconcilers.
+
+    As controller-runtime's ``Result`` + error:
+
+    - a race (NotFound, Conflict, AlreadyExists: the cache was behind, or
+      someone wrote first): ``Result(requeue=True)``, the key comes back
+      rate-limited with no error counted and no stack trace;
+    - anything else (no answer, throttled, a server error, a read refused):
+      raised, so the worker counts an error and retries the key with backoff.
+
+    A write the API server refuses does not end the pass: it becomes the
+    run's status and a ``requeue_after`` (:func:`_refusal`); a create refused
+    because the namespace is being deleted ends the run's passes for good.
+    """
+    if exc.is_not_found or exc.is_conflict:
+        log.debug("looking again", why=str(exc))
+        return Result(requeue=True)
+    raise exc
 
 
 # The phases a run ends up in when it needs someone's attention: logged at warning.
@@ -137,7 +197,7 @@ def status_change_line(
 
 @dataclass
 class Reconciler:
-    client: Any  # controller.kube.client.KubeClient
+    client: ReconcileClient
     caches: Caches
     events: EventRecorder
     runner_service_account: str | None = None
@@ -156,7 +216,11 @@ class Reconciler:
     _job_events_seen: dict[str, tuple[float, str, list[tuple[str, str]]]] = field(
         default_factory=dict
     )
-    _refusals: dict[str, int] = field(default_factory=dict)
+    # A refused write is tried again after 5 s doubling to 5 minutes, per run:
+    # the work queue's per-key rate limiter, with numbers of its own.
+    _refusal_backoff: ExponentialBackoff[str] = field(
+        default_factory=lambda: ExponentialBackoff(*REFUSAL_BACKOFF)
+    )
     # Runs (key -> uid) whose namespace is being deleted: left alone until they are gone.
     _terminating: dict[str, str] = field(default_factory=dict)
     # Parsed runs and configs, reused while their resourceVersion is the same.
@@ -167,29 +231,18 @@ class Reconciler:
         default_factory=lambda: ModelCache(InferenceConfig, size=CONFIG_MODELS)
     )
 
-    async def reconcile(self, key: str) -> Result:
-        try:
-            return await self._reconcile(key)
-        except _Requeue as exc:
-            log.debug("looking again", why=str(exc))
-            return Result(requeue=True)
-        except ApiError as exc:
-            if exc.is_not_found or exc.is_conflict:
-                log.debug("looking again", why=str(exc))
-                return Result(requeue=True)
-            raise
-
     def forget(self, key: str) -> None:
         for state in (
             self._progress_seen,
             self._job_events_seen,
-            self._refusals,
             self._terminating,
         ):
             state.pop(key, None)
+        self._refusal_backoff.forget(key)
         self._run_models.forget(key)
 
-    async def _reconcile(self, key: str) -> Result:
+    async def reconcile(self, key: str) -> Result:
+        """One pass over the run ``key``; raises what the worker retries with backoff."""
         raw = self.caches.runs.get_by_key(key)
         if raw is None or raw["metadata"].get("deletionTimestamp"):
             # Deleted: controller.cleanup deletes its workloads, the garbage collector the rest.
@@ -205,13 +258,13 @@ class Reconciler:
             reconcile=secrets.token_hex(4),
         ):
             try:
-                run = self._run_models.parse(key, raw)
-            except ValidationError as exc:
-                await self._invalid_run(key, raw, exc)
-                return Result()
-            try:
-                return await self._reconcile_run(key, raw, run)
-            except _NamespaceTerminating as exc:
+                return await self._reconcile(key, raw)
+            except _Requeue as exc:
+                log.debug("looking again", why=str(exc))
+                return Result(requeue=True)
+            except ApiError as exc:
+                if not exc.is_namespace_terminating:
+                    return on_api_error(exc)
                 log.info(
                     "namespace is being deleted: nothing more for this run",
                     namespace=meta.get("namespace"),
@@ -220,6 +273,14 @@ class Reconciler:
                 self.forget(key)
                 self._terminating[key] = str(meta.get("uid"))
                 return Result()
+
+    async def _reconcile(self, key: str, raw: Obj) -> Result:
+        try:
+            run = self._run_models.parse(key, raw)
+        except ValidationError as exc:
+            await self._invalid_run(key, raw, exc)
+            return Result()
+        return await self._reconcile_run(key, raw, run)
 
     async def _reconcile_run(self, key: str, raw: Obj, run: InferenceRun) -> Result:
         confirmed = False
@@ -294,10 +355,10 @@ class Reconciler:
             await self._delete_run(run, status.phase)
             return Result()
         if refusal is not None:
-            delay = self._refusal_backoff(key)
+            delay = self._refusal_backoff.when(key, time.monotonic())
             log.info("trying the refused write again later", retry_in=delay, reason=refusal.reason)
             return Result(requeue_after=delay)
-        self._refusals.pop(key, None)
+        self._refusal_backoff.forget(key)
         return Result(requeue_after=current.requeue_after)
 
     def _count_finished(self, run: InferenceRun, status: InferenceRunStatus) -> None:
@@ -314,12 +375,6 @@ class Reconciler:
             rows=result.rows if result is not None else None,
             predictions=result.predictions if result is not None else None,
         )
-
-    def _refusal_backoff(self, key: str) -> float:
-        count = self._refusals.get(key, 0)
-        self._refusals[key] = count + 1
-        first, cap = REFUSAL_BACKOFF
-        return float(min(cap, first * 2**count))
 
     # ---------------------------------------------------------------- observe
 
@@ -541,7 +596,7 @@ class Reconciler:
                 except ApiError as exc:
                     if exc.is_already_exists:
                         return await self._name_taken(run, write.resource, meta["namespace"], name)
-                    return _refusal(exc, kind, name, "create")
+                    return _refused(exc, kind, name, "create")
                 log.info("created child", kind=kind, name=name)
                 if write.resource is not CONFIGMAPS:
                     self.events.normal(_run_ref(run), "Created", f"created {kind} {name}")
@@ -552,7 +607,7 @@ class Reconciler:
                         write.resource, write.namespace, write.name, write.patch
                     )
                 except ApiError as exc:
-                    return _refusal(exc, kind, name, "update")
+                    return _refused(exc, kind, name, "update")
                 log.info("updated child", kind=kind, name=name)
             self.caches.of(write.resource).assume(done)
         return None
@@ -561,12 +616,8 @@ class Reconciler:
         self, run: InferenceRun, resource: Resource, namespace: str, name: str
     ) -> Refusal | None:
         """AlreadyExists: our own child the cache has not shown yet, or someone else's object."""
-        try:
-            existing: Obj = await self.client.get(resource, namespace, name)
-        except ApiError as exc:
-            if exc.is_not_found:
-                raise _Requeue(f"{resource.kind} {name} appeared and went") from exc
-            raise
+        # Gone again (NotFound): a race, the pass ends and the key comes back (on_api_error).
+        existing: Obj = await self.client.get(resource, namespace, name)
         if is_controlled_by(existing, run.metadata.uid):
             labels = existing["metadata"].get("labels") or {}
             wanted = child_labels(run.metadata.name, run.metadata.uid, run.spec.config_ref.name)
@@ -636,8 +687,8 @@ class Reconciler:
                 raise
         log.info("deleted the run by its config's autoDeletePolicy", phase=phase)
 
-    async def _invalid_run(self, key: str, raw: Obj, exc: ValidationError) -> None:
-        """A run the controller cannot use: say why once, wait for an edit."""
+    async def _invalid_run(self, key: str, raw: Obj, exc: ValidationError) -> bool:
+        """A run the controller cannot use: say why once, wait for an edit; whether it said so."""
         reason, message = describe_invalid(exc)
         generation = raw["metadata"].get("generation") or None
         try:
@@ -667,9 +718,11 @@ class Reconciler:
             new.conditions, new, self.clock(), generation, scheduled=scheduled
         )
         if new.to_api() == old.to_api():
-            return
-        if await self._write_status(key, raw, new):
-            self.events.warning(raw, reason, message)
+            return False
+        if not await self._write_status(key, raw, new):
+            return False
+        self.events.warning(raw, reason, message)
+        return True
 
 
 def model_of(
@@ -689,20 +742,28 @@ def model_of(
     return resolve(config, models.get(key), state, watch_namespaces)
 
 
-def _refusal(exc: ApiError, kind: str, name: str, verb: str) -> Refusal:
-    """A refused write as the run's status shows it; races and outages are raised on."""
-    if exc.is_not_found or exc.is_conflict:
-        raise _Requeue(f"{verb} {kind} {name}: {exc.reason or exc.status}") from exc
-    if exc.is_transient:
-        raise exc
-    if exc.is_namespace_terminating:
-        raise _NamespaceTerminating(f"{verb} {kind} {name}: {exc.message}") from exc
+def _refusal(exc: ApiError, kind: str, name: str, verb: str) -> Refusal | None:
+    """A refused write as the run's status shows it; None for what is not a refusal.
+
+    Not a refusal: a race (NotFound, Conflict), no answer or a server error,
+    and a create in a namespace being deleted. Pure: it never raises.
+    """
+    if exc.is_not_found or exc.is_conflict or exc.is_transient or exc.is_namespace_terminating:
+        return None
     if exc.is_forbidden and "cannot" in exc.message:
         reason, what = "PermissionDenied", "the controller is not allowed to"
     else:
         reason, what = f"{kind}Refused", f"the API server refused to {verb} {kind} {name}"
-    log.warning("write refused", kind=kind, name=name, status=exc.status, error=exc.message)
     return Refusal(kind=kind, name=name, reason=reason, message=f"{what}: {exc.message}")
+
+
+def _refused(exc: ApiError, kind: str, name: str, verb: str) -> Refusal:
+    """The refusal ``exc`` is, logged; what is not one is raised on, to :func:`on_api_error`."""
+    refusal = _refusal(exc, kind, name, verb)
+    if refusal is None:
+        raise exc
+    log.warning("write refused", kind=kind, name=name, status=exc.status, error=exc.message)
+    return refusal
 
 
 def _too_large(exc: ApiError) -> bool:
