@@ -44,7 +44,9 @@ after a ``requeue_after`` from a per-run exponential backoff (the work
 queue's rate limiter, 5 s doubling to 5 minutes). Except a create refused
 because the namespace is being deleted (403, cause ``NamespaceTerminating``):
 nothing can be created there any more, so the run gets nothing more (no
-retry, no status write, no Event) until it is gone.
+retry, no status write, no Event) until it is gone. A run whose spec the
+controller cannot use gets ``Error`` and a Warning Event once, and that pass
+ends in a ``TerminalError`` (not retried: only an edit helps).
 
 A deleted run's children are not the reconciler's business: the controller
 deletes its Jobs and CronJobs at once (``controller.cleanup``) and the garbage
@@ -86,7 +88,7 @@ from controller.kube.informer import Informer
 from controller.kube.objects import controller_of, is_controlled_by
 from controller.kube.ratelimit import ExponentialBackoff
 from controller.kube.resources import CONFIGMAPS, EVENTS, Obj, Resource
-from controller.kube.workers import Result
+from controller.kube.workers import Result, TerminalError
 from controller.logging import bound
 
 if TYPE_CHECKING:
@@ -278,7 +280,9 @@ class Reconciler:
         try:
             run = self._run_models.parse(key, raw)
         except ValidationError as exc:
-            await self._invalid_run(key, raw, exc)
+            if await self._invalid_run(key, raw, exc):
+                # Said once, in the run's status and a Warning Event: only an edit helps.
+                raise TerminalError(f"the run is invalid: {describe_invalid(exc)[1]}") from exc
             return Result()
         return await self._reconcile_run(key, raw, run)
 

@@ -3,8 +3,8 @@
 How a pass that the API server answers with an error goes on (controller-
 runtime's Result + error): a race comes back rate-limited, an outage is
 raised for the worker's backoff, a refused write becomes the run's status and
-a requeue_after that doubles, and a namespace being deleted ends the run's
-passes.
+a requeue_after that doubles, a namespace being deleted ends the run's passes,
+and a run the controller cannot use is a terminal error, said once.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from controller.config_reconcile import ConfigReconciler
 from controller.kube.errors import ApiError, api_error
 from controller.kube.events import EventRecorder
 from controller.kube.resources import Obj, Resource
-from controller.kube.workers import Result
+from controller.kube.workers import Result, TerminalError
 from controller.reconcile import ReconcileClient, Reconciler, _refusal
 from tests.unit.helpers import CONFIG_UID, NOW, UID
 
@@ -270,6 +270,18 @@ async def test_a_status_write_that_finds_the_run_gone_ends_the_key() -> None:
     world.api.fail("update_status", refused(404, "NotFound", 'inferenceruns "r" not found'))
     assert await world.runs.reconcile("ns/r") == Result()
     assert world.caches.runs.get_by_key("ns/r") is None
+
+
+async def test_an_invalid_run_is_a_terminal_error_said_once() -> None:
+    world = World(parallelism=0)
+    with pytest.raises(TerminalError, match=r"spec\.parallelism"):
+        await world.runs.reconcile("ns/r")
+    status = world.status()
+    assert (status["phase"], status["reason"]) == ("Error", "InvalidSpec")
+    world.caches.runs.assume(world.api.objects[("inferenceruns", "ns", "r")])
+    writes = len(world.writes())
+    assert await world.runs.reconcile("ns/r") == Result()  # said already: nothing more
+    assert len(world.writes()) == writes
 
 
 async def test_the_config_reconciler_maps_errors_the_same_way() -> None:
