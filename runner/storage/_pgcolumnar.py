@@ -42,6 +42,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 from psycopg import sql
 
+from runner.storage._columnar import positions
+
 # The result types taken columnar, by type OID: what Arrow makes of their text.
 ARROW_TYPES: dict[int, pa.DataType] = {
     16: pa.bool_(),  # boolean
@@ -211,7 +213,7 @@ def csv_chunk(table: pa.Table, first: int, step: int) -> pa.Buffer:
     ``COPY ... (FORMAT csv)`` reads them; floats in their shortest round-trip form.
     """
     rows = table.num_rows
-    index = pa.array(range(first, first + step * rows, step), pa.int64())
+    index = positions(first, rows, step)
     chunk = pa.table([index, *table.columns], names=["row_index", *table.column_names])
     sink = pa.BufferOutputStream()
     pa_csv.write_csv(chunk, sink, write_options=pa_csv.WriteOptions(include_header=False))

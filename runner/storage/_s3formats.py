@@ -48,6 +48,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
+from runner.storage._columnar import constant, positions
 from runner.storage._s3layout import Compression, Encoding, Format
 
 # Arrow's codec names for a text object's compression.
@@ -390,8 +391,8 @@ def chunk_table(
     ``k`` values per row when ``k`` > 1). FormatError when it fits neither.
     """
     keys = {
-        "shard": pa.array([shard] * rows, pa.int32()),
-        "row": pa.array(range(start, start + rows), pa.int64()),
+        "shard": constant(shard, rows, pa.int32()),
+        "row": positions(start, rows),
     }
     if rows == 0:
         return pa.table({**keys, "prediction": pa.array([], pa.float64())})

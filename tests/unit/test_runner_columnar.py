@@ -19,7 +19,7 @@ import pytest
 
 from runner.inference import TensorSpec, v1_request, v2_request
 from runner.join import RowSplitter, Selection, join
-from runner.storage._columnar import ArrowRows, EncodedRows
+from runner.storage._columnar import ArrowRows, EncodedRows, constant, positions
 from runner.storage._s3formats import chunk_table, records_of
 
 IRIS = ("sepal_length", "sepal_width", "petal_length", "petal_width")
@@ -178,3 +178,27 @@ def test_a_wrong_count_of_predictions_is_refused() -> None:
     assert found is not None
     with pytest.raises(ValueError, match="4 prediction"):
         found[1].output([1, 2, 3, 4])
+
+
+@pytest.mark.parametrize(
+    ("first", "count", "step", "expected"),
+    [(0, 3, 1, [0, 1, 2]), (5, 4, 3, [5, 8, 11, 14]), (7, 0, 1, []), (2, 1, 4, [2])],
+)
+def test_positions_count_from_first_by_step(
+    first: int, count: int, step: int, expected: list[int]
+) -> None:
+    column = positions(first, count, step)
+    assert column.type == pa.int64()
+    assert column.to_pylist() == expected
+
+
+def test_positions_reuse_a_count_without_sharing_values() -> None:
+    assert positions(10, 3).to_pylist() == [10, 11, 12]
+    assert positions(0, 3).to_pylist() == [0, 1, 2]
+
+
+def test_a_constant_column_has_its_type_and_no_nulls() -> None:
+    column = constant(3, 4, pa.int32())
+    assert column.type == pa.int32()
+    assert column.null_count == 0
+    assert column.to_pylist() == [3, 3, 3, 3]
