@@ -4,7 +4,7 @@
                                      [--takeovers 3]
 
 One control plane, one namespace, the controller under the Helm chart's RBAC
-(``tests.controllerproc``), a stand-in runner that succeeds at once.
+(``hack.controllerproc``), a stand-in runner that succeeds at once.
 
 1. **API server outages**: kube-apiserver killed (``LocalCluster.stop_apiserver``,
    SIGKILL, as a crash), left down for ``--short`` seconds
@@ -52,17 +52,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controller.naming import job_name
 from hack.cluster import LocalCluster, running_cluster
+from hack.controllerproc import ControllerProcess, controller_for, controller_user
 from hack.crds import install_crds
-from hack.polling import wait_for
-from tests.controllerproc import ControllerProcess, controller_for, controller_user
-from tests.faults.invariants import (
+from hack.invariants import (
     INFORMED,
     AuditLog,
     Request,
     informers_back,
     now,
 )
-from tests.runs import inference_config, inference_run
+from hack.manifests import inference_config, inference_run
+from hack.polling import wait_for
 
 NAMESPACE = "bench-faults"
 IMAGE = "test.local/fake-ok:1"

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.fuzz [--examples 10000] [--seed N]
 
 The same cases, engine and properties as ``tests/faults/test_fuzz.py`` (see
-``tests/faults/fuzz_strategies.py``), on a fresh local control plane with the
+``hack/fuzz.py``), on a fresh local control plane with the
 controller as the test runs it (``python -m controller`` under the chart's
 RBAC, ``MAX_RECONCILE_RATE=2``, ``POLLING_INTERVAL=30s``, default client QPS).
 Prints Markdown: what was accepted and refused, the first status each run
@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from hack.cluster import running_cluster
-from tests.controllerproc import controller_for, controller_user
-from tests.faults.fuzz_strategies import Api, FuzzEngine, FuzzReport, run_fuzz
+from hack.controllerproc import controller_for, controller_user
+from hack.fuzz import Api, FuzzEngine, FuzzReport, run_fuzz
 
 NAMESPACE = "fuzz"
 

@@ -90,10 +90,10 @@ from controller.plan import Create, View, plan
 from controller.sharding import shard_of
 from hack import chart
 from hack.cluster import LocalCluster, ensure_binaries
+from hack.controllerproc import ControllerProcess
 from hack.crds import install_crds
 from hack.kwok import Kwok
 from runner.batching import map_ordered
-from tests.controllerproc import ControllerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG, LATE_CONFIG = "cfg", "late"

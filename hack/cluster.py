@@ -478,7 +478,7 @@ class LocalCluster:
             "omitStages": ["RequestReceived"],
             "rules": [
                 # The garbage collector's deletes of Jobs and CronJobs: whether a deleted
-                # run's workload was already gone (tests/faults/invariants.py).
+                # run's workload was already gone (hack/invariants.py).
                 {
                     "level": "Metadata",
                     "users": [GARBAGE_COLLECTOR],
@@ -576,7 +576,7 @@ class LocalCluster:
             "--audit-log-format=json",
             "--audit-log-mode=blocking",  # events are on disk before the response: exact counts
             # Never rotate (the default rotates at 100 MiB): one file holds the whole
-            # record of a run, for every reader (tests.faults.invariants follows a
+            # record of a run, for every reader (hack.invariants follows a
             # rotation too, the benchmarks' counters do not). The workdir is throw-away.
             "--audit-log-maxsize=0",
             # Two cores: no priority-and-fairness bookkeeping, nothing to protect against.

@@ -33,8 +33,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from controller.kube.client import KubeClient
 from hack import chart
 from hack.cluster import LocalCluster, ensure_binaries, leftover_processes
+from hack.controllerproc import ControllerProcess, controller_for, running
 from hack.crds import install_crds
-from tests.controllerproc import ControllerProcess, controller_for, running
 from tests.runs import Runs
 from tests.servers import (
     model_server,

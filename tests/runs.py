@@ -1,71 +1,21 @@
-"""Building and watching InferenceConfigs and InferenceRuns in tests."""
+"""Building (hack.manifests) and watching InferenceConfigs and InferenceRuns in tests."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from hack.manifests import GROUP as GROUP
+from hack.manifests import MODEL_URL_PATCH as MODEL_URL_PATCH
+from hack.manifests import STORAGE as STORAGE
+from hack.manifests import VERSION as VERSION
+from hack.manifests import Obj as Obj
+from hack.manifests import inference_config as inference_config
+from hack.manifests import inference_run as inference_run
+from hack.manifests import without_model_url as without_model_url
 from tests.kubehelpers import eventually
-
-GROUP, VERSION = "ai.krateo.io", "v1"
-Obj = dict[str, Any]
-
-STORAGE = {
-    "input": {
-        "krateo": {"api": {"endpointRef": {"name": "storage"}, "path": "/in", "verb": "POST"}}
-    },
-    "output": {
-        "krateo": {"api": {"endpointRef": {"name": "storage"}, "path": "/out", "verb": "POST"}}
-    },
-}
-
-
-def inference_config(
-    name: str, image: str, *, policy: str = "None", storage: Obj | None = None, **spec: Any
-) -> Obj:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "InferenceConfig",
-        "metadata": {"name": name},
-        "spec": {
-            "image": image,
-            "autoDeletePolicy": policy,
-            "kserve": {
-                "modelName": "sklearn-iris",
-                "modelUrl": "127.0.0.1:1/v2/models/sklearn-iris/infer",
-                "modelVersion": "v2",
-                "modelInputName": "input-0",
-            },
-            "storage": storage or STORAGE,
-            **spec,
-        },
-    }
-
-
-def without_model_url(config: Obj) -> Obj:
-    """``config`` with a blank ``kserve.modelUrl``: valid by the schema, unusable by the controller.
-
-    (The CRD refuses a config with no model at all; a URL of spaces names none either,
-    which only the controller sees: ``MissingModelUrl``.)
-    """
-    config["spec"]["kserve"]["modelUrl"] = " "
-    return config
-
-
-# The merge patch that makes a config of without_model_url() usable again.
-MODEL_URL_PATCH = {"spec": {"kserve": {"modelUrl": "m:1/v2/models/m/infer"}}}
-
-
-def inference_run(name: str, config: str, **spec: Any) -> Obj:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "InferenceRun",
-        "metadata": {"name": name},
-        "spec": {"configRef": {"name": config}, "parameters": {"table": "iris"}, **spec},
-    }
 
 
 class Runs:

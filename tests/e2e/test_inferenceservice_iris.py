@@ -15,8 +15,8 @@ import pytest
 from kubernetes_asyncio import client
 
 from hack.cluster import LocalCluster
+from hack.controllerproc import ControllerProcess, controller_for, running
 from hack.crds import install_inferenceservice_crd
-from tests.controllerproc import ControllerProcess, controller_for, running
 from tests.e2e.conftest import E2E, iris_config, iris_run
 from tests.isvc import InferenceServices, inference_service, not_ready_status, ready_status
 from tests.runs import condition, status

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from hack.controllerproc import ControllerProcess
 from hack.loopback import AuthProxy
 from hack.pki import Pki, make_pki
-from tests.controllerproc import ControllerProcess
 from tests.e2e.conftest import E2E, iris_config, iris_run
 from tests.e2e.test_probe_job import probed
 from tests.runs import condition, status

@@ -22,11 +22,11 @@ from kubernetes_asyncio import client
 from obstore.store import S3Store
 
 from hack.cluster import LocalCluster
+from hack.controllerproc import ControllerProcess, controller_for, running
 from hack.crds import install_inferenceservice_crd
 from hack.openai_server import chat_reply
 from hack.s3server import REGION, ROOT_ACCESS_KEY, ROOT_SECRET_KEY, S3Server
 from hack.storage_service import StorageService
-from tests.controllerproc import ControllerProcess, controller_for, running
 from tests.e2e.conftest import PASSWORD, RUNNER_IMAGE, USER, endpoint_secret, krateo
 from tests.isvc import InferenceServices, inference_service, not_ready_status, ready_status
 from tests.runs import Runs, condition, inference_config, inference_run, status

@@ -13,7 +13,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from tests.controllerproc import ControllerProcess
+from hack.controllerproc import ControllerProcess
 from tests.e2e.conftest import E2E, SECRET, iris_config, iris_run
 from tests.runs import condition, status
 

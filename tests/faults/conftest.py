@@ -4,7 +4,7 @@ Every fault test runs on its session's control plane (under pytest-xdist, its
 worker's: ``make test`` runs this tier on workers of its own, apart from the
 rest of the suite, so an outage reaches no other worker's tests), one test at
 a time on it, in its own namespace, and reads its invariants from the audit
-log (``tests/faults/invariants.py``). What this file adds:
+log (``hack/invariants.py``). What this file adds:
 
 - ``audit``: the audit log from the start of the test, in its namespace;
 - ``world``: what every fault test starts from (API client, namespace,
@@ -42,8 +42,8 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from hack.cluster import LocalCluster
-from tests.controllerproc import ControllerProcess, controller_for, controller_user
-from tests.faults.invariants import AuditLog, Ledger, now
+from hack.controllerproc import ControllerProcess, controller_for, controller_user
+from hack.invariants import AuditLog, Ledger, now
 from tests.runs import GROUP, VERSION, Runs, inference_config
 
 T = TypeVar("T")

@@ -34,15 +34,7 @@ import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from hack.cluster import LocalCluster
-from tests.faults.conftest import (
-    OK,
-    SLOW,
-    World,
-    log_excerpt,
-    retry,
-    start_in_thread,
-)
-from tests.faults.invariants import (
+from hack.invariants import (
     Ledger,
     Run,
     children_once,
@@ -54,6 +46,14 @@ from tests.faults.invariants import (
     now,
     refused_creates,
     report,
+)
+from tests.faults.conftest import (
+    OK,
+    SLOW,
+    World,
+    log_excerpt,
+    retry,
+    start_in_thread,
 )
 from tests.runs import Runs, inference_run
 

@@ -7,7 +7,7 @@ life each time (some while it starts and lists, most while it works) and
 started again at once. Then it runs undisturbed until everything has
 converged, and is killed and restarted once more with every run settled.
 
-Read from the audit log (``tests/faults/invariants.py``):
+Read from the audit log (``hack/invariants.py``):
 
 - every child (Job, ConfigMap, CronJob) is created once: no create of a name
   created before, whatever the code;
@@ -29,7 +29,16 @@ from typing import Any
 
 import pytest
 
-from tests.controllerproc import ControllerProcess
+from hack.controllerproc import ControllerProcess
+from hack.invariants import (
+    Ledger,
+    children_once,
+    count_by_verb,
+    now,
+    refused_creates,
+    report,
+    writes_after,
+)
 from tests.faults.conftest import (
     FAIL,
     OK,
@@ -39,15 +48,6 @@ from tests.faults.conftest import (
     phases,
     start_in_thread,
     wait_spawned,
-)
-from tests.faults.invariants import (
-    Ledger,
-    children_once,
-    count_by_verb,
-    now,
-    refused_creates,
-    report,
-    writes_after,
 )
 from tests.kubehelpers import eventually
 from tests.runs import inference_run

@@ -18,12 +18,12 @@ as a standby, as its Deployment would; the other replica takes over):
   created and each is deleted the moment its Job (or CronJob) exists, while
   the Job controller is about to create its pod.
 
-Read from the audit log (``tests/faults/invariants.py``): once the controller
-could see a run deleted (:func:`~tests.faults.invariants.delete_seen`: the
+Read from the audit log (``hack/invariants.py``): once the controller
+could see a run deleted (:func:`~hack.invariants.delete_seen`: the
 delete done, a leader leading again and its runs cache fresh after the
 restart), the controller deleted the run's Job or CronJob within 1 s, and no
 runner pod of it was bound to the node later than that
-(:func:`~tests.faults.invariants.late_executions`); nothing created for a
+(:func:`~hack.invariants.late_executions`); nothing created for a
 deleted run; every child created once; no live run's Job deleted. From the
 API: the surviving runs succeed, the deleted runs and their workloads are
 gone. kube-apiserver is running again when the test ends, whatever happens.
@@ -41,16 +41,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from controller.naming import RUN_UID_LABEL
 from hack.cluster import GARBAGE_COLLECTOR, LocalCluster
-from tests.controllerproc import ControllerProcess
-from tests.faults.conftest import (
-    OK,
-    SLOW,
-    World,
-    log_excerpt,
-    retry,
-    start_in_thread,
-)
-from tests.faults.invariants import (
+from hack.controllerproc import ControllerProcess
+from hack.invariants import (
     Ledger,
     Run,
     children_once,
@@ -60,6 +52,14 @@ from tests.faults.invariants import (
     delete_times,
     late_executions,
     report,
+)
+from tests.faults.conftest import (
+    OK,
+    SLOW,
+    World,
+    log_excerpt,
+    retry,
+    start_in_thread,
 )
 from tests.faults.test_leader_failover import ELECTION
 from tests.kubehelpers import eventually

@@ -43,16 +43,8 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from hack.cluster import LocalCluster
-from tests.controllerproc import ControllerProcess
-from tests.faults.conftest import (
-    OK,
-    SLOW,
-    World,
-    log_excerpt,
-    retry,
-    start_in_thread,
-)
-from tests.faults.invariants import (
+from hack.controllerproc import ControllerProcess
+from hack.invariants import (
     Ledger,
     Run,
     children_once,
@@ -61,6 +53,14 @@ from tests.faults.invariants import (
     delete_times,
     refused_creates,
     report,
+)
+from tests.faults.conftest import (
+    OK,
+    SLOW,
+    World,
+    log_excerpt,
+    retry,
+    start_in_thread,
 )
 from tests.kubehelpers import eventually
 from tests.runs import inference_run

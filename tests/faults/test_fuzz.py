@@ -1,6 +1,6 @@
 """Fuzzed InferenceConfig and InferenceRun specs through the real API server.
 
-Hypothesis draws hostile but plausible cases (``fuzz_strategies``: wrong types,
+Hypothesis draws hostile but plausible cases (``hack.fuzz``: wrong types,
 integer boundaries, unicode, values up to ~1.1 MB, bad cron schedules and time
 zones, refused resource quantities, credentials in URLs, missing fields,
 unknown providers, configRefs to other namespaces, flat and nested model
@@ -38,8 +38,8 @@ from pathlib import Path
 import pytest
 
 from hack.cluster import LocalCluster
-from tests.controllerproc import ControllerProcess, controller_user
-from tests.faults.fuzz_strategies import Api, FuzzEngine, run_fuzz
+from hack.controllerproc import ControllerProcess, controller_user
+from hack.fuzz import Api, FuzzEngine, run_fuzz
 
 EXAMPLES = int(os.environ.get("KSC_FUZZ_EXAMPLES", "500"))
 

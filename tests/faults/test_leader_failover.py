@@ -24,20 +24,20 @@ import time
 import pytest
 from kubernetes_asyncio import client
 
-from tests.controllerproc import ControllerProcess
+from hack.controllerproc import ControllerProcess
+from hack.invariants import (
+    Ledger,
+    children_once,
+    count_by_verb,
+    refused_creates,
+    report,
+)
 from tests.faults.conftest import (
     FAIL,
     OK,
     World,
     log_excerpt,
     start_in_thread,
-)
-from tests.faults.invariants import (
-    Ledger,
-    children_once,
-    count_by_verb,
-    refused_creates,
-    report,
 )
 from tests.runs import inference_run
 

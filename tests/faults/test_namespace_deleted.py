@@ -38,15 +38,15 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from hack.cluster import LocalCluster
-from tests import chart
-from tests.faults.conftest import OK, SLOW, World, log_excerpt, start_in_thread
-from tests.faults.invariants import (
+from hack.invariants import (
     AuditLog,
     Ledger,
     Request,
     count_by_verb,
     report,
 )
+from tests import chart
+from tests.faults.conftest import OK, SLOW, World, log_excerpt, start_in_thread
 from tests.kubehelpers import eventually
 from tests.runs import Runs, inference_run
 

@@ -29,8 +29,8 @@ from urllib.parse import urlparse
 import pytest
 from kubernetes_asyncio import client
 
+from hack.invariants import Ledger, Run, children_once, count_by_verb, report
 from tests.faults.conftest import OK, World, log_excerpt, phases, start_in_thread, through
-from tests.faults.invariants import Ledger, Run, children_once, count_by_verb, report
 from tests.integration.tcpproxy import TcpProxy
 from tests.kubehelpers import eventually
 from tests.runs import inference_run

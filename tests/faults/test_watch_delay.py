@@ -34,16 +34,7 @@ from urllib.parse import urlparse
 import pytest
 from kubernetes_asyncio import client
 
-from tests.faults.conftest import (
-    FAIL,
-    OK,
-    SLOW,
-    World,
-    log_excerpt,
-    start_in_thread,
-    through,
-)
-from tests.faults.invariants import (
+from hack.invariants import (
     Ledger,
     Request,
     Run,
@@ -54,6 +45,15 @@ from tests.faults.invariants import (
     history,
     refused_creates,
     report,
+)
+from tests.faults.conftest import (
+    FAIL,
+    OK,
+    SLOW,
+    World,
+    log_excerpt,
+    start_in_thread,
+    through,
 )
 from tests.integration.tcpproxy import TcpProxy, Tls
 from tests.kubehelpers import eventually

@@ -26,9 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from controller.metrics import Metrics
 from controller.server import start_servers
 from hack.cluster import LocalCluster
+from hack.controllerproc import ControllerProcess, controller_for, running
 from tests import chart
 from tests.chart import chart_metric_names, render, scraped_metric_names
-from tests.controllerproc import ControllerProcess, controller_for, running
 from tests.kubehelpers import eventually, required
 from tests.runs import Runs, inference_config, inference_run
 

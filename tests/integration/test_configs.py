@@ -7,7 +7,7 @@ import json
 from kubernetes_asyncio import client
 
 from hack.cluster import LocalCluster
-from tests.controllerproc import ControllerProcess
+from hack.controllerproc import ControllerProcess
 from tests.integration.test_controller import FAIL, OK
 from tests.kubehelpers import eventually, wait_for_events
 from tests.runs import (

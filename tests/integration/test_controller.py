@@ -16,8 +16,8 @@ import pytest
 from kubernetes_asyncio import client
 
 from hack.cluster import LocalCluster
+from hack.controllerproc import ControllerProcess, controller_for, running
 from tests import chart
-from tests.controllerproc import ControllerProcess, controller_for, running
 from tests.kubehelpers import eventually, wait_for_events
 from tests.runs import (
     MODEL_URL_PATCH,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.controllerproc import ControllerProcess
+from hack.controllerproc import ControllerProcess
 from tests.kubehelpers import eventually
 from tests.runs import (
     MODEL_URL_PATCH,

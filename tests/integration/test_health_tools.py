@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from hack.cluster import LocalCluster
-from tests.controllerproc import ControllerProcess
+from hack.controllerproc import ControllerProcess
 from tests.kubehelpers import required
 from tests.runs import (
     Obj,

@@ -22,8 +22,8 @@ from controller.isvc import Access
 from controller.isvc_watch import ModelWatch
 from controller.kube.client import KubeClient
 from hack.cluster import LocalCluster
+from hack.controllerproc import ControllerProcess, controller_for, running
 from hack.crds import install_inferenceservice_crd, remove_inferenceservice_crd
-from tests.controllerproc import ControllerProcess, controller_for, running
 from tests.integration.test_controller import children
 from tests.isvc import InferenceServices, inference_service, not_ready_status, ready_status
 from tests.kubehelpers import eventually, wait_for_events

@@ -18,7 +18,7 @@ import yaml
 
 from controller.runview import RERUN_OF_ANNOTATION, Exit
 from hack.cluster import LocalCluster
-from tests.controllerproc import ControllerProcess
+from hack.controllerproc import ControllerProcess
 from tests.runs import Runs, inference_config, inference_run, last_execution, status
 
 OK, FAIL, SLOW = "test.local/fake-ok:1", "test.local/fake-fail:1", "test.local/fake-slow:1"

@@ -25,7 +25,7 @@ import yaml
 from kubernetes_asyncio import client
 
 from hack.cluster import LocalCluster, mutating_policy
-from tests.controllerproc import ControllerProcess, controller_user
+from hack.controllerproc import ControllerProcess, controller_user
 from tests.kubehelpers import eventually
 from tests.runs import Runs, condition, inference_config, inference_run, status
 

@@ -26,8 +26,8 @@ from controller.kube.leaderelection import SERVICEACCOUNTS, LeaderElector, Leade
 from controller.kube.resources import CONFIGMAPS, LEASES, Obj
 from controller.metrics import Metrics
 from hack.cluster import LocalCluster
+from hack.controllerproc import ControllerProcess, controller_for
 from tests.chart import CONTROLLER_SERVICE_ACCOUNT, FULLNAME, service_account_user
-from tests.controllerproc import ControllerProcess, controller_for
 from tests.integration.partition import behind_a_proxy
 from tests.kubehelpers import eventually
 

@@ -12,8 +12,8 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from hack.cluster import LocalCluster
+from hack.controllerproc import ControllerProcess
 from tests import chart
-from tests.controllerproc import ControllerProcess
 from tests.integration.test_controller import OK, SLOW
 from tests.kubehelpers import eventually, job_manifest, wait_for_events
 from tests.runs import Runs, condition, inference_config, inference_run, status

@@ -19,7 +19,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from hack.cluster import SUCCESS_MESSAGE, mutating_policy
-from tests.controllerproc import ControllerProcess
+from hack.controllerproc import ControllerProcess
 from tests.integration.test_health_tools import argo_health
 from tests.kubehelpers import eventually, wait_for_events
 from tests.runs import Runs, condition, inference_config, inference_run, status

@@ -13,7 +13,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from hack.cluster import LocalCluster
-from tests.controllerproc import ControllerProcess, controller_for, running
+from hack.controllerproc import ControllerProcess, controller_for, running
 from tests.kubehelpers import eventually
 from tests.runs import Runs, condition, inference_config, inference_run, status
 

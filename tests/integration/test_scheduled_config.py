@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from tests.controllerproc import ControllerProcess
+from hack.controllerproc import ControllerProcess
 from tests.integration.test_controller import OK, children
 from tests.kubehelpers import eventually, wait_for_events
 from tests.runs import Runs, condition, inference_config, inference_run, status

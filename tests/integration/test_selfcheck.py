@@ -2,7 +2,7 @@
 
 The check runs as a subprocess with the controller's own settings and a
 TokenRequest token of the chart's controller ServiceAccount, under exactly the
-chart's RBAC (tests/controllerproc.py), next to a real controller:
+chart's RBAC (hack/controllerproc.py), next to a real controller:
 
 - with a running leader every check passes (exit 0); with election off the
   Lease is skipped, not failed;
@@ -29,8 +29,8 @@ import pytest
 import yaml
 
 from hack.cluster import LocalCluster, free_port
+from hack.controllerproc import REPO, ControllerProcess, controller_for, controller_user, running
 from tests import chart
-from tests.controllerproc import REPO, ControllerProcess, controller_for, controller_user, running
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -35,10 +35,10 @@ from controller.kube.errors import NotFound
 from controller.kube.resources import LEASES, Obj
 from controller.sharding import shard_of
 from hack.cluster import LocalCluster
+from hack.controllerproc import ControllerProcess, controller_user
 from hack.crds import install_crds
+from hack.invariants import AuditLog, Request
 from tests import chart
-from tests.controllerproc import ControllerProcess, controller_user
-from tests.faults.invariants import AuditLog, Request
 from tests.integration.test_selfcheck import run_check
 from tests.kubehelpers import eventually
 from tests.runs import Runs, inference_config, inference_run, status

@@ -15,7 +15,7 @@ import pytest
 from kubernetes_asyncio import client, watch
 
 from hack.cluster import LocalCluster
-from tests.controllerproc import ControllerProcess
+from hack.controllerproc import ControllerProcess
 from tests.kubehelpers import eventually, wait_for_events
 from tests.runs import GROUP, VERSION, Runs, condition, inference_config, inference_run, status
 

@@ -18,8 +18,8 @@ import pytest
 from kubernetes_asyncio import client
 
 from hack.cluster import LocalCluster
+from hack.controllerproc import ControllerProcess
 from hack.storage_service import IRIS_COLUMNS, StorageService
-from tests.controllerproc import ControllerProcess
 from tests.kubehelpers import eventually
 from tests.runner.conftest import (
     STORAGE_PASSWORD,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults import invariants
-from tests.faults.invariants import (
+from hack import invariants
+from hack.invariants import (
     CHECKS,
     AuditGap,
     AuditLog,

@@ -1,4 +1,4 @@
-"""The fault tier's deleted-run invariants (tests/faults/invariants.py) on hand-made audit records:
+"""The fault tier's deleted-run invariants (hack/invariants.py) on hand-made audit records:
 they find what they claim to, and an empty record fails them."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests.faults.invariants import (
+from hack.invariants import (
     EmptyAuditRecord,
     Ledger,
     Request,

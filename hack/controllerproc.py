@@ -20,9 +20,9 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from hack import chart
 from hack.cluster import LocalCluster, free_port, spawn, wait_http
 from hack.crds import install_crds
-from tests import chart
 
 REPO = Path(__file__).resolve().parents[1]
 
