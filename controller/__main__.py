@@ -33,7 +33,6 @@ from controller.kube.transport import ConfigurationError
 from controller.logging import configure_logging
 from controller.metrics import Metrics
 from controller.settings import Settings, SettingsError, load_settings
-from controller.sharding import Shard
 
 log = structlog.stdlib.get_logger("controller")
 
@@ -215,7 +214,7 @@ async def connect(settings: Settings, kubeconfig: str | None, metrics: Metrics) 
 
 
 async def run(settings: Settings, kubeconfig: str | None) -> int:
-    shard = Shard.of(settings)
+    shard = settings.shard
     metrics = Metrics(shard=shard.label)
     client = await connect(settings, kubeconfig, metrics)
     controller = Controller(settings, client, metrics)
@@ -307,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
-    shard = Shard.of(settings)
+    shard = settings.shard
     if shard.sharded:
         # Every log line says which shard wrote it (the tasks inherit the context).
         structlog.contextvars.bind_contextvars(shard=shard.label)

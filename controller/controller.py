@@ -79,7 +79,6 @@ from controller.projection import unchanged
 from controller.reconcile import Reconciler
 from controller.server import Servers, start_servers
 from controller.settings import Settings
-from controller.sharding import Shard
 
 log = structlog.stdlib.get_logger(__name__)
 
@@ -119,7 +118,7 @@ class Controller:
         namespaces = settings.watch_namespaces
 
         # SHARD_COUNT > 1: only this shard's namespaces (controller/sharding.py).
-        self.shard = Shard.of(settings)
+        self.shard = settings.shard
         self.caches = build_caches(
             client,
             namespaces,

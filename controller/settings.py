@@ -56,7 +56,7 @@ from pydantic_settings import (
 )
 
 from controller.api import RunnerPodDefaults, describe_invalid
-from controller.sharding import lease_name
+from controller.sharding import Shard, lease_name
 
 # Below one second a "poll" is a hot loop against the API server.
 MIN_POLLING_INTERVAL = 1.0
@@ -413,6 +413,11 @@ class Settings(BaseSettings):
         if self.pod_namespace is not None and self.pod_namespace != self.lease_namespace:
             return None
         return self.pod_service_account
+
+    @property
+    def shard(self) -> Shard:
+        """This controller's shard: SHARD_INDEX of SHARD_COUNT."""
+        return Shard(self.shard_index, self.shard_count)
 
     @property
     def effective_lease_name(self) -> str:

@@ -44,12 +44,9 @@ import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from controller.kube.resources import Obj, Transform
-
-if TYPE_CHECKING:
-    from controller.settings import Settings
 
 # A bound on SHARD_COUNT: far beyond any sensible count, short of a typo's.
 MAX_SHARDS = 1000
@@ -112,10 +109,6 @@ class Shard:
                 f"shard index {self.index} is out of range for {self.count} shard(s): "
                 f"use 0..{self.count - 1}"
             )
-
-    @classmethod
-    def of(cls, settings: Settings) -> Shard:
-        return cls(settings.shard_index, settings.shard_count)
 
     @property
     def sharded(self) -> bool:

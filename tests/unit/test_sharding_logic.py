@@ -181,5 +181,5 @@ def test_compose_applies_in_order_and_stops_at_a_drop() -> None:
 
 def test_shard_from_settings() -> None:
     settings = load_settings([], {"SHARD_COUNT": "3", "SHARD_INDEX": "2"})
-    assert Shard.of(settings) == Shard(2, 3)
-    assert Shard.of(load_settings([], {})) == Shard(0, 1)
+    assert settings.shard == Shard(2, 3)
+    assert load_settings([], {}).shard == Shard(0, 1)
