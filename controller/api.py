@@ -58,6 +58,13 @@ from pydantic.alias_generators import to_camel
 from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
+from contract.api import API_VERSION as API_VERSION
+from contract.api import CONFIG_KIND as CONFIG_KIND
+from contract.api import CONFIG_PLURAL as CONFIG_PLURAL
+from contract.api import GROUP as GROUP
+from contract.api import RUN_KIND as RUN_KIND
+from contract.api import RUN_PLURAL as RUN_PLURAL
+from contract.api import VERSION as VERSION
 from contract.credentials import (
     find_inline_credentials,
     is_credential_env,
@@ -76,14 +83,6 @@ from contract.document import (
 )
 from contract.termination import RunResult
 from controller.cron import Schedule, TimeZone
-
-GROUP = "ai.krateo.io"
-VERSION = "v1"
-API_VERSION = f"{GROUP}/{VERSION}"
-RUN_KIND = "InferenceRun"
-RUN_PLURAL = "inferenceruns"
-CONFIG_KIND = "InferenceConfig"
-CONFIG_PLURAL = "inferenceconfigs"
 
 AutoDeletePolicy = Literal["None", "DeleteOnSuccess", "DeleteOnCompletion"]
 ImagePullPolicy = Literal["Always", "IfNotPresent", "Never"]

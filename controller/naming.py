@@ -35,6 +35,14 @@ from __future__ import annotations
 
 import hashlib
 
+# Defined with the API's other names a client reads (contract.api).
+from contract.api import COMPLETION_INDEX_LABEL as COMPLETION_INDEX_LABEL
+from contract.api import MANAGED_BY_LABEL as MANAGED_BY_LABEL
+from contract.api import MANAGED_BY_VALUE as MANAGED_BY_VALUE
+from contract.api import RUN_UID_LABEL as RUN_UID_LABEL
+from contract.api import managed_selector as managed_selector
+from contract.api import run_selector as run_selector
+
 PREFIX = "inf"
 
 DNS_LABEL_MAX = 63
@@ -43,12 +51,9 @@ DNS_LABEL_MAX = 63
 CRONJOB_NAME_MAX = 52
 UID_PART_LEN = 8
 
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MANAGED_BY_VALUE = "kserve-inference-controller"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 COMPONENT_VALUE = "inference-runner"
 RUN_NAME_LABEL = "ai.krateo.io/inference-run"
-RUN_UID_LABEL = "ai.krateo.io/run-uid"
 CONFIG_NAME_LABEL = "ai.krateo.io/inference-config"
 # On a config's probe Job, its ConfigMap and pods (see controller/probe.py).
 CONFIG_UID_LABEL = "ai.krateo.io/config-uid"
@@ -73,8 +78,6 @@ CONFIG_RESOURCE_VERSION_ANNOTATION = "ai.krateo.io/config-resource-version"
 # On a run's Job the controller ended (its activeDeadlineSeconds cut to now) because
 # a runner pod could not start within the pod-start timeout: "reason: message".
 POD_START_FAILED_ANNOTATION = "ai.krateo.io/pod-start-failed"
-# Not ours: the label the Job controller puts on each pod of an Indexed Job.
-COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 
 def _is_alnum(b: int) -> bool:
@@ -183,16 +186,6 @@ def child_labels(run_name: str, run_uid: str, config_name: str | None = None) ->
     if config_name:
         labels[CONFIG_NAME_LABEL] = label_value(config_name)
     return labels
-
-
-def managed_selector() -> str:
-    """Label selector matching every child of every run (for the informers)."""
-    return f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"
-
-
-def run_selector(run_uid: str) -> str:
-    """Label selector matching the children of one run."""
-    return f"{managed_selector()},{RUN_UID_LABEL}={run_uid}"
 
 
 def probe_labels(config_name: str, config_uid: str) -> dict[str, str]:

@@ -45,6 +45,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any, TypedDict, Unpack
 
+from contract.api import CONTAINER_NAME as CONTAINER_NAME
 from contract.document import (
     MODEL_CA_DIR,
     MODEL_TOKEN_DIR,
@@ -80,7 +81,6 @@ from controller.naming import (
 
 # Where the contract is mounted: the runner's default path (contract.paths, its one definition).
 CONTRACT_PATH = CONTRACT
-CONTAINER_NAME = "inference"
 # The runner's exit codes that mean "retrying cannot help" (a bad contract, or a
 # request the storage or the model refused): the Job fails at once on them.
 PERMANENT_EXIT_CODES = sorted(int(code) for code in PERMANENT)
