@@ -22,7 +22,15 @@ from pathlib import Path
 import pytest
 
 from hack import lock
-from tests.dockerfiles import COMPONENTS, REPO, SHARED, dockerfile, stages, third_party_imports
+from tests.dockerfiles import (
+    COMPONENTS,
+    PLUGIN,
+    REPO,
+    SHARED,
+    dockerfile,
+    stages,
+    third_party_imports,
+)
 
 INSTALL_SCRIPT = REPO / "deploy" / "images" / "install.sh"
 UV = Path(sys.executable).parent / "uv"
@@ -113,7 +121,8 @@ def test_every_module_of_the_component_imports(component: str, tmp_path: Path) -
     # Catches imports across packages (the controller uses contract.document) that
     # the image would lack.
     python = install(component, tmp_path)
-    for package in (component, *SHARED):
+    carried = (PLUGIN,) if component == "controller" else ()
+    for package in (component, *SHARED, *carried):
         done = run(python, "-c", _IMPORT_ALL, package, cwd=tmp_path)
         assert done.returncode == 0, f"{component} image: {done.stderr}"
 
@@ -227,6 +236,8 @@ def test_no_installer_and_no_dead_command_in_the_venv(component: str, tmp_path: 
         assert check.returncode == 0, f"bin/{name} runs {declared[name]}, not installed"
     if component == "runner":
         assert {"kserve-inference-controller", "kubectl-infer"} <= set(declared) - present
+    else:
+        assert {"kubectl-infer", "kubectl_complete-infer"} <= present
 
 
 # The S3 tests start a real S3 server and run a few dozen runs: minutes on a busy machine.

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.runview import RERUN_OF_ANNOTATION, Exit
 from hack.cluster import LocalCluster
 from hack.controllerproc import ControllerProcess
+from kubectl_infer.runview import RERUN_OF_ANNOTATION, Exit
 from tests.runs import Runs, inference_config, inference_run, last_execution, status
 
 OK, FAIL, SLOW = "test.local/fake-ok:1", "test.local/fake-fail:1", "test.local/fake-slow:1"

@@ -24,6 +24,7 @@ import yaml
 from tests.chart import CHART_DIR
 from tests.dockerfiles import (
     COMPONENTS,
+    PLUGIN,
     REPO,
     SHARED,
     dockerfile,
@@ -124,6 +125,8 @@ def test_controller_image_does_not_carry_the_runner() -> None:
     # What the controller needs of the runner is the contract both import (contract/).
     sources = context_sources("controller")
     assert "controller" in sources, sources
+    # The kubectl plugin (its own package) ships in the controller image, as before.
+    assert PLUGIN in sources, sources
     assert not any(source.split("/")[0] == "runner" for source in sources), sources
 
 

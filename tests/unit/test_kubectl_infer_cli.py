@@ -1,5 +1,5 @@
-"""``kubectl infer``'s command line and shell completion (controller/kubectl_infer.py), and
-how it finds its kubeconfig (controller/kubectl_config.py): no cluster involved."""
+"""``kubectl infer``'s command line and shell completion (kubectl_infer/cli.py), and
+how it finds its kubeconfig (kubectl_infer/kubeconfig.py): no cluster involved."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller import kubectl_config
-from controller.kubectl_infer import complete_main, completion_of, parser
-from controller.runview import Exit
+from kubectl_infer import kubeconfig
+from kubectl_infer.cli import complete_main, completion_of, parser
+from kubectl_infer.runview import Exit
 
 
 @pytest.mark.parametrize(
@@ -81,16 +81,16 @@ async def test_the_first_file_to_set_a_current_context_wins_and_empty_files_are_
     b = write(tmp_path / "b", contexts=["two"], current="two")
     empty = tmp_path / "empty"
     empty.write_text("")
-    found = await kubectl_config.load(
+    found = await kubeconfig.load(
         kubeconfig=None, context=None, environ={"KUBECONFIG": f"{empty}:{a}:{b}"}
     )
     assert found.namespace == "ns-one"
     assert found.configuration.host == "https://127.0.0.1:6443"
-    other = await kubectl_config.load(
+    other = await kubeconfig.load(
         kubeconfig=None, context="two", environ={"KUBECONFIG": f"{a}:{b}"}
     )
     assert other.namespace == "ns-two"
-    assert kubectl_config.context_names(None, {"KUBECONFIG": f"{a}:{b}"}) == ["one", "two"]
+    assert kubeconfig.context_names(None, {"KUBECONFIG": f"{a}:{b}"}) == ["one", "two"]
 
 
 @pytest.mark.parametrize(
@@ -111,7 +111,7 @@ async def test_each_kubeconfig_problem_has_its_exit_code(
     path = tmp_path / "config"
     if text is not None:
         path.write_text(text)
-    with pytest.raises(kubectl_config.KubeconfigProblem) as problem:
-        await kubectl_config.load(kubeconfig=str(path), context=context, environ={})
+    with pytest.raises(kubeconfig.KubeconfigProblem) as problem:
+        await kubeconfig.load(kubeconfig=str(path), context=context, environ={})
     assert problem.value.exit == code
     assert says in str(problem.value)

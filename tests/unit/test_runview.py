@@ -1,4 +1,4 @@
-"""What ``kubectl infer`` builds, prints and decides (controller/runview.py)."""
+"""What ``kubectl infer`` builds, prints and decides (kubectl_infer/runview.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from controller import runview
 from controller.api import InferenceRun
-from controller.runview import Exit, UsageError
+from kubectl_infer import runview
+from kubectl_infer.runview import Exit, UsageError
 from tests.unit.helpers import NOW
 
 

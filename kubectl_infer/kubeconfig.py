@@ -31,7 +31,7 @@ from controller.kube.incluster import (
     InClusterConfiguration,
 )
 from controller.kube.transport import ApiConfiguration
-from controller.runview import Exit
+from kubectl_infer.runview import Exit
 
 DEFAULT_KUBECONFIG = Path("~/.kube/config")
 

@@ -18,10 +18,10 @@ missing or invalid config, refused by the API server), 4 ``--wait-timeout`` pass
 5 the run was deleted, 6 no such run (or the wrong kind of run); 2 is a bad
 command line; 7, 8 and 9 are a missing kubeconfig, one that cannot be read and
 a context that is not in it. The kubeconfig is found and merged as kubectl
-does it (:mod:`controller.kubectl_config`); ``--kubeconfig``, ``--context`` and
+does it (:mod:`kubectl_infer.kubeconfig`); ``--kubeconfig``, ``--context`` and
 ``-n`` go anywhere on the line. ``kubectl_complete-infer`` (:func:`complete_main`)
 is the shell completion kubectl asks plugins for. Everything the plugin builds
-or prints comes from :mod:`controller.runview`.
+or prints comes from :mod:`kubectl_infer.runview`.
 """
 
 from __future__ import annotations
@@ -36,14 +36,25 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from controller import kubectl_config, runview
-from controller.caches import CONFIGS, RUNS
+from contract.api import (
+    CONFIG_KIND,
+    CONFIG_PLURAL,
+    CONTAINER_NAME,
+    GROUP,
+    RUN_KIND,
+    RUN_PLURAL,
+    VERSION,
+    run_selector,
+)
 from controller.kube.client import KubeClient
 from controller.kube.errors import ApiError, NotFound, TransportError
 from controller.kube.resources import CRONJOBS, EVENTS, JOBS, NAMESPACES, PODS, Resource
-from controller.naming import run_selector
-from controller.render import CONTAINER_NAME
-from controller.runview import Exit, UsageError
+from kubectl_infer import kubeconfig, runview
+from kubectl_infer.runview import Exit, UsageError
+
+# The two resources as the client addresses them (the controller's caches hold the same).
+RUNS = Resource(GROUP, VERSION, RUN_PLURAL, RUN_KIND)
+CONFIGS = Resource(GROUP, VERSION, CONFIG_PLURAL, CONFIG_KIND)
 
 Obj = dict[str, Any]
 WATCH_SECONDS = 300
@@ -765,7 +776,7 @@ def parser() -> argparse.ArgumentParser:
 
 async def connect(args: argparse.Namespace) -> KubeClient:
     """A client for the kubeconfig and context asked for; ``args.namespace`` filled in."""
-    found = await kubectl_config.load(kubeconfig=args.kubeconfig, context=args.context)
+    found = await kubeconfig.load(kubeconfig=args.kubeconfig, context=args.context)
     if args.namespace is None:
         args.namespace = found.namespace or "default"
     return KubeClient(found.configuration)
@@ -789,7 +800,7 @@ def main(argv: Sequence[str] | None = None, output: Output | None = None) -> int
     output = output or Output()
     try:
         return int(asyncio.run(_main(args, output)))
-    except kubectl_config.KubeconfigProblem as exc:
+    except kubeconfig.KubeconfigProblem as exc:
         output.problem(str(exc))
         return int(exc.exit)
     except UsageError as exc:
@@ -919,13 +930,13 @@ async def _names(completion: Completion) -> list[str]:
         args.context = None
     try:
         if completion.kind == "contexts":
-            return kubectl_config.context_names(args.kubeconfig)
+            return kubeconfig.context_names(args.kubeconfig)
         kube = await connect(args)
         async with kube:
             resource = {"runs": RUNS, "configs": CONFIGS, "namespaces": NAMESPACES}[completion.kind]
             namespace = None if resource is NAMESPACES else args.namespace
             listed = await kube.list(resource, namespace)
-    except (kubectl_config.KubeconfigProblem, ApiError, TransportError):
+    except (kubeconfig.KubeconfigProblem, ApiError, TransportError):
         return []
     return sorted(str(item["metadata"]["name"]) for item in listed.get("items") or [])
 

@@ -1,6 +1,6 @@
 """What ``kubectl infer`` builds, shows and decides: pure functions, no I/O.
 
-The plugin itself (:mod:`controller.kubectl_infer`) only talks to the API
+The plugin itself (:mod:`kubectl_infer.cli`) only talks to the API
 server; everything it sends (a new run, a re-run, a Job started from a
 CronJob) and everything it prints (status lines, events, the runs table, the
 exit code) comes from here, so it is tested without a cluster.
@@ -16,9 +16,8 @@ from typing import Any
 
 import yaml
 
-from controller.api import GROUP, VERSION
+from contract.api import COMPLETION_INDEX_LABEL, GROUP, VERSION
 from controller.kube import objects
-from controller.naming import COMPLETION_INDEX_LABEL
 
 Obj = dict[str, Any]
 
