@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from controller.api import InferenceConfig, InferenceRun
 from controller.caches import CONFIGS, RUNS, Caches, build_caches
 from controller.config_reconcile import ConfigReconciler
 from controller.kube.errors import ApiError, api_error
@@ -24,7 +25,7 @@ from controller.kube.events import EventRecorder
 from controller.kube.resources import Obj, Resource
 from controller.kube.workers import Result, TerminalError
 from controller.reconcile import ReconcileClient, Reconciler, _refusal
-from tests.unit.helpers import CONFIG_UID, NOW, UID
+from tests.unit.helpers import NOW, make_config, make_run
 
 pytestmark = pytest.mark.unit
 
@@ -106,32 +107,11 @@ class FakeApi:
         return ""
 
 
-def raw_config() -> Obj:
-    return {
-        "apiVersion": "ai.krateo.io/v1",
-        "kind": "InferenceConfig",
-        "metadata": {"name": "cfg", "namespace": "ns", "uid": CONFIG_UID, "generation": 1},
-        "spec": {
-            "image": "runner:1",
-            "kserve": {"modelUrl": "127.0.0.1:1/v2/models/m/infer", "modelName": "m"},
-            "storage": {"input": {"http": {"url": "http://in"}}},
-        },
-    }
-
-
-def raw_run(**spec: Any) -> Obj:
-    return {
-        "apiVersion": "ai.krateo.io/v1",
-        "kind": "InferenceRun",
-        "metadata": {
-            "name": "r",
-            "namespace": "ns",
-            "uid": UID,
-            "generation": 1,
-            "creationTimestamp": "2026-11-23T11:59:00Z",
-        },
-        "spec": {"configRef": {"name": "cfg"}, **spec},
-    }
+def raw(model: InferenceConfig | InferenceRun, **spec: Any) -> Obj:
+    """The object as the API server would serve it (no status yet), ``spec`` added unchecked."""
+    served = model.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})
+    served["spec"].update(spec)
+    return served
 
 
 class World:
@@ -141,8 +121,8 @@ class World:
         self.api = FakeApi()
         fake: ReconcileClient = self.api
         self.caches: Caches = build_caches(fake)  # never run
-        self.caches.configs.assume(self.api.put(CONFIGS, raw_config()))
-        self.caches.runs.assume(self.api.put(RUNS, raw_run(**run_spec)))
+        self.caches.configs.assume(self.api.put(CONFIGS, raw(make_config())))
+        self.caches.runs.assume(self.api.put(RUNS, raw(make_run(), **run_spec)))
         events = EventRecorder(fake)  # never run: nothing is sent
         self.runs = Reconciler(client=fake, caches=self.caches, events=events, clock=lambda: NOW)
         self.configs = ConfigReconciler(
