@@ -404,11 +404,11 @@ def _seconds(value: Any) -> str:
 
 def _age(timestamp: Any, now: dt.datetime) -> str:
     """kubectl's short age: ``42s``, ``7m``, ``3h``, ``2d``."""
-    if not isinstance(timestamp, str):
-        return "?"
     try:
-        created = dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+        created = objects.parse_time(timestamp) if isinstance(timestamp, str) else None
     except ValueError:
+        created = None
+    if created is None:
         return "?"
     seconds = max(0, int((now - created).total_seconds()))
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):

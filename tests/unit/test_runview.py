@@ -198,6 +198,9 @@ def test_ages_read_like_kubectl() -> None:
     assert ages == ["0s", "59s", "1m", "2h", "3d"]
     assert runview._age(None, NOW) == "?"
     assert runview._age("yesterday", NOW) == "?"
+    # A time without an offset is UTC, as the controller reads Kubernetes times.
+    naive = NOW.replace(tzinfo=None).isoformat()
+    assert runview._age(naive, NOW + dt.timedelta(minutes=5)) == "5m"
 
 
 def pod(name: str, index: int | None, created: str = "2026-11-23T11:53:00Z") -> dict[str, Any]:
