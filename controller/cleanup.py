@@ -73,6 +73,7 @@ from controller.orphans import (
     owning_run,
     workloads_of,
 )
+from controller.reconcile import ReconcileClient
 
 log = structlog.stdlib.get_logger(__name__)
 
@@ -125,7 +126,7 @@ class Cleanup:
 
     def __init__(
         self,
-        client: Any,  # controller.kube.client.KubeClient
+        client: ReconcileClient,
         caches: Caches,
         runs_by_uid: Callable[[str], list[Obj]],
         *,

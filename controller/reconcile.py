@@ -121,7 +121,7 @@ class _Requeue(Exception):
 
 
 class ReconcileClient(Protocol):
-    """What the reconcilers ask of the API server (``KubeClient`` is one; tests pass a fake)."""
+    """What the reconcilers and the cleanup ask of the API server (``KubeClient`` is one)."""
 
     async def get(self, resource: Resource, namespace: str | None, name: str) -> Obj: ...
 
@@ -148,6 +148,7 @@ class ReconcileClient(Protocol):
         name: str,
         *,
         uid: str | None = None,
+        resource_version: str | None = None,
     ) -> Obj: ...
 
     async def read_pod_log(

@@ -96,7 +96,13 @@ class FakeApi:
         return self.put(resource, {**stored, "status": copy.deepcopy(body["status"])})
 
     async def delete(
-        self, resource: Resource, namespace: str | None, name: str, *, uid: str | None = None
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        *,
+        uid: str | None = None,
+        resource_version: str | None = None,
     ) -> Obj:
         self._call("delete", resource, name)
         return self.objects.pop((resource.plural, namespace, name))
