@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.examples,
                 seed,
                 budget_per_case=budget,
-                unattributed_budget=40 + args.examples // 100,
+                unattributed_budget=40,
+                unattributed_per_minute=8,  # as tests/faults/test_fuzz.py explains
                 max_classes=args.max_classes,
             )
         finally:
