@@ -523,21 +523,16 @@ async def _stream(
             on_retry=log_retries(log, MODEL_RETRY_EVENT),
         )
     try:
-        await streaming.stream(
-            source,
-            sink,
-            ctx,
+        model = streaming.Model(
             None if work.model is None else ModelClient(session, work.model),
             work.batches,
             work.contract.kserve.model_input_name,
-            part,
             deadline,
-            stats,
-            log,
-            on_progress,
-            work.selection,
-            predictor=predictor,
+            predictor,
         )
+        await streaming.Stream(
+            source, sink, ctx, part, model, stats, log, on_progress, work.selection
+        ).run()
     except RunnerError as error:
         error.message = f"{error.message} {streaming.missing_part(stats, part)}"
         raise

@@ -221,203 +221,237 @@ def _check_page(page: Page, first_row: Any) -> None:
         )
 
 
-async def stream(
-    source: PagedInput,
-    sink: KeyedOutput,
-    ctx: StorageContext,
-    client: ModelClient | None,
-    plan: BatchPlan,
-    input_name: str | None,
-    part: Partition,
-    deadline: Deadline,
-    stats: StreamStats,
-    log: Any,
-    on_progress: Callable[[int, int], None],
-    selection: Selection | None = None,
-    *,
-    predictor: OpenAIPredictor | None = None,
-) -> StreamStats:
+@dataclass
+class _PageWork:
+    """One page between its first batch sent and its chunk stored."""
+
+    page: Page
+    done: asyncio.Future[list[Any]]
+    results: list[list[Any]]
+    remaining: int
+
+    def answered(self, number: int, answer: list[Any]) -> None:
+        """Batch ``number``'s answer; the page's predictions once every batch answered."""
+        self.results[number] = answer
+        self.remaining -= 1
+        if self.remaining == 0:
+            flat: list[Any] = []
+            for piece in self.results:
+                flat.extend(piece)
+            self.done.set_result(flat)
+
+
+@dataclass
+class Model:
+    """What predicts a stream's rows: a v2 client, or an OpenAI-compatible predictor.
+
+    With a ``predictor`` (:mod:`runner.openai`) rows are requests, sent one per
+    row, and ``client`` is not used.
+    """
+
+    client: ModelClient | None
+    plan: BatchPlan
+    input_name: str | None
+    deadline: Deadline
+    predictor: OpenAIPredictor | None = None
+
+
+@dataclass
+class Stream:
     """Predict and store the shard's rows as the module docstring says; fills ``stats``.
 
     With a ``selection`` (:mod:`runner.join`) each page is split into the model's
     features and the carried columns, and its output rows are joined to them.
-    With a ``predictor`` (an OpenAI-compatible model, :mod:`runner.openai`) rows
-    are requests, sent one per row, and ``client`` is not used.
+    :meth:`run` is the whole stream: the reader, dispatcher and writer tasks.
     """
-    assert source.paging is not None
-    if predictor is not None:
-        plan = openai_plan(plan)
-    page_size = source.paging.page_size
-    shard_fields = {"shardIndex": part.index, "shardCount": part.count} if part.count > 1 else {}
 
-    with storage_failures("output"):
-        start = await sink.stored_next(ctx, part)
-    start = start or 0
-    stats.resumed = stats.stored_next = start
-    if start:
-        log.info("resuming", resumedRows=start, **shard_fields)
+    source: PagedInput
+    sink: KeyedOutput
+    ctx: StorageContext
+    part: Partition
+    model: Model
+    stats: StreamStats
+    log: Any
+    on_progress: Callable[[int, int], None]
+    selection: Selection | None = None
 
-    joiner: Joiner | RowReader | None = Joiner.of(
-        selection, part, getattr(sink, "columnar_output", False)
-    )
-    if predictor is not None:
-        joiner = RowReader(predictor.settings, selection, part)
-    first = await _read(source, ctx, start, part, joiner)
-    stats.pages += 1
-    stats.rows_total = first.total
-
-    def total() -> int:
-        seen = stats.rows + sum(len(p.rows) for p in pending_rows)
-        return max(stats.rows_total or 0, seen)
-
-    pending_rows: list[Page] = [first]
-
-    def emit(progress: Progress) -> None:
-        on_progress(progress.rows_done, progress.rows_total)
-        log.info(
-            PROGRESS_EVENT,
-            **progress.fields(),
-            rowsResumed=stats.resumed,
-            pages=stats.pages,
-            chunks=stats.chunks,
-            **shard_fields,
+    def __post_init__(self) -> None:
+        assert self.source.paging is not None
+        self.paging = self.source.paging
+        self.plan = openai_plan(self.model.plan) if self.model.predictor else self.model.plan
+        self.shard_fields = (
+            {"shardIndex": self.part.index, "shardCount": self.part.count}
+            if self.part.count > 1
+            else {}
         )
+        self.joiner: Joiner | RowReader | None = Joiner.of(
+            self.selection, self.part, getattr(self.sink, "columnar_output", False)
+        )
+        if self.model.predictor is not None:
+            self.joiner = RowReader(self.model.predictor.settings, self.selection, self.part)
+        self.pending_rows: list[Page] = []
+        self.tracker = ProgressTracker(0, self._emit)
+        self.spec: TensorSpec | None = None
+        self.model_row: Any = None
+        self.on_retry = log_retries(self.log, MODEL_RETRY_EVENT)
+        # The collector stays off the rows in flight (runner.decoding.StreamCollector).
+        self.collector = StreamCollector()
+        self.pages: asyncio.Queue[Page | None] = asyncio.Queue(maxsize=1)
+        self.done: asyncio.Queue[_PageWork | None] = asyncio.Queue()
+        self.window = asyncio.Semaphore(self.paging.pages_in_flight)
+        self.slots = asyncio.Semaphore(self.plan.concurrency)
 
-    tracker = ProgressTracker(total(), emit)
-    tracker.rows_done = start
-    if not first.rows:
-        if start == 0:
-            log.warning("the input has no rows: nothing to predict")
-        await _finish(sink, ctx, part, stats)
-        tracker.report()
+    async def run(self) -> StreamStats:
+        stats, part = self.stats, self.part
+        with storage_failures("output"):
+            start = await self.sink.stored_next(self.ctx, part)
+        start = start or 0
+        stats.resumed = stats.stored_next = start
+        if start:
+            self.log.info("resuming", resumedRows=start, **self.shard_fields)
+        first = await _read(self.source, self.ctx, start, part, self.joiner)
+        stats.pages += 1
+        stats.rows_total = first.total
+        self.pending_rows.append(first)
+        self.tracker.rows_total = self._total()
+        self.tracker.rows_done = start
+        if not first.rows:
+            if start == 0:
+                self.log.warning("the input has no rows: nothing to predict")
+            await _finish(self.sink, self.ctx, part, stats)
+            self.tracker.report()
+            return stats
+        await self._start(first, start)
+        try:
+            with self.collector:
+                async with self.tracker.running(), asyncio.TaskGroup() as group:
+                    group.create_task(self._reader(first))
+                    group.create_task(self._writer())
+                    group.create_task(self._dispatcher(group))
+        except BaseExceptionGroup as failures:
+            errors: list[BaseException] = list(failures.exceptions)
+            runner_errors = [e for e in errors if isinstance(e, RunnerError)]
+            raise (runner_errors or errors)[0] from None
+        await _finish(self.sink, self.ctx, part, stats)
+        self.tracker.rows_total = max(self.tracker.rows_total, self.tracker.rows_done)
+        self.tracker.report()
         return stats
 
-    fields: dict[str, Any] = {
-        "pageSize": page_size,
-        "pagesInFlight": source.paging.pages_in_flight,
-        "startRow": start,
-        **shard_fields,
-    }
-    spec: TensorSpec | None = None
-    if predictor is not None:
-        predictor.started(log, **fields)
-    else:
-        assert client is not None
-        spec = await start_inference(
-            client, first.rows[0], input_name, plan, deadline, log, **fields
+    async def _start(self, first: Page, start: int) -> None:
+        """The model's first call (v2: its metadata and the tensor's shape), and its log line."""
+        fields: dict[str, Any] = {
+            "pageSize": self.paging.page_size,
+            "pagesInFlight": self.paging.pages_in_flight,
+            "startRow": start,
+            **self.shard_fields,
+        }
+        model = self.model
+        if model.predictor is not None:
+            model.predictor.started(self.log, **fields)
+        else:
+            assert model.client is not None
+            self.spec = await start_inference(
+                model.client,
+                first.rows[0],
+                model.input_name,
+                self.plan,
+                model.deadline,
+                self.log,
+                **fields,
+            )
+        self.model_row = first.rows[0]
+
+    def _total(self) -> int:
+        seen = self.stats.rows + sum(len(p.rows) for p in self.pending_rows)
+        return max(self.stats.rows_total or 0, seen)
+
+    def _emit(self, progress: Progress) -> None:
+        self.on_progress(progress.rows_done, progress.rows_total)
+        self.log.info(
+            PROGRESS_EVENT,
+            **progress.fields(),
+            rowsResumed=self.stats.resumed,
+            pages=self.stats.pages,
+            chunks=self.stats.chunks,
+            **self.shard_fields,
         )
-    model_row = first.rows[0]
-    on_retry = log_retries(log, MODEL_RETRY_EVENT)
 
-    # The collector stays off the rows in flight (runner.decoding.StreamCollector).
-    collector = StreamCollector()
-    pages: asyncio.Queue[Page | None] = asyncio.Queue(maxsize=1)
-    done: asyncio.Queue[tuple[Page, asyncio.Future[list[Any]]] | None] = asyncio.Queue()
-    window = asyncio.Semaphore(source.paging.pages_in_flight)
-    slots = asyncio.Semaphore(plan.concurrency)
-
-    async def reader() -> None:
-        page = first
+    async def _reader(self, first: Page) -> None:
+        page, stats = first, self.stats
         while True:
-            if predictor is None:
-                _check_page(page, model_row)
-            await pages.put(page)
-            pending_rows.remove(page)
-            if len(page.rows) < page_size:
+            if self.model.predictor is None:
+                _check_page(page, self.model_row)
+            await self.pages.put(page)
+            self.pending_rows.remove(page)
+            if len(page.rows) < self.paging.page_size:
                 break
-            page = await _read(source, ctx, page.offset + len(page.rows), part, joiner)
+            offset = page.offset + len(page.rows)
+            page = await _read(self.source, self.ctx, offset, self.part, self.joiner)
             stats.pages += 1
             if page.total is not None:
                 stats.rows_total = page.total
-            pending_rows.append(page)
-            tracker.rows_total = total()
+            self.pending_rows.append(page)
+            self.tracker.rows_total = self._total()
             if not page.rows:
                 break
-        await pages.put(None)
+        await self.pages.put(None)
 
-    async def one_batch(
-        spec: TensorSpec | None,
-        rows: list[Any],
-        results: list[list[Any]],
-        number: int,
-        remaining: list[int],
-        future: asyncio.Future[list[Any]],
-    ) -> None:
+    async def _one_batch(self, rows: list[Any], work: _PageWork, number: int) -> None:
+        model = self.model
         try:
             with model_failures():
-                if predictor is not None:
-                    answer: list[Any] = await predictor.infer_batch(rows)
+                if model.predictor is not None:
+                    answer: list[Any] = await model.predictor.infer_batch(rows)
                 else:
-                    assert client is not None
-                    assert spec is not None
+                    assert model.client is not None
+                    assert self.spec is not None
                     answer = await infer_batch(
-                        client, spec, rows, plan, deadline, on_retry=on_retry
+                        model.client,
+                        self.spec,
+                        rows,
+                        self.plan,
+                        model.deadline,
+                        on_retry=self.on_retry,
                     )
         finally:
-            slots.release()
-        results[number] = answer
-        stats.predicted += len(rows)
-        tracker.advance(len(rows))
-        remaining[0] -= 1
-        if remaining[0] == 0:
-            flat: list[Any] = []
-            for piece in results:
-                flat.extend(piece)
-            future.set_result(flat)
+            self.slots.release()
+        self.stats.predicted += len(rows)
+        self.tracker.advance(len(rows))
+        work.answered(number, answer)
 
-    async def dispatcher(group: asyncio.TaskGroup) -> None:
-        while (page := await pages.get()) is not None:
+    async def _dispatcher(self, group: asyncio.TaskGroup) -> None:
+        while (page := await self.pages.get()) is not None:
             if not page.rows:
                 continue
-            await window.acquire()
-            spans = batch_ranges(len(page.rows), plan.batch_size)
-            future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-            results: list[list[Any]] = [[] for _ in spans]
-            remaining = [len(spans)]
-            await done.put((page, future))
+            await self.window.acquire()
+            spans = batch_ranges(len(page.rows), self.plan.batch_size)
+            work = _PageWork(
+                page,
+                asyncio.get_running_loop().create_future(),
+                [[] for _ in spans],
+                len(spans),
+            )
+            await self.done.put(work)
             for number, span in enumerate(spans):
-                await slots.acquire()
-                group.create_task(
-                    one_batch(
-                        spec,
-                        page.rows[span.start : span.stop],
-                        results,
-                        number,
-                        remaining,
-                        future,
-                    )
-                )
-        await done.put(None)
+                await self.slots.acquire()
+                group.create_task(self._one_batch(page.rows[span.start : span.stop], work, number))
+        await self.done.put(None)
 
-    async def writer() -> None:
-        while (item := await done.get()) is not None:
-            page, future = item
-            predictions = await future
-            if joiner is not None:
-                predictions = joiner.output(page, predictions)
+    async def _writer(self) -> None:
+        stats = self.stats
+        while (work := await self.done.get()) is not None:
+            page = work.page
+            predictions = await work.done
+            if self.joiner is not None:
+                predictions = self.joiner.output(page, predictions)
             with storage_failures("output"):
-                answer = await sink.store_keyed(
-                    ctx, page.offset, predictions, part, row_count=len(page.rows)
+                answer = await self.sink.store_keyed(
+                    self.ctx, page.offset, predictions, self.part, row_count=len(page.rows)
                 )
             stats.chunks += 1
             stats.predictions += len(predictions)
             stats.stored_next = page.offset + len(page.rows)
             if answer.duplicates:
                 stats.duplicates += answer.duplicates
-            window.release()
-            collector.chunk_stored()
-
-    try:
-        with collector:
-            async with tracker.running(), asyncio.TaskGroup() as group:
-                group.create_task(reader())
-                group.create_task(writer())
-                group.create_task(dispatcher(group))
-    except BaseExceptionGroup as failures:
-        errors: list[BaseException] = list(failures.exceptions)
-        runner_errors = [e for e in errors if isinstance(e, RunnerError)]
-        raise (runner_errors or errors)[0] from None
-    await _finish(sink, ctx, part, stats)
-    tracker.rows_total = max(tracker.rows_total, tracker.rows_done)
-    tracker.report()
-    return stats
+            self.window.release()
+            self.collector.chunk_stored()
