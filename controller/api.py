@@ -21,12 +21,16 @@ parse, bounded parameters, an image and runner ``resources`` a Pod may have.
 An object the API server stored under an older CRD is then still refused
 before any child is made.
 
-Two topics live in their own modules: the cron grammar and time zones in
+Two topics live in modules of their own: the cron grammar and time zones in
 ``controller.cron``, and what a credential looks like (the storage scan) in
 ``contract.credentials``, which the runner's redaction shares.
 
-A failed check is a ``pydantic.ValidationError``; ``describe_invalid`` turns it
-(or an ``InvalidObject``) into the ``(reason, message)`` pair of a condition.
+Three more have their own modules too: quantities and container resources
+(``controller.quantity``), the names, labels and env a runner pod may carry
+(``controller.validation``), and the cache of parsed models
+(``controller.modelcache``). A failed check is a ``pydantic.ValidationError``;
+``controller.invalid.describe_invalid`` turns it (or an ``InvalidObject``) into
+the ``(reason, message)`` pair of a condition.
 The status models are what the controller writes; ``to_api()`` gives the JSON
 body with camelCase keys and without unset fields.
 """
@@ -36,11 +40,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from decimal import MAX_EMAX, MIN_EMIN, ROUND_UP, Context, Decimal, localcontext
-from typing import Annotated, Any, Generic, Literal, Self, TypeVar
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -74,7 +76,6 @@ from contract.credentials import (
 from contract.document import (
     MODEL_CA_FILE,
     MODEL_TOKEN_FILE,
-    STORAGE_SECRETS_DIR_ENV,
     Batching,
     KServe,
     ModelTransport,
@@ -83,6 +84,20 @@ from contract.document import (
 )
 from contract.termination import RunResult
 from controller.cron import Schedule, TimeZone
+from controller.quantity import parse_quantity, resource_list_errors, resource_requirements_errors
+from controller.validation import (
+    DNS_SUBDOMAIN_PATTERN,
+    ENV_NAME_PATTERN,
+    LABEL_VALUE_RE,
+    MAX_ENV,
+    MAX_ENV_VALUE_LENGTH,
+    MAX_TOLERATIONS,
+    RESERVED_ENV_NAMES,
+    NodeSelector,
+    PodAnnotations,
+    PodLabels,
+    qualified_name_error,
+)
 
 AutoDeletePolicy = Literal["None", "DeleteOnSuccess", "DeleteOnCompletion"]
 ImagePullPolicy = Literal["Always", "IfNotPresent", "Never"]
@@ -155,155 +170,6 @@ def model_url_has_password(url: str | None) -> bool:
     if url is None:
         return False
     return _MODEL_URL_WITH_PASSWORD.match(url) is not None or text_has_credential(url)
-
-
-# --------------------------------------------------------------------------------------------
-# Runner resources: what Pod validation refuses (pkg/apis/core/validation,
-# ValidateContainerResourceRequirements), as the CRD's CEL rules check it.
-
-_QUANTITY_RE = re.compile(
-    r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
-    r"(?:(?P<binary>[KMGTPE]i)|(?P<decimal>[numkMGTPE])|[eE](?P<exponent>[+-]?[0-9]+))?"
-)
-_BINARY_SUFFIXES = {s: 10 * (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))}
-_DECIMAL_SUFFIXES = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
-_MAX_QUANTITY = Decimal(2**63 - 1)
-_NANO = Decimal("1e-9")
-_STANDARD_CONTAINER_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
-HUGEPAGES_PREFIX = "hugepages-"
-# Bounds that keep the CRD's CEL rules within their cost budget.
-MAX_RESOURCES = 16
-MAX_QUANTITY_LENGTH = 64
-# IsQualifiedName: an optional DNS-subdomain prefix and a name of at most 63.
-RESOURCE_NAME_PATTERN = (
-    "^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"
-)
-_RESOURCE_NAME_RE = re.compile(RESOURCE_NAME_PATTERN)
-
-
-def parse_quantity(value: str | int | float) -> Decimal | None:
-    """The value of a Kubernetes quantity as ``resource.ParseQuantity`` reads it, or None.
-
-    Like Go: rounded up (away from zero) to a billionth, and capped at
-    2^63-1 either way.
-    """
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return Decimal(value).max(-_MAX_QUANTITY).min(_MAX_QUANTITY)
-    match = _QUANTITY_RE.fullmatch(repr(value) if isinstance(value, float) else value)
-    if match is None:
-        return None
-    exponent = 0
-    if match["exponent"] is not None:
-        parsed = int(match["exponent"])
-        if not -(2**63) <= parsed < 2**63:  # strconv.ParseInt(.., 64)
-            return None
-        exponent = (parsed + 2**31) % 2**32 - 2**31  # then int32(parsed)
-    elif match["decimal"] is not None:
-        exponent = _DECIMAL_SUFFIXES[match["decimal"]]
-    number = Decimal(f"{match['number']}E{exponent}")
-    with localcontext(Context(prec=len(match["number"]) + 64, Emax=MAX_EMAX, Emin=MIN_EMIN)):
-        if match["binary"] is not None:
-            number *= 2 ** _BINARY_SUFFIXES[match["binary"]]
-        if abs(number) >= _MAX_QUANTITY:
-            return _MAX_QUANTITY.copy_sign(number)
-        return number.quantize(_NANO, rounding=ROUND_UP)
-
-
-def _is_native_resource(name: str) -> bool:
-    return "/" not in name or "kubernetes.io/" in name
-
-
-def _is_extended_resource(name: str) -> bool:
-    # Also integer-only and not overcommittable (IsExtendedResourceName).
-    return not _is_native_resource(name)
-
-
-def _overcommit_allowed(name: str) -> bool:
-    return _is_native_resource(name) and not name.startswith(HUGEPAGES_PREFIX)
-
-
-def valid_container_resource_name(name: str) -> bool:
-    """``validateContainerResourceName``: cpu, memory, ephemeral-storage, hugepages-*, a domain."""
-    if not _RESOURCE_NAME_RE.fullmatch(name) or len(name.rsplit("/", 1)[-1]) > 63:
-        return False
-    slash = name.find("/")
-    if slash < 0:
-        return name in _STANDARD_CONTAINER_RESOURCES or name.startswith(HUGEPAGES_PREFIX)
-    if _is_native_resource(name):
-        return slash <= 253
-    # The quota name requests.<name> must itself be a qualified name.
-    return not name.startswith("requests.") and slash <= 253 - len("requests.")
-
-
-def _is_whole(quantity: Decimal) -> bool:
-    return quantity == quantity.to_integral_value()
-
-
-def _hugepages_error(name: str, value: Decimal) -> str | None:
-    page = parse_quantity(name.removeprefix(HUGEPAGES_PREFIX))
-    if page is None or page <= 0 or not _is_whole(page):
-        return "does not name a page size (e.g. hugepages-2Mi)"
-    if not _is_whole(value) or value % page != 0:
-        return f"must be a whole multiple of its page size ({int(page)} bytes)"
-    return None
-
-
-def resource_list_errors(resources: Mapping[str, str | int | float]) -> list[str]:
-    """What Pod validation refuses in one of a container's ``limits`` or ``requests``."""
-    errors: list[str] = []
-    if len(resources) > MAX_RESOURCES:
-        errors.append(f"at most {MAX_RESOURCES} resources may be listed")
-    for name, raw in resources.items():
-        if not valid_container_resource_name(name):
-            errors.append(
-                f"{name!r} is not a container resource: use cpu, memory, ephemeral-storage, "
-                "hugepages-<page size> or an extended resource with a domain (e.g. nvidia.com/gpu)"
-            )
-            continue
-        value = parse_quantity(raw)
-        if isinstance(raw, str) and len(raw) > MAX_QUANTITY_LENGTH:
-            errors.append(f"{name} is longer than {MAX_QUANTITY_LENGTH} characters")
-            continue
-        if value is None:
-            errors.append(f"{name} is not a quantity (e.g. 500m, 1Gi, 2)")
-            continue
-        if value < 0:
-            errors.append(f"{name} must not be negative")
-            continue
-        if _is_extended_resource(name) and not (_is_whole(value) and value < _MAX_QUANTITY):
-            errors.append(f"{name} is an extended resource: it must be a whole number")
-        if name.startswith(HUGEPAGES_PREFIX):
-            problem = _hugepages_error(name, value)
-            if problem is not None:
-                errors.append(f"{name} {problem}")
-    return errors
-
-
-def resource_requirements_errors(
-    limits: Mapping[str, str | int | float], requests: Mapping[str, str | int | float]
-) -> list[str]:
-    """What Pod validation refuses between a container's ``limits`` and ``requests``."""
-    errors: list[str] = []
-    for name, raw in requests.items():
-        request, limit = parse_quantity(raw), None
-        if name in limits:
-            limit = parse_quantity(limits[name])
-        if request is None or not valid_container_resource_name(name):
-            continue
-        if _overcommit_allowed(name):
-            if limit is not None and request > limit:
-                errors.append(f"the {name} request must not exceed its limit")
-        elif name not in limits:
-            errors.append(f"{name} needs a limit equal to its request")
-        elif limit is not None and request != limit:
-            errors.append(f"the {name} request must equal its limit")
-    names = set(limits) | set(requests)
-    if any(n.startswith(HUGEPAGES_PREFIX) for n in names) and not names & {"cpu", "memory"}:
-        errors.append("hugepages need a cpu or memory request or limit")
-    return errors
 
 
 # --------------------------------------------------------------------------------------------
@@ -444,137 +310,6 @@ class ResourceRequirements(_Model):
         return self
 
 
-# --------------------------------------------------------------------------------------------
-# Runner pods: labels, annotations, scheduling and env (InferenceConfig.spec.runnerPod,
-# and the controller's RUNNER_POD_DEFAULTS). The same rules are the CRD's (a unit
-# test checks the patterns agree), so they use nothing RE2 and `re` read differently.
-
-# IsQualifiedName: an optional DNS-subdomain prefix (at most 253) and a name of at most 63.
-QUALIFIED_NAME_PATTERN = RESOURCE_NAME_PATTERN
-# IsValidLabelValue: at most 63, empty or alphanumeric at both ends.
-LABEL_VALUE_PATTERN = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
-# IsDNS1123Subdomain (a PriorityClass's name).
-DNS_SUBDOMAIN_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-# Environment variable names: letters, digits, '_', '-' and '.', not starting with a digit.
-ENV_NAME_PATTERN = "^[-._a-zA-Z][-._a-zA-Z0-9]*$"
-MAX_POD_MAP_ENTRIES = 64
-MAX_ANNOTATION_VALUE_LENGTH = 4096
-MAX_TOLERATIONS = 32
-MAX_ENV = 64
-MAX_ENV_VALUE_LENGTH = 32768
-# Labels and annotations the controller (or the Job controller, or Kueue through
-# queueName) sets: a runner pod may not carry its own.
-RESERVED_METADATA_KEYS = (
-    "app.kubernetes.io/managed-by",
-    "app.kubernetes.io/component",
-    "job-name",
-    "controller-uid",
-    "kueue.x-k8s.io/queue-name",
-)
-RESERVED_METADATA_PREFIXES = ("ai.krateo.io/", "batch.kubernetes.io/")
-# What the renderer and the runner contract use (runner/app.py).
-RESERVED_ENV_NAMES = (
-    "pod_uid",
-    "POD_UID",
-    "POD_NAMESPACE",
-    "CONTRACT_PATH",
-    "TERMINATION_LOG_PATH",
-    "NODE_AGENT_ROOT",
-    "JOB_COMPLETION_INDEX",
-    "RUNNER_DEADLINE_SECONDS",
-    STORAGE_SECRETS_DIR_ENV,
-)
-_QUALIFIED_NAME_RE = re.compile(QUALIFIED_NAME_PATTERN)
-# The CRD's CEL rule on runnerPod.env: a variable whose name says it holds a
-# credential (AWS_SECRET_ACCESS_KEY, HF_TOKEN, PGPASSWORD, API_KEY_B64) must take
-# it from a Secret, not a literal value. Names of separated upper- or lower-case
-# words only: the controller's check (contract.credentials.is_credential_env)
-# also reads camelCase and refuses credential-shaped values; a unit test checks
-# everything this pattern refuses, the controller refuses too. RE2 and `re`
-# read it alike.
-ENV_CREDENTIAL_PATTERN = (
-    "(?i)^([a-z0-9]+[-._])*[a-z0-9]*(password|passwd|passphrase|secret|token|api[-._]?key"
-    "|private[-._]?key|secret[-._]?key|secret[-._]?access[-._]?key|account[-._]?key"
-    "|client[-._]?key|credentials?)([-._](value|data|pem|b64|base64|json|text|string))?$"
-)
-_LABEL_VALUE_RE = re.compile(LABEL_VALUE_PATTERN)
-
-
-def qualified_name_error(key: str) -> str | None:
-    """Why ``key`` is not a label or annotation key (``IsQualifiedName``), or None."""
-    if not _QUALIFIED_NAME_RE.fullmatch(key):
-        return (
-            f"{key!r} is not a qualified name: an optional DNS subdomain prefix and '/', "
-            "then alphanumerics, '-', '_' or '.', starting and ending alphanumeric"
-        )
-    prefix, _, name = key.rpartition("/")
-    if len(name) > 63:
-        return f"{key!r}: the name after the prefix must be at most 63 characters"
-    if len(prefix) > 253:
-        return f"{key!r}: the prefix must be at most 253 characters"
-    return None
-
-
-def reserved_key(key: str) -> bool:
-    return key in RESERVED_METADATA_KEYS or key.startswith(RESERVED_METADATA_PREFIXES)
-
-
-def _metadata_keys(value: dict[str, str] | None, what: str) -> list[str]:
-    errors: list[str] = []
-    for key in value or {}:
-        problem = qualified_name_error(key)
-        if problem is not None:
-            errors.append(problem)
-        elif reserved_key(key):
-            hint = "; use spec.queueName" if key == "kueue.x-k8s.io/queue-name" else ""
-            errors.append(f"{what} {key!r} is set by the controller and cannot be overridden{hint}")
-    return errors
-
-
-def _label_map(value: dict[str, str] | None, what: str, *, reserved: bool) -> dict[str, str] | None:
-    if reserved:
-        errors = _metadata_keys(value, what)
-    else:
-        errors = [p for p in map(qualified_name_error, value or {}) if p is not None]
-    for key, item in (value or {}).items():
-        if len(item) > 63 or not _LABEL_VALUE_RE.fullmatch(item):
-            errors.append(
-                f"the value of {key!r} is not a label value: at most 63 alphanumerics, '-', '_' "
-                "or '.', starting and ending alphanumeric (or empty)"
-            )
-    if errors:
-        raise PydanticCustomError("InvalidRunnerPod", "{errors}", {"errors": "; ".join(errors)})
-    return value
-
-
-def _labels(value: dict[str, str] | None) -> dict[str, str] | None:
-    return _label_map(value, "label", reserved=True)
-
-
-def _node_selector(value: dict[str, str] | None) -> dict[str, str] | None:
-    return _label_map(value, "node selector", reserved=False)
-
-
-def _annotations(value: dict[str, str] | None) -> dict[str, str] | None:
-    errors = _metadata_keys(value, "annotation")
-    if errors:
-        raise PydanticCustomError("InvalidRunnerPod", "{errors}", {"errors": "; ".join(errors)})
-    return value
-
-
-PodLabels = Annotated[
-    dict[str, str] | None, Field(max_length=MAX_POD_MAP_ENTRIES), AfterValidator(_labels)
-]
-PodAnnotations = Annotated[
-    dict[str, Annotated[str, Field(max_length=MAX_ANNOTATION_VALUE_LENGTH)]] | None,
-    Field(max_length=MAX_POD_MAP_ENTRIES),
-    AfterValidator(_annotations),
-]
-NodeSelector = Annotated[
-    dict[str, str] | None, Field(max_length=MAX_POD_MAP_ENTRIES), AfterValidator(_node_selector)
-]
-
-
 class Toleration(_Model):
     """``core/v1 Toleration``, held to what Pod validation accepts."""
 
@@ -595,7 +330,7 @@ class Toleration(_Model):
             errors.append("a toleration without a key must have operator Exists")
         if self.operator == "Exists" and self.value:
             errors.append("a toleration with operator Exists must not have a value")
-        if self.value and (len(self.value) > 63 or not _LABEL_VALUE_RE.fullmatch(self.value)):
+        if self.value and (len(self.value) > 63 or not LABEL_VALUE_RE.fullmatch(self.value)):
             errors.append(f"value {self.value!r} is not a label value")
         if self.toleration_seconds is not None and self.effect != "NoExecute":
             errors.append("tolerationSeconds needs effect NoExecute")
@@ -1238,124 +973,6 @@ class InferenceRun(_Object):
     def config_key(self) -> tuple[str, str]:
         """``(namespace, name)`` of the InferenceConfig this run uses."""
         return self.config_namespace, self.spec.config_ref.name
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-class ModelCache(Generic[M]):
-    """Parsed models of cached objects, reused while the object is unchanged.
-
-    A reconcile parses (and so validates) the run or config it reads from the
-    cache; most reconciles see an object that has not changed since the last
-    one (a child's event, a resync, the next round of the same pass). The
-    model is kept per object key with the uid and resourceVersion it was
-    parsed from, and used again only while both are the same: the API server
-    gives every change a new resourceVersion. At most ``size`` models are
-    kept (least recently used dropped first), and :meth:`forget` drops a
-    deleted object's, so memory stays bounded whatever the number of objects.
-
-    A model handed out may be handed out again: callers must not change it
-    (the reconcilers derive new statuses, they never edit the parsed one).
-    An object that does not validate raises ``ValidationError`` each time.
-    """
-
-    def __init__(self, model: type[M], size: int = 256) -> None:
-        if size < 1:
-            raise ValueError("size must be at least 1")
-        self.model = model
-        self.size = size
-        self._items: OrderedDict[str, tuple[str, str, M]] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def parse(self, key: str, raw: Mapping[str, Any]) -> M:
-        """``model.model_validate(raw)``, or the model parsed from the same version before."""
-        meta = raw.get("metadata") or {}
-        uid, version = meta.get("uid"), meta.get("resourceVersion")
-        if not uid or not version:
-            return self.model.model_validate(raw)  # not from the API server: never reused
-        found = self._items.get(key)
-        if found is not None and found[0] == uid and found[1] == version:
-            self._items.move_to_end(key)
-            self.hits += 1
-            return found[2]
-        self.misses += 1
-        parsed = self.model.model_validate(raw)
-        self._items[key] = (uid, version, parsed)
-        self._items.move_to_end(key)
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
-        return parsed
-
-    def forget(self, key: str) -> None:
-        self._items.pop(key, None)
-
-
-# --------------------------------------------------------------------------------------------
-# Errors -> conditions.
-
-
-class InvalidObject(ValueError):
-    """A problem found outside pydantic (e.g. between a run and its config)."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
-        self.message = message
-
-
-_REASON_RE = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
-_MAX_ERRORS_SHOWN = 5
-
-
-def _loc(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def _echo(error: Mapping[str, Any], where: str) -> str:
-    # Echo a short scalar input so the message says what was wrong, except
-    # under storage, whose values are never repeated (they may be secrets).
-    value = error.get("input")
-    kind = error["type"]
-    # Our own errors already quote what matters.
-    if kind == "missing" or kind[:1].isupper() or "storage" in where.split(".")[:2]:
-        return ""
-    if isinstance(value, bool | int | float) or (isinstance(value, str) and len(value) <= 64):
-        return f" (got {value!r})"
-    return ""
-
-
-def describe_invalid(exc: ValidationError | InvalidObject) -> tuple[str, str]:
-    """``(reason, message)`` for a condition saying why an object cannot be used.
-
-    The reason is the first error's own (``InvalidSchedule``, ``MissingModelUrl``,
-    …) or ``InvalidSpec``; the message names each field, e.g.
-    ``spec.timeoutSeconds: Input should be greater than or equal to 0 (got -1)``.
-    """
-    if isinstance(exc, InvalidObject):
-        return exc.reason, exc.message[:MAX_MESSAGE_LENGTH]
-    errors = exc.errors(include_url=False)
-    if not errors:
-        return REASON_INVALID_SPEC, str(exc)[:MAX_MESSAGE_LENGTH]
-    first = errors[0]["type"]
-    reason = first if first[:1].isupper() and _REASON_RE.match(first) else REASON_INVALID_SPEC
-    parts = []
-    for error in errors[:_MAX_ERRORS_SHOWN]:
-        where = _loc(tuple(error["loc"])) or exc.title
-        parts.append(f"{where}: {error['msg']}{_echo(error, where)}")
-    if len(errors) > _MAX_ERRORS_SHOWN:
-        parts.append(f"and {len(errors) - _MAX_ERRORS_SHOWN} more")
-    return reason, "; ".join(parts)[:MAX_MESSAGE_LENGTH]
 
 
 INSECURE_WARNING = (

@@ -219,7 +219,7 @@ class _Memo:
     """Results of a pure function of parsed models, by the models' identity.
 
     The reconciler reuses a parsed run or config while its resourceVersion is
-    the same (``controller.api.ModelCache``), so the next pass over an
+    the same (``controller.modelcache.ModelCache``), so the next pass over an
     unchanged run finds what this one computed from it. Entries hold their
     models, so an id is never reused while its entry lives; at most ``size``
     are kept. Results are shared: callers must not change them.

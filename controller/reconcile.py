@@ -73,13 +73,12 @@ from controller.api import (
     InferenceConfig,
     InferenceRun,
     InferenceRunStatus,
-    ModelCache,
     Progress,
     RunnerPodDefaults,
-    describe_invalid,
     set_condition,
 )
 from controller.caches import BY_RUN_UID, CONFIGS, RUNS, Caches
+from controller.invalid import describe_invalid
 from controller.isvc import Access, AccessState, Resolution, resolve, service_key
 from controller.isvc_watch import ModelWatch
 from controller.kube.errors import ApiError
@@ -90,6 +89,7 @@ from controller.kube.ratelimit import ExponentialBackoff
 from controller.kube.resources import CONFIGMAPS, EVENTS, Obj, Resource
 from controller.kube.workers import Result, TerminalError
 from controller.logging import bound
+from controller.modelcache import ModelCache
 
 if TYPE_CHECKING:
     from controller.kube.client import ListOptions
@@ -107,7 +107,7 @@ PROGRESS_TAIL_LINES = 20
 MAX_ROUNDS = 4
 REFUSAL_BACKOFF = (5.0, 300.0)
 JOB_EVENTS_INTERVAL = 10.0
-# Parsed models kept (controller.api.ModelCache): the runs of the passes now
+# Parsed models kept (controller.modelcache.ModelCache): the runs of the passes now
 # running and of the last few (a parsed run is ~13 KB, four times the cached
 # run: 256 of them were ~3 MB), and every config in use (a parsed config is
 # ~4.4 KB; with 64, runs over 100 namespaces reconciled in turn parsed their

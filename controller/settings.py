@@ -55,7 +55,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from controller.api import RunnerPodDefaults, describe_invalid
+from controller.api import RunnerPodDefaults
+from controller.invalid import describe_invalid
 from controller.sharding import Shard, lease_name
 
 # Below one second a "poll" is a hot loop against the API server.

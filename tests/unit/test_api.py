@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from contract.credentials import find_inline_credentials
 from contract.document import Batching
 from contract.termination import RunResult
-from controller import api, cron, render
+from controller import api, cron, quantity, render
 from controller.api import (
     Condition,
     Execution,
@@ -26,15 +26,14 @@ from controller.api import (
     InferenceConfigStatus,
     InferenceRun,
     InferenceRunStatus,
-    InvalidObject,
     ObjectReference,
     Progress,
-    describe_invalid,
     find_condition,
     run_config_warnings,
     set_condition,
 )
 from controller.cron import CRON_DESCRIPTORS, CRON_PATTERN, check_schedule
+from controller.invalid import InvalidObject, describe_invalid
 
 pytestmark = pytest.mark.unit
 
@@ -386,7 +385,7 @@ def test_model_urls_without_a_password_are_accepted(url: str) -> None:
     ],
 )
 def test_parse_quantity(text: str | int, value: str | None) -> None:
-    parsed = api.parse_quantity(text)
+    parsed = quantity.parse_quantity(text)
     assert parsed == (None if value is None else Decimal(value))
 
 
@@ -451,7 +450,7 @@ def test_the_examples_resources_are_valid() -> None:
     docs = list(yaml.safe_load_all((EXAMPLES / "ttm.yaml").read_text()))
     (config,) = (d for d in docs if d["kind"] == "InferenceConfig")
     assert config["spec"]["resources"]
-    assert api.resource_list_errors(config["spec"]["resources"].get("limits", {})) == []
+    assert quantity.resource_list_errors(config["spec"]["resources"].get("limits", {})) == []
 
 
 def test_parameters_are_bounded() -> None:
@@ -837,10 +836,10 @@ def test_resource_rules_are_the_models_bounds() -> None:
     nodes = dict(walk(schema("inferenceconfigs")))
     for field in ("limits", "requests"):
         node = nodes[f".spec.resources.{field}"]
-        assert node["maxProperties"] == api.MAX_RESOURCES
-        assert node["additionalProperties"]["maxLength"] == api.MAX_QUANTITY_LENGTH
+        assert node["maxProperties"] == quantity.MAX_RESOURCES
+        assert node["additionalProperties"]["maxLength"] == quantity.MAX_QUANTITY_LENGTH
         rules = " ".join(rules_of("inferenceconfigs", f".spec.resources.{field}"))
-        assert f"k.matches('{api.RESOURCE_NAME_PATTERN}')" in rules
+        assert f"k.matches('{quantity.RESOURCE_NAME_PATTERN}')" in rules
         assert "<= 63" in rules
         assert "<= 244" in rules
 

@@ -26,8 +26,9 @@ from contract.credentials import (
     redact_structure,
     redact_text,
 )
-from controller import api
-from controller.api import EnvVar, InferenceConfig, describe_invalid
+from controller import api, validation
+from controller.api import EnvVar, InferenceConfig
+from controller.invalid import describe_invalid
 from runner.redact import Redactor
 
 pytestmark = pytest.mark.unit
@@ -299,7 +300,7 @@ PLAIN_ENV = [
 @pytest.mark.parametrize("name", CREDENTIAL_ENV)
 def test_credential_env_needs_a_secret(name: str) -> None:
     assert is_credential_env(name)
-    assert re.match(api.ENV_CREDENTIAL_PATTERN, name), "the CRD's CEL rule refuses it too"
+    assert re.match(validation.ENV_CREDENTIAL_PATTERN, name), "the CRD's CEL rule refuses it too"
     with pytest.raises(ValidationError) as caught:
         EnvVar.model_validate({"name": name, "value": S})
     assert describe_invalid(caught.value)[0] == "InlineCredentials"
@@ -309,7 +310,7 @@ def test_credential_env_needs_a_secret(name: str) -> None:
 @pytest.mark.parametrize("name", PLAIN_ENV)
 def test_plain_env_is_accepted(name: str) -> None:
     assert not is_credential_env(name)
-    assert not re.match(api.ENV_CREDENTIAL_PATTERN, name)
+    assert not re.match(validation.ENV_CREDENTIAL_PATTERN, name)
     EnvVar.model_validate({"name": name, "value": "x"})
 
 
@@ -326,7 +327,7 @@ def test_what_the_crd_refuses_the_controller_refuses() -> None:
     # name the controller would take.
     keys = [k for settings, _ in POSITIVE for k in settings] + [k for s in NEGATIVE for k in s]
     names = keys + [k.upper() for k in keys] + CREDENTIAL_ENV + PLAIN_ENV
-    matched = [n for n in names if re.match(api.ENV_CREDENTIAL_PATTERN, n)]
+    matched = [n for n in names if re.match(validation.ENV_CREDENTIAL_PATTERN, n)]
     assert len(matched) >= 30
     for name in matched:
         assert is_credential_env(name), name
@@ -335,9 +336,9 @@ def test_what_the_crd_refuses_the_controller_refuses() -> None:
 def test_the_crd_has_the_env_rule() -> None:
     crd = Path(api.__file__).resolve().parents[1] / "crds"
     text = (crd / "inferenceconfigs.ai.krateo.io.yaml").read_text()
-    assert f"self.name.matches('{api.ENV_CREDENTIAL_PATTERN}')" in text
-    assert "\\" not in api.ENV_CREDENTIAL_PATTERN
-    assert "'" not in api.ENV_CREDENTIAL_PATTERN
+    assert f"self.name.matches('{validation.ENV_CREDENTIAL_PATTERN}')" in text
+    assert "\\" not in validation.ENV_CREDENTIAL_PATTERN
+    assert "'" not in validation.ENV_CREDENTIAL_PATTERN
 
 
 @pytest.mark.parametrize(

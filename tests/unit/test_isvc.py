@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from controller.api import InferenceConfig, InferenceRun, describe_invalid
+from controller.api import InferenceConfig, InferenceRun
 from controller.caches import inferenceservice_index
+from controller.invalid import describe_invalid
 from controller.isvc import (
     Access,
     AccessState,

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from controller.api import InferenceConfig, InferenceRun, describe_invalid
+from controller.api import InferenceConfig, InferenceRun
+from controller.invalid import describe_invalid
 from controller.naming import KUEUE_QUEUE_LABEL, RUN_SPEC_HASH_ANNOTATION
 from controller.plan import Patch, View, plan, run_spec_hash
 from controller.render import desired_configmap, desired_cronjob, desired_job, desired_workload

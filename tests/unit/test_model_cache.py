@@ -8,7 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from bench.common import config_body
-from controller.api import InferenceRun, ModelCache
+from controller.api import InferenceRun
+from controller.modelcache import ModelCache
 from controller.reconcile import Reconciler
 
 

@@ -9,7 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from contract.exitcodes import PERMANENT, REASONS, ExitCode
-from controller.api import InferenceConfig, InferenceRun, describe_invalid, run_config_warnings
+from controller.api import InferenceConfig, InferenceRun, run_config_warnings
+from controller.invalid import describe_invalid
 from controller.probe import ConfigView, plan_config
 from controller.render import desired_configmap, desired_job
 from tests.unit.helpers import NOW, UID

@@ -9,22 +9,19 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from controller.api import (
+from controller.api import ResourceRequirements, RunnerPod, RunnerPodDefaults, merge_runner_pod
+from controller.invalid import describe_invalid
+from controller.naming import KUEUE_QUEUE_LABEL, RUN_UID_LABEL
+from controller.render import desired_cronjob, desired_job, desired_probe
+from controller.settings import SettingsError, load_settings
+from controller.validation import (
     DNS_SUBDOMAIN_PATTERN,
     ENV_NAME_PATTERN,
     LABEL_VALUE_PATTERN,
     QUALIFIED_NAME_PATTERN,
     RESERVED_ENV_NAMES,
     RESERVED_METADATA_KEYS,
-    ResourceRequirements,
-    RunnerPod,
-    RunnerPodDefaults,
-    describe_invalid,
-    merge_runner_pod,
 )
-from controller.naming import KUEUE_QUEUE_LABEL, RUN_UID_LABEL
-from controller.render import desired_cronjob, desired_job, desired_probe
-from controller.settings import SettingsError, load_settings
 from tests.chart import REPO
 from tests.unit.helpers import UID, make_config, make_run
 
