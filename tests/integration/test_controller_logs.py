@@ -56,9 +56,12 @@ async def test_a_phase_change_is_logged_once_and_only_when_the_phase_changes(
 
     async def told() -> list[Line] | None:
         said = lines(controller, run=key)
-        return said if any(s.get("phase") == "Succeeded" for s in said) else None
+        # The change's own line: other lines of the same pass (the plan, at
+        # debug) carry the new phase before it is written.
+        done = any(s["msg"] == "phase changed" and s.get("phase") == "Succeeded" for s in said)
+        return said if done else None
 
-    said = await eventually(told, within=30, what="the run's Succeeded line")
+    said = await eventually(told, within=30, what="the run's change to Succeeded")
     changes = [s for s in said if s["msg"] == "phase changed"]
     assert changes, said
     for change in changes:
