@@ -231,7 +231,10 @@ def prepare(cluster: LocalCluster, workdir: Path, namespaces: Sequence[str] = ()
     install_crds(cluster)
     for namespace in (NAMESPACE, *namespaces):
         cluster.kubectl("create", "namespace", namespace)
-    chart.apply(cluster, chart.controller_rbac_objects(NAMESPACE, [NAMESPACE]))
+    # The runner ServiceAccount in the namespace of runs (the chart's runner.namespaces):
+    # the chart's admission policy refuses a Job that runs as any other.
+    values = {"runner": {"namespaces": [NAMESPACE]}}
+    chart.apply(cluster, chart.controller_rbac_objects(NAMESPACE, [NAMESPACE], values=values))
     kubeconfig = chart.service_account_kubeconfig(cluster, NAMESPACE, path=workdir / "kc")
     user = chart.service_account_user(NAMESPACE, chart.CONTROLLER_SERVICE_ACCOUNT)
     return Setup(cluster, workdir, kubeconfig, user)
@@ -270,6 +273,7 @@ class Controller:
             "KUBECONFIG": str(self.setup.kubeconfig),
             "WATCH_NAMESPACE": NAMESPACE,
             "MAX_RECONCILE_RATE": str(self.workers),
+            "RUNNER_SERVICE_ACCOUNT": chart.RUNNER_SERVICE_ACCOUNT,
             # Far above what the benchmark reaches: the API server must be the limit.
             "KUBE_API_QPS": "500",
             "KUBE_API_BURST": "1000",
