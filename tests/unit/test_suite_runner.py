@@ -7,7 +7,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -160,9 +159,7 @@ def test_runs_at_the_same_time_each_keep_their_lines_and_verdict(
         "faults": _fake_pytest(["f-one", "== 1 failed, 2 passed in 0.20s =="], 1, 0.2),
         "node": _fake_pytest(["n-one", "n-two", "== 3 passed in 0.10s =="], 0, 0.1),
     }
-    began = time.monotonic()
     outcomes = suite.run_stage(commands)
-    took = time.monotonic() - began
     assert [o.name for o in outcomes] == ["faults", "node"]
     faults, node = outcomes
     assert (faults.returncode, faults.counts) == (1, Counter({"failed": 1, "passed": 2}))
@@ -180,9 +177,9 @@ def test_runs_at_the_same_time_each_keep_their_lines_and_verdict(
         "[node] == 3 passed in 0.10s ==",
     ]
     assert len(lines) == 5, out
-    # Each run has its own time, within the stage's.
-    assert 0 < node.seconds <= took
-    assert 0 < faults.seconds <= took
+    # Each run was timed (its own clock, for its line in the summary).
+    assert node.seconds > 0
+    assert faults.seconds > 0
     assert suite.verdict(outcomes) == 1
 
 
