@@ -10,7 +10,7 @@ choice.
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,9 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from hack.cluster import LocalCluster
+from hack.controllerproc import ControllerProcess, controller_for, running
+from hack.crds import install_inferenceservice_crd
 from hack.storage_service import StorageService
 from tests.runs import Runs, inference_config, inference_run
 from tests.servers import ModelServer
@@ -114,3 +117,13 @@ async def e2e(
 def iris(e2e: E2E) -> list[list[float]]:
     """The iris table the iris runs read, seeded in the storage."""
     return e2e.storage.seed_iris("iris")
+
+
+@pytest.fixture
+def isvc_controller(
+    cluster: LocalCluster, namespace: str, tmp_path: Path
+) -> Iterator[ControllerProcess]:
+    """The ``controller`` fixture, started once the InferenceService CRD exists."""
+    install_inferenceservice_crd(cluster)
+    with running(controller_for(cluster, namespace, tmp_path)) as proc:
+        yield proc

@@ -8,28 +8,12 @@ address changing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 from kubernetes_asyncio import client
 
-from hack.cluster import LocalCluster
-from hack.controllerproc import ControllerProcess, controller_for, running
-from hack.crds import install_inferenceservice_crd
 from tests.e2e.conftest import E2E, iris_config, iris_run
 from tests.isvc import InferenceServices, inference_service, not_ready_status, ready_status
 from tests.runs import condition, status
-
-
-@pytest.fixture
-def isvc_controller(
-    cluster: LocalCluster, namespace: str, tmp_path: Path
-) -> Iterator[ControllerProcess]:
-    """The ``controller`` fixture, started once the InferenceService CRD exists."""
-    install_inferenceservice_crd(cluster)
-    with running(controller_for(cluster, namespace, tmp_path)) as proc:
-        yield proc
 
 
 def iris_isvc_config(name: str, service: str) -> dict[str, object]:

@@ -10,7 +10,7 @@ table) or a real S3 server (an OpenAI Batch API file).
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,9 +21,6 @@ import pytest
 from kubernetes_asyncio import client
 from obstore.store import S3Store
 
-from hack.cluster import LocalCluster
-from hack.controllerproc import ControllerProcess, controller_for, running
-from hack.crds import install_inferenceservice_crd
 from hack.openai_server import chat_reply
 from hack.s3server import REGION, ROOT_ACCESS_KEY, ROOT_SECRET_KEY, S3Server
 from hack.storage_service import StorageService
@@ -239,16 +236,6 @@ async def test_an_openai_batch_file_round_trips_through_s3(llm: LLM, s3_server: 
         body = result["response"]["body"]
         assert body["model"] == "echo"
         assert body["choices"][0]["message"]["content"] == chat_reply(line["body"]["messages"])[0]
-
-
-@pytest.fixture
-def isvc_controller(
-    cluster: LocalCluster, namespace: str, tmp_path: Path
-) -> Iterator[ControllerProcess]:
-    """The ``controller`` fixture, started once the InferenceService CRD exists."""
-    install_inferenceservice_crd(cluster)
-    with running(controller_for(cluster, namespace, tmp_path)) as proc:
-        yield proc
 
 
 @pytest.mark.timeout(420)
