@@ -789,22 +789,25 @@ class PostgresProvider:
     async def _columns(
         self, connection: psycopg.AsyncConnection[dict[str, Any]]
     ) -> list[str] | None:
-        """The table's columns, None when it does not exist."""
+        """The table's columns, None when it does not exist.
+
+        One statement, so one snapshot: ``to_regclass`` looks the name up in the
+        latest catalog, which may already hold a table another shard is committing
+        while this statement's snapshot does not show its columns yet; joining
+        ``pg_class`` under the same snapshot as ``pg_attribute`` says "no table"
+        then, never "a table without columns".
+        """
         cursor = connection.cursor()
         await cursor.execute(
-            "SELECT a.attname AS name FROM pg_attribute a "
-            "WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped "
-            "ORDER BY a.attnum",
+            "SELECT a.attname AS name FROM pg_class c "
+            "LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 "
+            "AND NOT a.attisdropped WHERE c.oid = to_regclass($1) ORDER BY a.attnum",
             [self._table.as_string()],
         )
-        names = [str(row["name"]) for row in await cursor.fetchall()]
-        if names:
-            return names
-        await cursor.execute(
-            "SELECT to_regclass($1) IS NOT NULL AS found", [self._table.as_string()]
-        )
-        row = await cursor.fetchone()
-        return [] if row and row["found"] else None
+        rows = await cursor.fetchall()
+        if not rows:
+            return None
+        return [str(row["name"]) for row in rows if row["name"] is not None]
 
     async def _has_conflict_key(self, connection: psycopg.AsyncConnection[dict[str, Any]]) -> bool:
         cursor = connection.cursor()
@@ -865,12 +868,27 @@ class PostgresProvider:
                 sql.SQL("stored_at timestamptz NOT NULL DEFAULT now()"),
                 sql.SQL("PRIMARY KEY (run_uid, shard, row_index)"),
             ]
+            # Shards start together, and two concurrent CREATE TABLE IF NOT EXISTS
+            # race in PostgreSQL: the loser may fail on the catalog's unique index
+            # (pg_type_typname_nsp_index). A lock on the table's name, held until the
+            # create commits, makes the second wait and then skip. A server without
+            # advisory locks (CockroachDB) refuses the call inside a savepoint and
+            # the create goes on, serialised by that server's own schema changes.
             cursor = connection.cursor()
-            await cursor.execute(
-                sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
-                    self._table, sql.SQL(", ").join(definitions)
+            async with connection.transaction():
+                with contextlib.suppress(
+                    psycopg.errors.UndefinedFunction, psycopg.errors.FeatureNotSupported
+                ):
+                    async with connection.transaction():
+                        await cursor.execute(
+                            "SELECT pg_advisory_xact_lock(hashtext($1))",
+                            [self._table.as_string()],
+                        )
+                await cursor.execute(
+                    sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
+                        self._table, sql.SQL(", ").join(definitions)
+                    )
                 )
-            )
             columns = await self._columns(connection) or []
         await self._check_output(connection)
         missing = [c for c in carried if c not in columns]

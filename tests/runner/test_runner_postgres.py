@@ -28,7 +28,10 @@ from contract.exitcodes import ExitCode
 from hack.pki import Pki, make_pki
 from hack.postgres import SUPERUSER
 from hack.storage_service import IRIS_COLUMNS
-from runner.storage.postgres import APPLICATION_NAME, RETRY_EVENT
+from runner.logs import get_logger
+from runner.retry import Deadline
+from runner.storage.base import Partition, StorageContext, Stored
+from runner.storage.postgres import APPLICATION_NAME, RETRY_EVENT, from_settings
 from tests.runner.conftest import (
     REPO,
     InMemorySecrets,
@@ -585,6 +588,43 @@ async def test_createtable_types_follow_the_first_values(world: World, postgres:
         "prediction": "bigint",
         "stored_at": "timestamp with time zone",
     }
+
+
+async def test_shards_creating_the_table_at_once_each_store_their_rows(
+    postgres: Database,
+) -> None:
+    """Two shards start together on a table that does not exist yet: both store.
+
+    PostgreSQL's concurrent ``CREATE TABLE IF NOT EXISTS`` lets the loser fail on
+    the catalog's unique index, or see the winner's table before its columns;
+    each round is a new table, so the race gets many chances.
+    """
+    rows = [{"id": 1, "prediction": 0.5}, {"id": 2, "prediction": 1.5}]
+
+    async def shard(table: str, index: int) -> Stored:
+        ctx = StorageContext(
+            session=None,
+            secrets=secrets(postgres),
+            namespace=NAMESPACE,
+            job_id=JOB,
+            pod_uid=f"pod-{index}",
+            parameters={},
+            deadline=Deadline(None),
+            log=get_logger(),
+        )
+        output = {**connection(postgres), "table": table, "createTable": True}
+        provider = from_settings(output, "output", {})
+        await provider.prepare(ctx)
+        try:
+            return await provider.store_keyed(ctx, 0, rows, Partition(index, 2))
+        finally:
+            await provider.close()
+
+    for round_ in range(20):
+        table = f"raced_{round_}"
+        both = await asyncio.gather(shard(table, 0), shard(table, 1), return_exceptions=True)
+        assert list(both) == [Stored(2, 0), Stored(2, 0)], (table, both)
+        assert postgres.query(f"SELECT count(*) FROM {table}") == [(4,)]
 
 
 @pytest.fixture
