@@ -26,6 +26,7 @@ from hack.loopback import AuthProxy
 from hack.pki import Pki, make_pki
 from tests.e2e.conftest import E2E, iris_config, iris_run
 from tests.e2e.test_probe_job import probed
+from tests.kubehelpers import wait_for_events
 from tests.runs import condition, status
 
 TOKEN = "model-token-3b9e61f0c2d7a845"
@@ -179,6 +180,10 @@ async def test_the_probe_reports_a_refused_token_by_name_without_showing_it(
     assert WRONG in gateway.tokens  # sent by the probe, and refused
     assert set(gateway.hosts) == {HOST}
 
+    # The Event is recorded after the status write, so it may come a moment later.
+    await wait_for_events(
+        e2e.api, e2e.namespace, "cfg", "ModelAuthFailed", what="the ModelAuthFailed Event"
+    )
     events = await client.CoreV1Api(e2e.api).list_namespaced_event(e2e.namespace)
     said = [f"{e.reason} {e.message}" for e in events.items]
     assert any(line.startswith("ModelAuthFailed ") for line in said), said
