@@ -27,6 +27,7 @@ from hack.postgres import SUPERUSER
 from hack.s3server import REGION, ROOT_ACCESS_KEY, ROOT_SECRET_KEY, S3Server
 from hack.storage_service import IRIS_COLUMNS
 from tests.e2e.conftest import E2E, RUNNER_IMAGE
+from tests.kubehelpers import wait_for_events
 from tests.runs import inference_config, inference_run, status
 from tests.servers import Database
 
@@ -201,8 +202,11 @@ async def test_a_wrong_password_fails_the_run_at_once_and_shows_nowhere(
     assert len(pods) == 1
     log = await core.read_namespaced_pod_log(pods[0].metadata.name, e2e.namespace)
     assert "password authentication failed" in log
+    # The Event is recorded after the status write, so it may come a moment later.
+    await wait_for_events(
+        e2e.api, e2e.namespace, "wrong-pw", "OutputRejected", what="the OutputRejected Event"
+    )
     events = (await core.list_namespaced_event(e2e.namespace)).items
-    assert any(e.reason == "OutputRejected" or "code 8" in (e.message or "") for e in events)
     for shown in (json.dumps(failed), log, *(e.message or "" for e in events)):
         assert wrong not in shown
         assert ROOT_SECRET_KEY not in shown
