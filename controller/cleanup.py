@@ -61,7 +61,7 @@ from controller.kube.objects import controller_of, object_key
 from controller.kube.resources import CRONJOBS, JOBS, Obj, Resource
 from controller.kube.workers import Result, Workers
 from controller.kube.workqueue import WorkQueue
-from controller.metrics import Metrics, labelled
+from controller.metrics import NO_RUN_METRICS, RunMetrics, labelled
 from controller.naming import RUN_UID_LABEL
 from controller.orphans import (
     CRONJOB_KIND,
@@ -130,7 +130,7 @@ class Cleanup:
         caches: Caches,
         runs_by_uid: Callable[[str], list[Obj]],
         *,
-        metrics: Metrics | None = None,
+        metrics: RunMetrics = NO_RUN_METRICS,
         sweep_interval: float | None = None,
         workers: int = WORKERS,
     ) -> None:
@@ -150,10 +150,9 @@ class Cleanup:
         )
         self._gone: OrderedDict[str, Gone] = OrderedDict()
         self._kept: OrderedDict[str, None] = OrderedDict()
-        if metrics is not None:
-            for kind in KINDS:
-                for reason in REASONS:
-                    metrics.inference_run_workloads_deleted_total.labels(kind=kind, reason=reason)
+        for kind in KINDS:
+            for reason in REASONS:
+                metrics.inference_run_workloads_deleted_total.labels(kind=kind, reason=reason)
 
     # --------------------------------------------------------------- handlers
 
@@ -393,12 +392,11 @@ class Cleanup:
                 run=str(gone.run),
                 reason=gone.reason,
             )
-            if self.metrics is not None:
-                labelled(
-                    self.metrics.inference_run_workloads_deleted_total,
-                    kind=resource.kind,
-                    reason=gone.reason,
-                ).inc()
+            labelled(
+                self.metrics.inference_run_workloads_deleted_total,
+                kind=resource.kind,
+                reason=gone.reason,
+            ).inc()
             return True
         raise ApiError(409, "Conflict", f"{resource.kind} {name} kept changing", verb="delete")
 

@@ -18,7 +18,7 @@ import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -30,6 +30,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from controller.kube import instruments
 
 # controller.kube records with these; they are defined there (it imports no app module).
 from controller.kube.instruments import api_host as api_host
@@ -578,3 +580,41 @@ class Metrics:
             rows_total.inc(rows)
         if predictions is not None and predictions > 0:
             predictions_total.inc(predictions)
+
+
+class RunMetrics(instruments.KubeMetrics, Protocol):
+    """What the reconcilers record: the client's families and the runs' own (:class:`Metrics`)."""
+
+    @property
+    def inference_run_workloads_deleted_total(self) -> instruments.Family: ...
+
+    def run_finished(
+        self,
+        namespace: str,
+        config: str,
+        result: str,
+        duration_seconds: float | None = None,
+        rows: int | None = None,
+        predictions: int | None = None,
+    ) -> None:
+        """Count a one-shot run that just finished (:meth:`Metrics.run_finished`)."""
+
+
+class NoRunMetrics(instruments.NoMetrics):
+    """:class:`RunMetrics` that records nothing: reconcilers driven by tests without /metrics."""
+
+    inference_run_workloads_deleted_total = instruments.NO_FAMILY
+
+    def run_finished(
+        self,
+        namespace: str,
+        config: str,
+        result: str,
+        duration_seconds: float | None = None,
+        rows: int | None = None,
+        predictions: int | None = None,
+    ) -> None:
+        pass
+
+
+NO_RUN_METRICS: RunMetrics = NoRunMetrics()

@@ -93,7 +93,7 @@ from controller.modelcache import ModelCache
 
 if TYPE_CHECKING:
     from controller.kube.client import ListOptions
-from controller.metrics import Metrics
+from controller.metrics import NO_RUN_METRICS, RunMetrics
 from controller.naming import COMPLETION_INDEX_LABEL, child_labels
 from controller.plan import Create, Plan, Refusal, View, Write, plan, wants_job_events
 from controller.render import CONTAINER_NAME
@@ -210,7 +210,7 @@ class Reconciler:
     pod_start_timeout: float = 0.0
     # The namespaces the controller watches (empty: all); a config elsewhere is out of reach.
     watch_namespaces: tuple[str, ...] = ()
-    metrics: Metrics | None = None
+    metrics: RunMetrics = NO_RUN_METRICS
     # InferenceServices (controller.isvc_watch), for configs that reference one.
     models: ModelWatch | None = None
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
@@ -337,7 +337,6 @@ class Reconciler:
             status.phase in ("Succeeded", "Failed")
             and status.phase != run.status.phase
             and not run.spec.scheduled
-            and self.metrics is not None
         ):
             self._count_finished(run, status)
         said = status_change_line(
@@ -367,7 +366,6 @@ class Reconciler:
         return Result(requeue_after=current.requeue_after)
 
     def _count_finished(self, run: InferenceRun, status: InferenceRunStatus) -> None:
-        assert self.metrics is not None
         result = status.result
         duration = result.duration_seconds if result is not None else None
         if duration is None and status.start_time and status.completion_time:

@@ -98,33 +98,34 @@ class _NoFamily:
         pass
 
 
-_NO_FAMILY = _NoFamily()
+# Every family of NoMetrics, and of the app's no-op metrics (controller.metrics).
+NO_FAMILY = _NoFamily()
 
 
 class NoMetrics:
     """:class:`KubeMetrics` that records nothing: for clients, tools and tests without /metrics."""
 
-    workqueue_depth = _NO_FAMILY
-    workqueue_adds_total = _NO_FAMILY
-    workqueue_queue_duration_seconds = _NO_FAMILY
-    workqueue_work_duration_seconds = _NO_FAMILY
-    workqueue_retries_total = _NO_FAMILY
-    workqueue_unfinished_work_seconds = _NO_FAMILY
-    workqueue_longest_running_processor_seconds = _NO_FAMILY
-    reconcile_total = _NO_FAMILY
-    reconcile_errors_total = _NO_FAMILY
-    terminal_reconcile_errors_total = _NO_FAMILY
-    reconcile_panics_total = _NO_FAMILY
-    reconcile_time_seconds = _NO_FAMILY
-    active_workers = _NO_FAMILY
-    rest_client_requests_total = _NO_FAMILY
-    rest_client_request_duration_seconds = _NO_FAMILY
-    rest_client_rate_limiter_wait_seconds = _NO_FAMILY
-    informer_lists_total = _NO_FAMILY
-    informer_watch_events_total = _NO_FAMILY
-    informer_watch_errors_total = _NO_FAMILY
-    leader_election_master_status = _NO_FAMILY
-    events_total = _NO_FAMILY
+    workqueue_depth = NO_FAMILY
+    workqueue_adds_total = NO_FAMILY
+    workqueue_queue_duration_seconds = NO_FAMILY
+    workqueue_work_duration_seconds = NO_FAMILY
+    workqueue_retries_total = NO_FAMILY
+    workqueue_unfinished_work_seconds = NO_FAMILY
+    workqueue_longest_running_processor_seconds = NO_FAMILY
+    reconcile_total = NO_FAMILY
+    reconcile_errors_total = NO_FAMILY
+    terminal_reconcile_errors_total = NO_FAMILY
+    reconcile_panics_total = NO_FAMILY
+    reconcile_time_seconds = NO_FAMILY
+    active_workers = NO_FAMILY
+    rest_client_requests_total = NO_FAMILY
+    rest_client_request_duration_seconds = NO_FAMILY
+    rest_client_rate_limiter_wait_seconds = NO_FAMILY
+    informer_lists_total = NO_FAMILY
+    informer_watch_events_total = NO_FAMILY
+    informer_watch_errors_total = NO_FAMILY
+    leader_election_master_status = NO_FAMILY
+    events_total = NO_FAMILY
 
     def init_controller(self, controller: str, workers: int) -> None:
         pass

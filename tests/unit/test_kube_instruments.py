@@ -1,4 +1,4 @@
-"""What controller.kube records with: the app's Metrics and the no-op NO_METRICS agree on it."""
+"""What controller.kube and the reconcilers record with: Metrics and the no-ops agree on it."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from prometheus_client.metrics import MetricWrapperBase
 from controller.kube.instruments import NO_METRICS, KubeMetrics, NoMetrics, labelled
 from controller.kube.workers import Workers
 from controller.kube.workqueue import WorkQueue
-from controller.metrics import Metrics
+from controller.metrics import NO_RUN_METRICS, Metrics, NoRunMetrics, RunMetrics
 
 pytestmark = pytest.mark.unit
 
 
-def _families() -> list[str]:
+def _families(protocol: type = KubeMetrics) -> list[str]:
     return [
         name
-        for name, member in inspect.getmembers(KubeMetrics)
+        for name, member in inspect.getmembers(protocol)
         if isinstance(member, property) and not name.startswith("_")
     ]
 
@@ -44,6 +44,18 @@ def test_no_metrics_takes_every_sample_and_keeps_none() -> None:
         child.observe(0.5)
         child.set_function(lambda: 1.0)
     NO_METRICS.init_controller("c", 2)
+
+
+def test_the_reconcilers_no_metrics_have_every_family_and_take_a_finished_run() -> None:
+    families = _families(RunMetrics)
+    assert "inference_run_workloads_deleted_total" in families, families
+    assert set(_families()) < set(families)
+    metrics = Metrics(process=False)
+    for name in families:
+        assert isinstance(getattr(metrics, name), MetricWrapperBase), name
+        assert hasattr(NoRunMetrics, name), name
+        labelled(getattr(NO_RUN_METRICS, name), kind="Job", reason="RunDeleted").inc()
+    NO_RUN_METRICS.run_finished("ns", "config", "Succeeded", duration_seconds=1.0, rows=2)
 
 
 async def test_a_queue_and_its_workers_run_without_metrics() -> None:
