@@ -7,21 +7,24 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# xdist workers for the unit tests (no servers), which run beside the parallel run.
+UNIT_WORKERS ?= 2
 # xdist workers for the tiers that mostly wait (hack/suite.py); each has its own control plane.
 TEST_WORKERS ?= 4
 # xdist workers for the fault tier, each with a control plane of its own (its outages stay there).
 FAULT_WORKERS ?= 4
 # When the suite's three runs go: ',' between runs one after the other, '+' between runs at
-# the same time; `make test TEST_ORDER=node,faults,parallel` runs them one by one, reversed.
-TEST_ORDER ?= parallel,faults+node
+# the same time; `make test TEST_ORDER=node,faults,parallel,unit` runs them one by one, reversed.
+TEST_ORDER ?= unit+parallel,faults+node
 
 .PHONY: chart chart-package chart-docs help setup lock binaries node-prereqs storage-prereqs demo demo-node test unit integration node lint format cluster clean
 
 help:
 	@echo "make demo    - the whole system end to end on a local control plane"
 	@echo "make test    - lint + the whole test suite (unit, integration, e2e, faults, node)"
-	@echo "              TEST_ORDER=parallel,faults+node (',' one after the other, '+' together),"
-	@echo "              TEST_WORKERS=4 FAULT_WORKERS=4 (xdist workers), PYTEST_ARGS=... (every run)"
+	@echo "              TEST_ORDER=unit+parallel,faults+node (',' one after the other, '+' together),"
+	@echo "              UNIT_WORKERS=2 TEST_WORKERS=4 FAULT_WORKERS=4 (xdist workers),"
+	@echo "              PYTEST_ARGS=... (every run)"
 	@echo "make demo-node - the demo on real kubelets: both images built, the Helm chart installed (root)"
 	@echo "make unit    - only the unit tests (no binaries, no servers)"
 	@echo "make node    - only the real-node tier (images, chart, real kubelets; root)"
@@ -62,14 +65,8 @@ lock: $(STAMP)
 	$(PY) -m hack.lock images
 	$(MAKE) setup
 
-binaries:
-	bash hack/controlplane/build.sh >/dev/null
-	bash hack/helm/build.sh >/dev/null
-	bash hack/kstatus/build.sh >/dev/null
-	bash hack/promtool/build.sh >/dev/null
-	bash hack/kwok/build.sh >/dev/null
-	bash hack/versitygw/build.sh >/dev/null
-	bash hack/helm-docs/build.sh >/dev/null
+binaries: $(STAMP)
+	$(PY) -m hack.binaries
 
 # The chart README (its values table from values.yaml's `# --` comments) made by helm-docs.
 chart-docs: $(STAMP)
@@ -104,13 +101,15 @@ node-prereqs: $(STAMP)
 storage-prereqs: $(STAMP)
 	$(PY) -m hack.postgres prepare --if-possible
 
-# Three pytest runs (hack/suite.py): everything but the fault and real-node tiers
-# on TEST_WORKERS xdist workers, then the fault tier on FAULT_WORKERS workers at
-# the same time as the real-node tier (one process). Every run goes ahead; any
-# failure fails `make test`; the last line sums them in pytest's format.
-test: $(STAMP) chart binaries node-prereqs storage-prereqs lint
-	$(PY) -m hack.suite --workers $(TEST_WORKERS) --fault-workers $(FAULT_WORKERS) \
-		--order $(TEST_ORDER) -- $(PYTEST_ARGS)
+# Four pytest runs (hack/suite.py), while it builds the tools (hack/binaries.py):
+# the unit tests on UNIT_WORKERS xdist workers once helm is built, beside the
+# integration and e2e tiers on TEST_WORKERS workers once every tool is; then the
+# fault tier on FAULT_WORKERS workers at the same time as the real-node tier (one
+# process). Cold, the unit tests run while the control plane compiles. Every run goes ahead; any failure fails `make test`; the last line
+# sums them in pytest's format.
+test: $(STAMP) chart storage-prereqs lint
+	$(PY) -m hack.suite --unit-workers $(UNIT_WORKERS) --workers $(TEST_WORKERS) \
+		--fault-workers $(FAULT_WORKERS) --order $(TEST_ORDER) -- $(PYTEST_ARGS)
 
 demo: $(STAMP) chart binaries storage-prereqs
 	$(PY) -m hack.demo $(DEMO_ARGS)

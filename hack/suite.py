@@ -1,39 +1,49 @@
-"""The whole test suite as ``make test`` runs it: three pytest runs, one verdict.
+"""The whole test suite as ``make test`` runs it: four pytest runs, one verdict.
 
 Most of the suite waits (on the API server, the controller, a model server),
 so it runs on several pytest-xdist workers, each with its own control plane
 (the ``cluster`` fixture is per session, and each worker is a session). The
-fault tier (kills and outages of kube-apiserver, etcd and controllers) runs
-apart from it: a fault test stops the control plane it runs on, so no other
-test may share that control plane, and its deadlines want the cores not to be
-taken by the parallel run's four workers. It has workers of its own (each
-with its own control plane: an outage on one never reaches another), and runs
-at the same time as the real-node tier (real kubelets, containerd, image
-builds: a control plane of its own, nodes on 127.0.0.2 and 127.0.0.3, their
-own cgroups), which must never run twice at once and so is one process.
+unit tests need no server and run apart, on workers of their own, at the same
+time as the parallel run. The fault tier (kills and outages of
+kube-apiserver, etcd and controllers) runs apart from both: a fault test stops
+the control plane it runs on, so no other test may share that control plane,
+and its deadlines want the cores not to be taken by the parallel run's four
+workers. It has workers of its own (each with its own control plane: an
+outage on one never reaches another), and runs at the same time as the
+real-node tier (real kubelets, containerd, image builds: a control plane of
+its own, nodes on 127.0.0.2 and 127.0.0.3, their own cgroups), which must
+never run twice at once and so is one process.
 
-=========  ==============================  ==============================
-run        tests (by marker)               workers
-=========  ==============================  ==============================
-parallel   everything but faults and node  ``--workers`` (xdist)
-faults     ``faults`` (tests/faults)        ``--fault-workers`` (xdist)
-node       ``node`` (tests/node)            1
-=========  ==============================  ==============================
+=========  ==============================  =====================  ==================
+run        tests (by marker)               workers                waits for
+=========  ==============================  =====================  ==================
+unit       ``unit`` (tests/unit)           ``--unit-workers``     helm, helm-docs
+parallel   integration and e2e             ``--workers``          every tool
+faults     ``faults`` (tests/faults)       ``--fault-workers``    every tool
+node       ``node`` (tests/node)           1                      every tool, node
+=========  ==============================  =====================  ==================
+
+**Builds.** The suite first starts building the tools (``hack/binaries.py``:
+the control plane, helm, kwok, versitygw..., then the real-node pieces) in the
+background, and each run starts once what it waits for is there, so on a cold
+cache the unit tests run while the control plane compiles. Warm, every build
+is a cache hit within seconds. ``--no-build`` skips this (the tools must then
+already be built).
 
 ``--order`` says when each runs: runs separated by commas run one after the
 other, runs joined by ``+`` at the same time (the default is
-``parallel,faults+node``); ``node,faults,parallel`` runs all three one by one
-the other way round, which shows the suite does not depend on the order.
-Runs at the same time print their lines as they come, each after its run's
-name in brackets.
+``unit+parallel,faults+node``); ``node,faults,parallel,unit`` runs all four
+one by one the other way round, which shows the suite does not depend on the
+order. Runs at the same time print their lines as they come, each after its
+run's name in brackets.
 
 Tests are chosen by marker, and markers come from directories
 (tests/conftest.py), so a new test file is picked up with no list to keep.
 Every run goes ahead even if an earlier one failed; the exit status is the
-first failure's (pytest's own codes, in ``--order``'s order). Each run ends
-with pytest's closing line, and the last line of all is their sum in the same
-format. Arguments after ``--`` go to every pytest run (paths, ``-k``,
-``-x``...).
+first failure's (pytest's own codes, in ``--order``'s order; a run whose tools
+failed to build exits 3 without starting). Each run ends with pytest's closing
+line, and the last line of all is their sum in the same format. Arguments
+after ``--`` go to every pytest run (paths, ``-k``, ``-x``...).
 """
 
 from __future__ import annotations
@@ -41,23 +51,39 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+from hack import binaries
 
 RUNS: dict[str, str] = {
     # name: marker expression
-    "parallel": "not faults and not node",
+    "unit": "unit",
+    "parallel": "not unit and not faults and not node",
     "faults": "faults",
     "node": "node",
 }
-DEFAULT_ORDER = "parallel,faults+node"
+# What each run waits for (hack/binaries.py): the chart tests among the unit
+# tests run helm and helm-docs; the rest start control planes and more.
+NEEDS: dict[str, tuple[str, ...]] = {
+    "unit": ("helm", "helm-docs"),
+    "parallel": binaries.TOOLS,
+    "faults": binaries.TOOLS,
+    "node": (*binaries.TOOLS, binaries.NODE),
+}
+DEFAULT_ORDER = "unit+parallel,faults+node"
+DEFAULT_UNIT_WORKERS = 2
 DEFAULT_WORKERS = 4
 DEFAULT_FAULT_WORKERS = 4
+BUILD_FAILED = 3  # the exit status of a run whose tools failed to build (it never started)
 
 NO_TESTS_COLLECTED = 5  # pytest's exit code when a run selects nothing
 
@@ -157,21 +183,41 @@ def _echo(line: str) -> None:
         sys.stdout.flush()
 
 
-def run_stage(commands: dict[str, list[str]]) -> list[Outcome]:
+def _no_wait(name: str) -> str | None:
+    return None
+
+
+def run_stage(
+    commands: dict[str, list[str]], ready: Callable[[str], str | None] = _no_wait
+) -> list[Outcome]:
     """Run these pytest commands at the same time; their outcomes, in the same order.
 
-    With more than one, each line printed is prefixed with its run's name.
+    Each waits first for ``ready(name)``: None lets it start, a message keeps it
+    from starting (it is printed, and the run exits ``BUILD_FAILED``). With more
+    than one run, each line printed is prefixed with its run's name.
     """
     prefixed = len(commands) > 1
-    started = time.monotonic()
     outcomes: dict[str, Outcome] = {}
 
-    def follow(name: str, proc: subprocess.Popen[str]) -> None:
+    def say(name: str, line: str) -> None:
+        _echo(f"[{name}] {line}" if prefixed else line)
+
+    def follow(name: str, command: list[str]) -> None:
+        waited = time.monotonic()
+        refused = ready(name)
+        if refused is not None:
+            say(name, f"not run: {refused}\n")
+            outcomes[name] = Outcome(name, BUILD_FAILED, Counter(), 0.0, None)
+            return
+        if time.monotonic() - waited > 1:
+            say(name, f"(waited {time.monotonic() - waited:.0f} s for its tools)\n")
+        started = time.monotonic()
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, bufsize=1)
         assert proc.stdout is not None
         closing: str | None = None
         counts: Counter[str] = Counter()
         for line in proc.stdout:
-            _echo(f"[{name}] {line}" if prefixed else line)
+            say(name, line)
             parsed = parse_closing(line)
             if parsed is not None:
                 closing, counts = line.strip(), parsed[0]
@@ -181,8 +227,7 @@ def run_stage(commands: dict[str, list[str]]) -> list[Outcome]:
     followers = []
     for name, command in commands.items():
         _echo(f"\n### {name}: {' '.join(command[1:])}\n")
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, bufsize=1)
-        follower = threading.Thread(target=follow, args=(name, proc), name=f"follow-{name}")
+        follower = threading.Thread(target=follow, args=(name, command), name=f"follow-{name}")
         follower.start()
         followers.append(follower)
     for follower in followers:
@@ -216,21 +261,56 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="xdist workers (each with its own control plane) for the fault run; 1 runs it "
         f"in one process; default $KSC_FAULT_WORKERS or {DEFAULT_FAULT_WORKERS}",
     )
+    parser.add_argument(
+        "--unit-workers",
+        type=int,
+        default=DEFAULT_UNIT_WORKERS,
+        help=f"xdist workers for the unit run (default {DEFAULT_UNIT_WORKERS})",
+    )
+    parser.add_argument(
+        "--no-build",
+        action="store_true",
+        help="start every run at once, without building the tools (hack/binaries.py) first",
+    )
     parser.add_argument("pytest_args", nargs="*", help="passed to every pytest run")
     args = parser.parse_args(argv)
     try:
         stages = parse_order(args.order)
     except ValueError as exc:
         parser.error(str(exc))
-    for option, value in (("--workers", args.workers), ("--fault-workers", args.fault_workers)):
+    workers = {
+        "unit": args.unit_workers,
+        "parallel": args.workers,
+        "faults": args.fault_workers,
+        "node": 1,
+    }
+    for option, value in (
+        ("--unit-workers", args.unit_workers),
+        ("--workers", args.workers),
+        ("--fault-workers", args.fault_workers),
+    ):
         if value < 1:
             parser.error(f"{option} must be at least 1, got {value}")
-    workers = {"parallel": args.workers, "faults": args.fault_workers, "node": 1}
     started = time.monotonic()
+    builds: binaries.Builds | None = None
+    ready: Callable[[str], str | None] = _no_wait
+    if not args.no_build:
+        log_dir = Path(tempfile.mkdtemp(prefix="ksc-builds-"))
+        builds = binaries.Builds([*binaries.TOOLS, binaries.NODE], log_dir).start()
+
+        def ready(name: str) -> str | None:
+            assert builds is not None
+            failed = [b.name for b in builds.wait(NEEDS[name]) if not b.ok]
+            return f"the build of {', '.join(failed)} failed (below)" if failed else None
+
     outcomes: list[Outcome] = []
     for stage in stages:
         commands = {name: pytest_command(name, workers[name], args.pytest_args) for name in stage}
-        outcomes += run_stage(commands)
+        outcomes += run_stage(commands, ready)
+    if builds is not None:
+        print("\n### the tools (hack/binaries.py)", flush=True)
+        if binaries.report(builds.join()) == 0:
+            shutil.rmtree(builds.log_dir)
     total: Counter[str] = Counter()
     print("\n### the suite, run by run", flush=True)
     for outcome in outcomes:

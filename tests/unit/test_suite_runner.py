@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -75,30 +77,32 @@ def test_any_failing_run_fails_the_suite() -> None:
 
 
 def test_every_test_is_in_exactly_one_run() -> None:
-    # The three marker expressions cover every combination of the two markers once.
+    # Each test has one directory marker (tests/conftest.py); each is in one run.
     def selected(expression: str, markers: set[str]) -> bool:
-        return bool(eval(expression, {}, {m: m in markers for m in ("faults", "node")}))
+        names = ("unit", "integration", "e2e", "faults", "node")
+        return bool(eval(expression, {}, {m: m in markers for m in names}))
 
-    for markers in (set(), {"faults"}, {"node"}):
+    for markers in ({"unit"}, {"integration"}, {"e2e"}, {"faults"}, {"node"}):
         runs = [name for name, expr in suite.RUNS.items() if selected(expr, markers)]
         assert len(runs) == 1, (markers, runs)
     assert sorted(n for stage in suite.parse_order(suite.DEFAULT_ORDER) for n in stage) == sorted(
         suite.RUNS
     )
+    assert set(suite.NEEDS) == set(suite.RUNS)
 
 
-def test_the_default_order_runs_faults_and_node_together_after_the_parallel_run() -> None:
-    assert suite.parse_order(suite.DEFAULT_ORDER) == [["parallel"], ["faults", "node"]]
+def test_the_default_order_runs_units_beside_the_parallel_run_then_faults_beside_node() -> None:
+    assert suite.parse_order(suite.DEFAULT_ORDER) == [["unit", "parallel"], ["faults", "node"]]
 
 
 @pytest.mark.parametrize(
     ("text", "stages"),
     [
-        ("parallel,faults,node", [["parallel"], ["faults"], ["node"]]),
-        ("node,faults,parallel", [["node"], ["faults"], ["parallel"]]),
-        ("node+faults,parallel", [["node", "faults"], ["parallel"]]),
-        (" faults + node , parallel ", [["faults", "node"], ["parallel"]]),
-        ("parallel+faults+node", [["parallel", "faults", "node"]]),
+        ("unit,parallel,faults,node", [["unit"], ["parallel"], ["faults"], ["node"]]),
+        ("node,faults,parallel,unit", [["node"], ["faults"], ["parallel"], ["unit"]]),
+        ("node+faults,parallel+unit", [["node", "faults"], ["parallel", "unit"]]),
+        (" faults + node , unit+parallel ", [["faults", "node"], ["unit", "parallel"]]),
+        ("unit+parallel+faults+node", [["unit", "parallel", "faults", "node"]]),
     ],
 )
 def test_order_reads_stages_one_after_the_other_of_runs_at_the_same_time(
@@ -110,11 +114,11 @@ def test_order_reads_stages_one_after_the_other_of_runs_at_the_same_time(
 @pytest.mark.parametrize(
     ("text", "says"),
     [
-        ("parallel,faults", "missing: ['node']"),
-        ("parallel,faults,node,faults", "named more than once: ['faults']"),
-        ("parallel+faults,node+e2e", "unknown run(s) ['e2e']"),
-        ("parallel,,faults+node", "unknown run(s) ['']"),
-        ("", "missing: ['faults', 'node', 'parallel']"),
+        ("unit,parallel,faults", "missing: ['node']"),
+        ("unit,parallel,faults,node,faults", "named more than once: ['faults']"),
+        ("unit+parallel+faults,node+e2e", "unknown run(s) ['e2e']"),
+        ("unit,parallel,,faults+node", "unknown run(s) ['']"),
+        ("", "missing: ['faults', 'node', 'parallel', 'unit']"),
     ],
 )
 def test_a_bad_order_is_refused_saying_why(text: str, says: str) -> None:
@@ -124,7 +128,7 @@ def test_a_bad_order_is_refused_saying_why(text: str, says: str) -> None:
 
 def test_a_bad_order_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
-        suite.main(["--order", "parallel,node"])
+        suite.main(["--order", "unit,parallel,node"])
     assert exited.value.code == 2
     assert "missing: ['faults']" in capsys.readouterr().err
 
@@ -183,6 +187,42 @@ def test_runs_at_the_same_time_each_keep_their_lines_and_verdict(
     assert suite.verdict(outcomes) == 1
 
 
+def test_a_run_starts_once_ready_and_one_refused_never_starts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    started = tmp_path / "started"
+    gate = tmp_path / "gate"
+    touch = [
+        sys.executable,
+        "-c",
+        f"open({str(started)!r}, 'w').close(); print('= 1 passed in 0.01s =')",
+    ]
+
+    def ready(name: str) -> str | None:
+        if name == "node":
+            return "the build of node failed (below)"
+        # The unit run may start only once this file exists: written by the check below.
+        while not gate.exists():
+            time.sleep(0.01)
+        return None
+
+    result: list[suite.Outcome] = []
+    stage = threading.Thread(
+        target=lambda: result.extend(suite.run_stage({"unit": touch, "node": touch}, ready))
+    )
+    stage.start()
+    time.sleep(0.3)
+    assert not started.exists()  # still waiting for its tools
+    gate.touch()
+    stage.join(timeout=60)
+    assert started.exists()
+    unit, node = result
+    assert (unit.returncode, unit.counts) == (0, Counter({"passed": 1}))
+    assert (node.returncode, node.closing) == (suite.BUILD_FAILED, None)
+    assert "[node] not run: the build of node failed (below)" in capsys.readouterr().out
+    assert suite.verdict(result) == suite.BUILD_FAILED
+
+
 def test_a_run_alone_prints_its_lines_as_they_are(capsys: pytest.CaptureFixture[str]) -> None:
     (outcome,) = suite.run_stage({"node": _fake_pytest(["n-one", "== 1 passed in 0.01s =="], 0)})
     assert outcome.counts == Counter({"passed": 1})
@@ -213,7 +253,8 @@ def test_a_failure_in_one_run_fails_the_whole_suite(tmp_path: Path) -> None:
                 "--workers",
                 "2",
                 "--order",
-                "node+faults,parallel",
+                "node+faults,parallel+unit",
+                "--no-build",
             ),
             *("--", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)),
         ],
