@@ -16,7 +16,7 @@ from typing import Any
 from contract.exitcodes import ExitCode
 from hack.openai_server import chat_reply
 from tests.runner.conftest import World
-from tests.runner.test_runner_postgres import JOB, connection, secrets
+from tests.runner.pg import JOB, connection, secrets
 from tests.servers import Database, OpenAIServer
 
 SYSTEM = {"role": "system", "content": "Answer in two sentences, in the question's language."}

@@ -26,47 +26,20 @@ import pytest
 
 from contract.exitcodes import ExitCode
 from hack.pki import Pki, make_pki
-from hack.postgres import SUPERUSER
 from hack.storage_service import IRIS_COLUMNS
-from runner.logs import get_logger
-from runner.retry import Deadline
-from runner.storage.base import Partition, StorageContext, Stored
+from runner.storage.base import Partition, Stored
 from runner.storage.postgres import APPLICATION_NAME, RETRY_EVENT, from_settings
 from tests.runner.conftest import (
     REPO,
-    InMemorySecrets,
     SmallDisk,
     World,
     direct_iris,
     random_iris_rows,
 )
+from tests.runner.pg import JOB, NAMESPACE, SECRET, connection, context, secrets
 from tests.servers import Database
 
-SECRET = "features-db"
-NAMESPACE = "data"
-JOB = "run-8d2f-uid"
 HOLD_LOCK = 4242
-
-
-def secrets(db: Database, password: str | None = None) -> InMemorySecrets:
-    return InMemorySecrets(
-        {
-            (NAMESPACE, SECRET): {
-                "username": SUPERUSER,
-                "password": db.server.password if password is None else password,
-            }
-        }
-    )
-
-
-def connection(db: Database) -> dict[str, Any]:
-    return {
-        "host": db.server.host,
-        "port": db.server.port,
-        "database": db.name,
-        "secretRef": {"name": SECRET, "namespace": NAMESPACE},
-        "sslmode": "disable",
-    }
 
 
 def seed(
@@ -602,17 +575,8 @@ async def test_shards_creating_the_table_at_once_each_store_their_rows(
     rows = [{"id": 1, "prediction": 0.5}, {"id": 2, "prediction": 1.5}]
 
     async def shard(table: str, index: int) -> Stored:
-        ctx = StorageContext(
-            session=None,
-            secrets=secrets(postgres),
-            namespace=NAMESPACE,
-            job_id=JOB,
-            pod_uid=f"pod-{index}",
-            parameters={},
-            deadline=Deadline(None),
-            log=get_logger(),
-        )
-        output = {**connection(postgres), "table": table, "createTable": True}
+        ctx = context(postgres, pod_uid=f"pod-{index}")
+        output = connection(postgres, table=table, createTable=True)
         provider = from_settings(output, "output", {})
         await provider.prepare(ctx)
         try:

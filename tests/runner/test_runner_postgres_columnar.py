@@ -18,17 +18,13 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from hack.postgres import SUPERUSER
 from runner.join import RowSplitter, Selection
-from runner.logs import get_logger
-from runner.retry import Deadline
 from runner.storage._columnar import ArrowRows
 from runner.storage.base import Partition, StorageContext
 from runner.storage.postgres import PostgresProvider, from_settings
-from tests.runner.conftest import InMemorySecrets
+from tests.runner.pg import connection, context
 from tests.servers import Database
 
-SECRET, NAMESPACE = "pg", "data"
 TEXTS = ['a "quoted", comma', "line\nbreak\r\n", "back\\slash", "", "ünï ☃", "'single'", None]
 FLOATS = [0.1 + 0.2, -0.0, 1e-300, 1.7976931348623157e308, math.nan, math.inf, -math.inf, None]
 
@@ -65,32 +61,6 @@ def weird_table(db: Database, count: int = 23) -> None:
         "INSERT INTO weird VALUES (" + ", ".join(["%s"] * 15) + ")",
         rows,
     )
-
-
-def context(db: Database) -> StorageContext:
-    return StorageContext(
-        session=None,
-        secrets=InMemorySecrets(
-            {(NAMESPACE, SECRET): {"username": SUPERUSER, "password": db.server.password}}
-        ),
-        namespace=NAMESPACE,
-        job_id="run-uid-columnar",
-        pod_uid="pod-columnar",
-        parameters={"low": "0"},
-        deadline=Deadline(None),
-        log=get_logger(),
-    )
-
-
-def settings(db: Database, **more: Any) -> dict[str, Any]:
-    return {
-        "host": db.server.host,
-        "port": db.server.port,
-        "database": db.name,
-        "secretRef": {"name": SECRET, "namespace": NAMESPACE},
-        "sslmode": "disable",
-        **more,
-    }
 
 
 def row_path(provider: PostgresProvider) -> PostgresProvider:
@@ -135,15 +105,12 @@ async def read_all(
 async def test_pages_read_columnar_equal_the_row_paths(postgres: Database, shards: int) -> None:
     weird_table(postgres)
     query = "SELECT * FROM weird WHERE id > $low"
-    entry = settings(postgres, query=query, paging={"pageSize": 4, "key": "id"})
+    entry = connection(postgres, query=query, paging={"pageSize": 4, "key": "id"})
     for index in range(shards):
         part = Partition(index, shards)
-        columnar, kinds = await read_all(
-            from_settings(entry, "input", {}), context(postgres), part, 4
-        )
-        rows, row_kinds = await read_all(
-            row_path(from_settings(entry, "input", {})), context(postgres), part, 4
-        )
+        ctx = context(postgres, parameters={"low": "0"})
+        columnar, kinds = await read_all(from_settings(entry, "input", {}), ctx, part, 4)
+        rows, row_kinds = await read_all(row_path(from_settings(entry, "input", {})), ctx, part, 4)
         assert rows, "the row path read nothing"
         assert set(kinds) == {ArrowRows}, kinds
         assert set(row_kinds) == {list}, row_kinds
@@ -163,7 +130,8 @@ async def test_the_model_gets_the_row_paths_numbers_from_the_servers_text(
         "INSERT INTO numbers VALUES (%s, %s, %s, %s, %s, %s)",
         [(n, n - 3, n * 100_000, 1.1 * n, value, f"{n}.10") for n, value in enumerate(values)],
     )
-    entry = settings(postgres, query="SELECT * FROM numbers", paging={"pageSize": 50, "key": "id"})
+    paging = {"pageSize": 50, "key": "id"}
+    entry = connection(postgres, query="SELECT * FROM numbers", paging=paging)
     columns = ["i2", "i4", "f4", "f8", "num"]
     rows, _ = await read_all(
         row_path(from_settings(entry, "input", {})), context(postgres), Partition(), 50
@@ -191,7 +159,7 @@ async def test_the_model_gets_the_row_paths_numbers_from_the_servers_text(
 
 async def test_an_empty_query_is_an_empty_page(postgres: Database) -> None:
     weird_table(postgres)
-    entry = settings(
+    entry = connection(
         postgres, query="SELECT * FROM weird WHERE id < 0", paging={"pageSize": 4, "key": "id"}
     )
     rows, kinds = await read_all(
@@ -205,7 +173,7 @@ async def test_a_query_with_two_columns_of_one_name_is_read_by_the_row_path(
     postgres: Database,
 ) -> None:
     weird_table(postgres, 5)
-    entry = settings(
+    entry = connection(
         postgres,
         query="SELECT w.id, w.i4 AS x, w.f8 AS x FROM weird w",
         paging={"pageSize": 4, "key": "id"},
@@ -226,7 +194,7 @@ async def store_both(db: Database, output: pa.Table) -> tuple[list[Any], list[An
     part = Partition(1, 3)
     ctx = context(db)
     for name, chunk in (("from_table", output), ("from_rows", output.to_pylist())):
-        provider = from_settings(settings(db, table=name, createTable=True), "output", {})
+        provider = from_settings(connection(db, table=name, createTable=True), "output", {})
         await provider.prepare(ctx)
         try:
             assert await provider.stored_next(ctx, part) == 0
