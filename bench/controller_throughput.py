@@ -65,9 +65,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import config_body, load_average, machine, proc_cpu_seconds, run_body
 from controller.api import InferenceConfig, InferenceRun
-from controller.caches import CONFIGS, RUNS
 from controller.kube.client import KubeClient
-from controller.kube.resources import CONFIGMAPS, EVENTS, JOBS, Obj, Resource
+from controller.kube.resources import CONFIGMAPS, CONFIGS, EVENTS, JOBS, RUNS, Obj, Resource
 from controller.naming import RUN_UID_LABEL, managed_selector
 from controller.render import desired_configmap, desired_job
 from hack import chart

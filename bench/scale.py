@@ -81,10 +81,9 @@ from bench.common import (
     since,
 )
 from controller.api import InferenceConfig, InferenceRun
-from controller.caches import CONFIGS, RUNS
 from controller.kube.client import KubeClient
 from controller.kube.errors import ApiError
-from controller.kube.resources import CRONJOBS, JOBS, NAMESPACES, Obj, Resource
+from controller.kube.resources import CONFIGS, CRONJOBS, JOBS, NAMESPACES, RUNS, Obj, Resource
 from controller.naming import RUN_UID_LABEL, managed_selector
 from controller.plan import Create, View, plan
 from controller.sharding import shard_of

@@ -1,22 +1,16 @@
 """The names a client of the API reads: what the controller and ``kubectl infer`` share.
 
-The two custom resources (group, version, kinds, plurals), the labels the
-controller puts on every child of a run (so a client finds a run's Jobs and
-pods by label, never by recomputing their names) and the name of the runner's
-container in a run's pods. The controller defines its objects with these
-(``controller.api``, ``controller.naming``, ``controller.render`` re-export
-them); the kubectl plugin reads the objects with them.
+The labels the controller puts on every child of a run (so a client finds a
+run's Jobs and pods by label, never by recomputing their names) and the name
+of the runner's container in a run's pods. The controller defines its objects
+with these (``controller.naming``, ``controller.render`` re-export them); the
+kubectl plugin reads the objects with them. The two custom resources
+themselves (group, version, kinds, plurals, the ``RUNS``/``CONFIGS``
+descriptors) are the API client's, ``controller.kube.resources``, which both
+import and which imports nothing of this package.
 """
 
 from __future__ import annotations
-
-GROUP = "ai.krateo.io"
-VERSION = "v1"
-API_VERSION = f"{GROUP}/{VERSION}"
-RUN_KIND = "InferenceRun"
-RUN_PLURAL = "inferenceruns"
-CONFIG_KIND = "InferenceConfig"
-CONFIG_PLURAL = "inferenceconfigs"
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "kserve-inference-controller"

@@ -60,13 +60,6 @@ from pydantic.alias_generators import to_camel
 from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
-from contract.api import API_VERSION as API_VERSION
-from contract.api import CONFIG_KIND as CONFIG_KIND
-from contract.api import CONFIG_PLURAL as CONFIG_PLURAL
-from contract.api import GROUP as GROUP
-from contract.api import RUN_KIND as RUN_KIND
-from contract.api import RUN_PLURAL as RUN_PLURAL
-from contract.api import VERSION as VERSION
 from contract.credentials import (
     find_inline_credentials,
     is_credential_env,
@@ -84,6 +77,13 @@ from contract.document import (
 )
 from contract.termination import RunResult
 from controller.cron import Schedule, TimeZone
+from controller.kube.resources import API_VERSION as API_VERSION
+from controller.kube.resources import CONFIG_KIND as CONFIG_KIND
+from controller.kube.resources import CONFIG_PLURAL as CONFIG_PLURAL
+from controller.kube.resources import GROUP as GROUP
+from controller.kube.resources import RUN_KIND as RUN_KIND
+from controller.kube.resources import RUN_PLURAL as RUN_PLURAL
+from controller.kube.resources import VERSION as VERSION
 from controller.quantity import parse_quantity, resource_list_errors, resource_requirements_errors
 from controller.validation import (
     DNS_SUBDOMAIN_PATTERN,

@@ -1,6 +1,5 @@
-"""The controller's own descriptors and caches: what it watches and how it finds things.
+"""The controller's caches: what it watches and how it finds things.
 
-- ``RUNS`` and ``CONFIGS``: the two custom resources, as the client addresses them;
 - the index functions and their names (``BY_RUN_UID``...): a child by its
   run's or its config's uid label, a run by its config, a config by the
   InferenceService it references, runs by phase for the gauge;
@@ -15,9 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from controller.api import CONFIG_KIND, CONFIG_PLURAL, GROUP, RUN_KIND, RUN_PLURAL, VERSION
 from controller.kube.informer import WATCH_IDLE_TIMEOUT, Informer
-from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS, PODS, Obj, Resource
+from controller.kube.resources import CONFIGMAPS, CONFIGS, CRONJOBS, JOBS, PODS, RUNS, Obj, Resource
 from controller.naming import CONFIG_UID_LABEL, RUN_UID_LABEL, managed_selector
 from controller.projection import projection
 from controller.sharding import Shard, compose
@@ -25,9 +23,6 @@ from controller.sharding import Shard, compose
 if TYPE_CHECKING:
     from controller.kube.client import KubeClient
     from controller.metrics import Metrics
-
-RUNS = Resource(GROUP, VERSION, RUN_PLURAL, RUN_KIND)
-CONFIGS = Resource(GROUP, VERSION, CONFIG_PLURAL, CONFIG_KIND)
 
 # The indexes build_caches registers, by name: runs by their config, by uid and
 # by phase; configs by uid and by the InferenceService they reference; children

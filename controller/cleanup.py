@@ -55,10 +55,10 @@ from typing import Any
 
 import structlog
 
-from controller.caches import BY_RUN_UID, RUNS, Caches
+from controller.caches import BY_RUN_UID, Caches
 from controller.kube.errors import ApiError
 from controller.kube.objects import controller_of, object_key
-from controller.kube.resources import CRONJOBS, JOBS, Obj, Resource
+from controller.kube.resources import CRONJOBS, JOBS, RUNS, Obj, Resource
 from controller.kube.workers import Result, Workers
 from controller.kube.workqueue import WorkQueue
 from controller.metrics import NO_RUN_METRICS, RunMetrics, labelled

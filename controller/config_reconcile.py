@@ -17,13 +17,13 @@ import structlog
 from pydantic import ValidationError
 
 from controller.api import InferenceConfig, RunnerPodDefaults
-from controller.caches import BY_CONFIG_UID, CONFIGS, Caches
+from controller.caches import BY_CONFIG_UID, Caches
 from controller.invalid import describe_invalid
 from controller.isvc_watch import ModelWatch
 from controller.kube.errors import ApiError
 from controller.kube.events import EventRecorder
 from controller.kube.objects import is_controlled_by
-from controller.kube.resources import CONFIGMAPS, JOBS, Obj
+from controller.kube.resources import CONFIGMAPS, CONFIGS, JOBS, Obj
 from controller.kube.workers import Result
 from controller.modelcache import ModelCache
 from controller.probe import ConfigView, plan_config

@@ -27,11 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.kube.objects import controller_of
-from controller.kube.resources import Obj
+from controller.kube.resources import GROUP, RUN_KIND, Obj
 from controller.naming import RUN_UID_LABEL
 
-RUN_GROUP = "ai.krateo.io"
-RUN_KIND = "InferenceRun"
 CRONJOB_KIND = "CronJob"
 # A run deleted with propagationPolicy=Orphan carries this finalizer until the
 # garbage collector has taken its owner references off the children: the user
@@ -64,7 +62,7 @@ def owning_run(obj: Mapping[str, Any]) -> RunRef | None:
     if uid is None or ref is None:
         return None
     group = str(ref.get("apiVersion") or "").partition("/")[0]
-    if ref.get("kind") != RUN_KIND or group != RUN_GROUP or ref.get("uid") != uid:
+    if ref.get("kind") != RUN_KIND or group != GROUP or ref.get("uid") != uid:
         return None
     name = ref.get("name")
     namespace = (obj.get("metadata") or {}).get("namespace")

@@ -77,7 +77,7 @@ from controller.api import (
     RunnerPodDefaults,
     set_condition,
 )
-from controller.caches import BY_RUN_UID, CONFIGS, RUNS, Caches
+from controller.caches import BY_RUN_UID, Caches
 from controller.invalid import describe_invalid
 from controller.isvc import Access, AccessState, Resolution, resolve, service_key
 from controller.isvc_watch import ModelWatch
@@ -86,7 +86,7 @@ from controller.kube.events import EventRecorder
 from controller.kube.informer import Informer
 from controller.kube.objects import controller_of, is_controlled_by
 from controller.kube.ratelimit import ExponentialBackoff
-from controller.kube.resources import CONFIGMAPS, EVENTS, Obj, Resource
+from controller.kube.resources import CONFIGMAPS, CONFIGS, EVENTS, RUNS, Obj, Resource
 from controller.kube.workers import Result, TerminalError
 from controller.logging import bound
 from controller.modelcache import ModelCache

@@ -38,10 +38,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from controller.api import GROUP, VERSION
-from controller.caches import CONFIGS, RUNS
 from controller.kube.errors import ApiError, NotFound, TransportError
 from controller.kube.objects import parse_time
-from controller.kube.resources import LEASES, Resource
+from controller.kube.resources import CONFIGS, LEASES, RUNS, Resource
 
 if TYPE_CHECKING:
     from controller.kube.client import KubeClient

@@ -68,9 +68,9 @@ from hypothesis import seed as fix_seed
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
+from controller.kube.resources import API_VERSION
 from controller.naming import uid_part
 
-GROUP_VERSION = "ai.krateo.io/v1"
 Obj = dict[str, Any]
 
 # --------------------------------------------------------------------------------------------
@@ -789,7 +789,7 @@ class Objects:
 def materialize(case: Case, index: int, namespace: str, labels: dict[str, str]) -> Objects:
     config_name, run_name = f"fc{index}", f"fr{index}"
     config: Obj = {
-        "apiVersion": GROUP_VERSION,
+        "apiVersion": API_VERSION,
         "kind": "InferenceConfig",
         "metadata": {"name": config_name, "labels": dict(labels)},
         "spec": {
@@ -804,7 +804,7 @@ def materialize(case: Case, index: int, namespace: str, labels: dict[str, str]) 
         },
     }
     run: Obj = {
-        "apiVersion": GROUP_VERSION,
+        "apiVersion": API_VERSION,
         "kind": "InferenceRun",
         "metadata": {"name": run_name, "labels": dict(labels)},
         "spec": {"configRef": {"name": config_name}, "parameters": {"table": "iris"}},

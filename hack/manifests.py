@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-GROUP, VERSION = "ai.krateo.io", "v1"
+from controller.kube.resources import GROUP as GROUP
+from controller.kube.resources import VERSION as VERSION
+
 Obj = dict[str, Any]
 
 STORAGE = {

@@ -36,25 +36,21 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from contract.api import (
-    CONFIG_KIND,
-    CONFIG_PLURAL,
-    CONTAINER_NAME,
-    GROUP,
-    RUN_KIND,
-    RUN_PLURAL,
-    VERSION,
-    run_selector,
-)
+from contract.api import CONTAINER_NAME, run_selector
 from controller.kube.client import KubeClient
 from controller.kube.errors import ApiError, NotFound, TransportError
-from controller.kube.resources import CRONJOBS, EVENTS, JOBS, NAMESPACES, PODS, Resource
+from controller.kube.resources import (
+    CONFIGS,
+    CRONJOBS,
+    EVENTS,
+    JOBS,
+    NAMESPACES,
+    PODS,
+    RUNS,
+    Resource,
+)
 from kubectl_infer import kubeconfig, runview
 from kubectl_infer.runview import Exit, UsageError
-
-# The two resources as the client addresses them (the controller's caches hold the same).
-RUNS = Resource(GROUP, VERSION, RUN_PLURAL, RUN_KIND)
-CONFIGS = Resource(GROUP, VERSION, CONFIG_PLURAL, CONFIG_KIND)
 
 Obj = dict[str, Any]
 WATCH_SECONDS = 300

@@ -16,8 +16,9 @@ from typing import Any
 
 import yaml
 
-from contract.api import COMPLETION_INDEX_LABEL, GROUP, VERSION
+from contract.api import COMPLETION_INDEX_LABEL
 from controller.kube import objects
+from controller.kube.resources import GROUP, VERSION
 
 Obj = dict[str, Any]
 

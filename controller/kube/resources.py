@@ -1,5 +1,10 @@
 """What the client addresses: a :class:`Resource` (group, version, plural) and raw objects.
 
+The descriptors of the built-in kinds the project touches (``JOBS``,
+``PODS``...) and of its own two custom resources (``RUNS``, ``CONFIGS``, with
+their group, version, kinds and plurals) are here, once, for the controller
+and the kubectl plugin alike.
+
 Pure: dataclasses and typing only, so the planners (``controller.plan``,
 ``controller.projection``...) can name the resources they decide about and
 the ``Obj`` alias without importing any I/O (the import-linter contract
@@ -69,3 +74,14 @@ NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 JOBS = Resource("batch", "v1", "jobs", "Job")
 CRONJOBS = Resource("batch", "v1", "cronjobs", "CronJob")
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+
+# The project's own API, as the CRDs in crds/ define it.
+GROUP = "ai.krateo.io"
+VERSION = "v1"
+API_VERSION = f"{GROUP}/{VERSION}"
+RUN_KIND = "InferenceRun"
+RUN_PLURAL = "inferenceruns"
+CONFIG_KIND = "InferenceConfig"
+CONFIG_PLURAL = "inferenceconfigs"
+RUNS = Resource(GROUP, VERSION, RUN_PLURAL, RUN_KIND)
+CONFIGS = Resource(GROUP, VERSION, CONFIG_PLURAL, CONFIG_KIND)

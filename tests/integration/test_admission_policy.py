@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 
-from controller.caches import RUNS
 from controller.kube.client import KubeClient
 from controller.kube.errors import ApiError, NotFound
-from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS
+from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS, RUNS
 from controller.naming import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from hack.cluster import LocalCluster
 from hack.crds import install_crds

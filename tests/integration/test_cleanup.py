@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from controller.caches import BY_UID, RUNS
+from controller.caches import BY_UID
 from controller.cleanup import Cleanup
 from controller.controller import _with_new
 from controller.kube.client import KubeClient
 from controller.kube.errors import NotFound
 from controller.kube.events import EventRecorder
-from controller.kube.resources import CRONJOBS, JOBS, Resource
+from controller.kube.resources import CRONJOBS, JOBS, RUNS, Resource
 from controller.metrics import Metrics
 from controller.naming import MANAGED_BY_LABEL, MANAGED_BY_VALUE, RUN_UID_LABEL
 from controller.reconcile import Reconciler

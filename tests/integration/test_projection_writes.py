@@ -14,11 +14,10 @@ from typing import Any
 
 import pytest
 
-from controller.caches import CONFIGS, RUNS
 from controller.config_reconcile import ConfigReconciler
 from controller.kube.client import KubeClient
 from controller.kube.events import EventRecorder
-from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS
+from controller.kube.resources import CONFIGMAPS, CONFIGS, CRONJOBS, JOBS, RUNS
 from controller.naming import managed_selector
 from controller.reconcile import Reconciler
 from tests.caches import NamespaceCaches

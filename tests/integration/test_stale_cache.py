@@ -18,11 +18,10 @@ from typing import Any
 
 import pytest
 
-from controller.caches import CONFIGS, RUNS
 from controller.kube.client import KubeClient
 from controller.kube.errors import NotFound
 from controller.kube.events import EventRecorder
-from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS
+from controller.kube.resources import CONFIGMAPS, CONFIGS, CRONJOBS, JOBS, RUNS
 from controller.naming import managed_selector
 from controller.reconcile import Reconciler
 from hack.cluster import LocalCluster

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from controller.api import InferenceConfig, InferenceRun
-from controller.caches import CONFIGS, RUNS, Caches, build_caches
+from controller.caches import Caches, build_caches
 from controller.config_reconcile import ConfigReconciler
 from controller.kube.errors import ApiError, api_error
 from controller.kube.events import EventRecorder
-from controller.kube.resources import Obj, Resource
+from controller.kube.resources import CONFIGS, RUNS, Obj, Resource
 from controller.kube.workers import Result, TerminalError
 from controller.reconcile import ReconcileClient, Reconciler, _refusal
 from tests.unit.helpers import NOW, make_config, make_run

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from controller import __main__ as controller_main
-from controller.caches import CONFIGS, RUNS
 from controller.kube.errors import ApiError, NotFound, TransportError
 from controller.kube.objects import parse_time
+from controller.kube.resources import CONFIGS, RUNS
 from controller.selfcheck import (
     Result,
     api_failure,
