@@ -605,15 +605,7 @@ class NoRunMetrics(instruments.NoMetrics):
 
     inference_run_workloads_deleted_total = instruments.NO_FAMILY
 
-    def run_finished(
-        self,
-        namespace: str,
-        config: str,
-        result: str,
-        duration_seconds: float | None = None,
-        rows: int | None = None,
-        predictions: int | None = None,
-    ) -> None:
+    def run_finished(self, *args: Any, **kwargs: Any) -> None:
         pass
 
 
