@@ -1,4 +1,4 @@
-"""What every storage provider shares: the provider protocol, its errors, paging, bodies.
+"""What every storage provider shares: the provider protocol, errors, settings, paging, bodies.
 
 A provider is a module of this package exposing
 ``from_settings(settings, role, parameters) -> StorageProvider`` (see
@@ -88,6 +88,28 @@ KEYED_OUTPUT_KEYS = (
     "idempotency_key",
     "progress",
 )
+
+
+class EntrySettings(BaseModel):
+    """A provider's settings from its contract entry: camelCase keys, none unknown, frozen."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class SecretReference(BaseModel):
+    """A contract's reference to a Secret: ``namespace`` defaults to the pod's.
+
+    A provider's model subclasses it with the provider's model config.
+    """
+
+    name: str = Field(min_length=1)
+    namespace: str | None = None
+
+
+class SecretRef(SecretReference, EntrySettings):
+    """An entry's ``secretRef``, as strict as the entry."""
 
 
 class Paging(BaseModel):

@@ -69,16 +69,14 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, field_validator
 
-from runner.storage.base import Paging, Role, StorageContext, StorageError
+from runner.storage.base import EntrySettings, Paging, Role, SecretRef, StorageContext, StorageError
 from runner.storage.endpoint import SecretKeys, parse_header_lines
 from runner.storage.jsonhttp import (
     Headers,
     JsonHttpProvider,
     Route,
-    SecretReference,
     check_entry_parameters,
     checked_method,
     validated,
@@ -89,17 +87,7 @@ KEY = "http"
 _QUERY_METHODS = ("GET", "DELETE")
 
 
-class _Settings(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
-    )
-
-
-class SecretRef(SecretReference, _Settings):
-    pass
-
-
-class Settings(_Settings):
+class Settings(EntrySettings):
     secret_ref: SecretRef
     method: str = "POST"
     path: str = ""

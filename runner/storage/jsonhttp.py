@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, TypeVar
 
 import orjson
-from pydantic import AfterValidator, BaseModel, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ValidationError
 
 from runner.secrets import SecretError
 from runner.storage.base import (
@@ -35,6 +35,7 @@ from runner.storage.base import (
     Paging,
     Partition,
     Role,
+    SecretReference,
     StorageContext,
     StorageError,
     Stored,
@@ -64,16 +65,6 @@ METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
 Settings = TypeVar("Settings", bound=BaseModel)
 HeaderLines = TypeVar("HeaderLines", list[str], dict[str, str], list[str] | dict[str, str])
-
-
-class SecretReference(BaseModel):
-    """A contract's reference to a Secret: ``namespace`` defaults to the pod's.
-
-    A dialect's model subclasses it with the dialect's model config.
-    """
-
-    name: str = Field(min_length=1)
-    namespace: str | None = None
 
 
 @dataclass(frozen=True)

@@ -95,13 +95,12 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from runner.storage.base import Paging, Role, StorageContext, StorageRejected
+from runner.storage.base import Paging, Role, SecretReference, StorageContext, StorageRejected
 from runner.storage.endpoint import SecretKeys, parse_header_lines
 from runner.storage.jsonhttp import (
     HeaderList,
     JsonHttpProvider,
     Route,
-    SecretReference,
     check_entry_parameters,
     checked_method,
     validated,

@@ -112,8 +112,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.numeric import FloatLoader
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, ValidationError, field_validator
 
 from contract.exitcodes import ContractError
 from runner.retry import GaveUp, RetryPolicy, Transient, call_with_retries, log_retries
@@ -121,10 +120,12 @@ from runner.secrets import SecretError
 from runner.storage._columnar import ArrowRows
 from runner.storage._pgcolumnar import CsvLayout, Records, TextLoader, csv_chunk, csv_ready
 from runner.storage.base import (
+    EntrySettings,
     Page,
     Paging,
     Partition,
     Role,
+    SecretRef,
     StorageContext,
     StorageError,
     StorageRejected,
@@ -167,17 +168,6 @@ T = TypeVar("T")
 _NUMBER, _SCANNED, _LAST = "_ksc_row_number", "_ksc_window_rows", "_ksc_window_last_key"
 
 
-class _Settings(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
-    )
-
-
-class SecretRef(_Settings):
-    name: str = Field(min_length=1)
-    namespace: str | None = None
-
-
 class KeysetPaging(Paging):
     """``paging`` with the column the pages are ordered and cut by."""
 
@@ -189,7 +179,7 @@ class KeysetPaging(Paging):
         return identifier(key, "paging.key")
 
 
-class Settings(_Settings):
+class Settings(EntrySettings):
     host: str = Field(min_length=1)
     port: int = Field(default=5432, ge=1, le=65535)
     database: str = Field(min_length=1)

@@ -90,8 +90,7 @@ from obstore.exceptions import (
     UnauthenticatedError,
 )
 from obstore.store import S3Store
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, ValidationError, field_validator
 
 from runner.httputil import RETRYABLE_4XX, trim
 from runner.secrets import SecretError
@@ -138,10 +137,12 @@ from runner.storage._s3layout import (
     stored_prefix,
 )
 from runner.storage.base import (
+    EntrySettings,
     Page,
     Paging,
     Partition,
     Role,
+    SecretRef,
     StorageContext,
     StorageError,
     StorageRejected,
@@ -164,18 +165,7 @@ STREAM_PIECE = 1 << 20
 _STATUS = re.compile(r"status(?: code)?:? (\d{3})")
 
 
-class _Settings(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
-    )
-
-
-class SecretRef(_Settings):
-    name: str = Field(min_length=1)
-    namespace: str | None = None
-
-
-class Settings(_Settings):
+class Settings(EntrySettings):
     bucket: str = Field(min_length=1, max_length=255)
     endpoint_url: str | None = None
     region: str | None = None
