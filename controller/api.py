@@ -800,6 +800,20 @@ class Condition(_Model):
     observed_generation: int | None = None
 
 
+def condition(
+    type_: str, on: bool, reason: str, message: str, now: datetime, generation: int | None
+) -> Condition:
+    """The condition ``type_``, ``True`` when ``on`` (else ``False``), set ``now``."""
+    return Condition(
+        type=type_,
+        status="True" if on else "False",
+        reason=reason,
+        message=message,
+        last_transition_time=now,
+        observed_generation=generation,
+    )
+
+
 def set_condition(conditions: Sequence[Condition], new: Condition) -> list[Condition]:
     """``meta.SetStatusCondition``: replace by type, keep the transition time if unchanged."""
     out: list[Condition] = []

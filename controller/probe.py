@@ -31,10 +31,10 @@ from controller.api import (
     CONDITION_RECONCILING,
     CONDITION_STALLED,
     INSECURE_WARNING,
-    Condition,
     InferenceConfig,
     InferenceConfigStatus,
     RunnerPodDefaults,
+    condition,
     find_condition,
     insecure_skip_verify,
     set_condition,
@@ -141,19 +141,6 @@ def probe_stuck(job: Obj, pods: Sequence[Obj]) -> tuple[str, str] | None:
     return stuck[0], one_line(f"probe pod could not start: {stuck[1]}")
 
 
-def _condition(
-    type_: str, passed: bool, reason: str, message: str, now: datetime, generation: int | None
-) -> Condition:
-    return Condition(
-        type=type_,
-        status="True" if passed else "False",
-        reason=reason,
-        message=message,
-        last_transition_time=now,
-        observed_generation=generation,
-    )
-
-
 def plan_config(view: ConfigView) -> ConfigPlan:
     meta = view.raw["metadata"]
     generation = meta.get("generation") or None
@@ -167,26 +154,26 @@ def plan_config(view: ConfigView) -> ConfigPlan:
     if view.invalid is not None:
         reason, message = view.invalid
         conditions = set_condition(
-            conditions, _condition(CONDITION_READY, False, reason, message, view.now, generation)
+            conditions, condition(CONDITION_READY, False, reason, message, view.now, generation)
         )
     elif waiting is not None:
         # The config's Ready follows its InferenceService's.
         conditions = set_condition(
             conditions,
-            _condition(
+            condition(
                 CONDITION_READY, False, waiting.reason, waiting.message, view.now, generation
             ),
         )
     else:
         conditions = set_condition(
-            conditions, _condition(CONDITION_READY, True, "Valid", "", view.now, generation)
+            conditions, condition(CONDITION_READY, True, "Valid", "", view.now, generation)
         )
     # kstatus (Flux, kpt) reads Stalled, not Ready: a config runs cannot use
     # is Failed for it, not forever InProgress.
     stalled = view.invalid is not None
     conditions = set_condition(
         conditions,
-        _condition(
+        condition(
             CONDITION_STALLED,
             stalled,
             view.invalid[0] if view.invalid is not None else "Valid",
@@ -198,7 +185,7 @@ def plan_config(view: ConfigView) -> ConfigPlan:
     # Waiting for the model is kstatus' InProgress: it may resolve without an edit.
     conditions = set_condition(
         conditions,
-        _condition(
+        condition(
             CONDITION_RECONCILING,
             waiting is not None and view.invalid is None,
             waiting.reason if waiting is not None and view.invalid is None else "Reconciled",
@@ -211,7 +198,7 @@ def plan_config(view: ConfigView) -> ConfigPlan:
     if view.config is not None and insecure_skip_verify(view.config):
         reason, message = INSECURE_WARNING
         conditions = set_condition(
-            conditions, _condition(CONDITION_WARNING, True, reason, message, view.now, generation)
+            conditions, condition(CONDITION_WARNING, True, reason, message, view.now, generation)
         )
     else:
         conditions = [c for c in conditions if c.type != CONDITION_WARNING]
@@ -255,7 +242,7 @@ def plan_config(view: ConfigView) -> ConfigPlan:
         out.probed = (newest["metadata"]["name"], passed, reason, message)
         status.conditions = set_condition(
             status.conditions,
-            _condition(CONDITION_PROBED, passed, reason, message, view.now, _generation(newest)),
+            condition(CONDITION_PROBED, passed, reason, message, view.now, _generation(newest)),
         )
         status.last_probe_time = done_at
 

@@ -84,6 +84,7 @@ from controller.api import (
     Phase,
     Progress,
     RunOutcome,
+    condition,
     keyed_output,
     set_condition,
 )
@@ -800,15 +801,9 @@ def outcome_conditions(
             (status.message or "") if failed else "",
         ),
     ):
-        new = Condition(
-            type=type_,
-            status="True" if on else "False",
-            reason=reason,
-            message=message,
-            last_transition_time=now,
-            observed_generation=generation,
+        conditions = set_condition(
+            conditions, condition(type_, on, reason, message, now, generation)
         )
-        conditions = set_condition(conditions, new)
     return conditions
 
 
@@ -851,14 +846,8 @@ def kstatus_conditions(
     reason = status.reason or phase or "Unknown"
     message = status.message or ""
     for type_, on in ((CONDITION_RECONCILING, reconciling), (CONDITION_STALLED, stalled)):
-        new = Condition(
-            type=type_,
-            status="True" if on else "False",
-            reason=reason if on else ("Stalled" if stalled else "Reconciled"),
-            message=message if on else "",
-            last_transition_time=now,
-            observed_generation=generation,
-        )
+        why = reason if on else ("Stalled" if stalled else "Reconciled")
+        new = condition(type_, on, why, message if on else "", now, generation)
         conditions = set_condition(conditions, new)
     return conditions
 
