@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
@@ -349,16 +349,7 @@ async def _execute(
     except ValueError as error:
         # A ragged table, a missing column: the same table on every attempt.
         raise InputRejected(str(error)) from None
-    total = len(rows)
-    rows = shard(rows, work.shard_count, work.shard_index)
-    carried = shard(carried, work.shard_count, work.shard_index)
-    log.info("input loaded", rows=total, shardRows=len(rows), provider=work.input.key)
-    input_done = clock()
-
-    await _prepare_output(work, ctx, state)
-
-    state.stage = "inference"
-    state.rows_total = len(rows)
+    rows, carried, input_done = await _start_inference(work, ctx, state, rows, carried, log, clock)
     client = ModelClient(session, work.model)
     predictions = await _infer(work, client, rows, deadline, state, log)
     inference_done = clock()
@@ -371,6 +362,33 @@ async def _execute(
     return await _store(
         work, ctx, predictions, state, log, clock, (started, input_done, inference_done), len(rows)
     )
+
+
+T = TypeVar("T")
+
+
+async def _start_inference(
+    work: Plan,
+    ctx: StorageContext,
+    state: RunState,
+    rows: list[T],
+    carried: list[tuple[Any, ...]],
+    log: Any,
+    clock: Callable[[], float],
+) -> tuple[list[T], list[tuple[Any, ...]], float]:
+    """From the whole input read to the inference's start, for either kind of model.
+
+    Returns this shard's rows, the columns carried beside them and when the
+    input was done (before the output is prepared).
+    """
+    total = len(rows)
+    rows = shard(rows, work.shard_count, work.shard_index)
+    log.info("input loaded", rows=total, shardRows=len(rows), provider=work.input.key)
+    input_done = clock()
+    await _prepare_output(work, ctx, state)
+    state.stage = "inference"
+    state.rows_total = len(rows)
+    return rows, shard(carried, work.shard_count, work.shard_index), input_done
 
 
 async def _execute_openai(
@@ -391,15 +409,9 @@ async def _execute_openai(
         inputs, carried = reader.read(rows)
     except SelectionError as error:
         raise InputRejected(str(error)) from None
-    total = len(inputs)
-    inputs = shard(inputs, work.shard_count, work.shard_index)
-    carried = shard(carried, work.shard_count, work.shard_index)
-    log.info("input loaded", rows=total, shardRows=len(inputs), provider=work.input.key)
-    input_done = clock()
-    await _prepare_output(work, ctx, state)
-
-    state.stage = "inference"
-    state.rows_total = len(inputs)
+    inputs, carried, input_done = await _start_inference(
+        work, ctx, state, inputs, carried, log, clock
+    )
     predictor = openai.OpenAIPredictor(
         openai.OpenAIClient(session, target),
         openai.openai_plan(work.batches),
