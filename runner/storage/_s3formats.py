@@ -400,24 +400,11 @@ def chunk_table(
         # A columnar page's output (runner.storage._columnar): already a table.
         if predictions.num_rows != rows:
             raise FormatError(f"{predictions.num_rows} output rows for {rows} input rows")
-        clash = sorted(set(predictions.column_names) & set(keys))
-        if clash:
-            raise FormatError(f"output columns {clash} clash with the chunk's own")
-        table = pa.table(keys)
-        for name in predictions.column_names:
-            table = table.append_column(name, predictions.column(name))
-        return table
+        return _after_keys(keys, predictions)
     if predictions and isinstance(predictions[0], Mapping):
         if len(predictions) != rows:
             raise FormatError(f"{len(predictions)} output rows for {rows} input rows")
-        joined = pa.Table.from_pylist(list(predictions))
-        clash = sorted(set(joined.column_names) & set(keys))
-        if clash:
-            raise FormatError(f"output columns {clash} clash with the chunk's own")
-        table = pa.table(keys)
-        for name in joined.column_names:
-            table = table.append_column(name, joined.column(name))
-        return table
+        return _after_keys(keys, pa.Table.from_pylist(list(predictions)))
     per_row, rest = divmod(len(predictions), rows)
     if rest or per_row == 0:
         raise FormatError(f"{len(predictions)} predictions for {rows} rows")
@@ -426,6 +413,17 @@ def chunk_table(
     else:
         values = pa.array([list(predictions[i * per_row : (i + 1) * per_row]) for i in range(rows)])
     return pa.table({**keys, "prediction": values})
+
+
+def _after_keys(keys: Mapping[str, pa.Array], joined: pa.Table) -> pa.Table:
+    """The chunk's own columns ``keys``, then the columns of ``joined`` (none may clash)."""
+    clash = sorted(set(joined.column_names) & set(keys))
+    if clash:
+        raise FormatError(f"output columns {clash} clash with the chunk's own")
+    table = pa.table(keys)
+    for name in joined.column_names:
+        table = table.append_column(name, joined.column(name))
+    return table
 
 
 def compress(data: bytes, compression: Compression) -> bytes:

@@ -350,6 +350,23 @@ def test_chunk_rows_carry_their_key_and_predictions() -> None:
     assert lines == ['"shard","row","prediction"', '0,0,"[1,2]"', '0,1,"[3,4]"']
 
 
+@pytest.mark.parametrize("kind", ["objects", "table"])
+def test_joined_outputs_keep_their_count_and_leave_the_chunks_columns_alone(kind: str) -> None:
+    def output(rows: list[dict[str, Any]]) -> Any:
+        return rows if kind == "objects" else pa.Table.from_pylist(rows)
+
+    table = chunk_table(output([{"id": "a", "p": 1}, {"id": "b", "p": 2}]), 2, 7, 3)
+    assert table.column_names == ["shard", "row", "id", "p"]
+    assert table.to_pylist() == [
+        {"shard": 3, "row": 7, "id": "a", "p": 1},
+        {"shard": 3, "row": 8, "id": "b", "p": 2},
+    ]
+    with pytest.raises(FormatError, match="1 output rows for 2 input rows"):
+        chunk_table(output([{"id": "a"}]), 2, 0, 0)
+    with pytest.raises(FormatError, match=r"output columns \['row'\] clash with the chunk's own"):
+        chunk_table(output([{"row": 1}, {"row": 2}]), 2, 0, 0)
+
+
 def test_the_provider_needs_prepare_before_it_talks() -> None:
     provider = from_settings({"bucket": "b", "key": "k.csv"}, "input", {})
     assert isinstance(provider, S3Provider)
