@@ -217,7 +217,7 @@ class Follower:
                 self._say(f"{name}: {runview.result_line(current)}")
             return outcome
 
-        return await self._follow(RUNS, "InferenceRun", run, seen)
+        return await self._follow(RUNS, run, seen)
 
     async def _follow_job(self, job_name: str) -> Exit:
         try:
@@ -234,17 +234,17 @@ class Follower:
                 self._say(f"Job {job_name}: {word}")
             return outcome
 
-        return await self._follow(JOBS, "Job", job, seen)
+        return await self._follow(JOBS, job, seen)
 
     async def _follow(
-        self, resource: Resource, kind: str, obj: Obj, seen: Callable[[Obj], Exit | None]
+        self, resource: Resource, obj: Obj, seen: Callable[[Obj], Exit | None]
     ) -> Exit:
         """Hand ``obj`` and each later version of it to ``seen`` until it returns an outcome;
         :attr:`Exit.DELETED` once the object is gone."""
         name = obj["metadata"]["name"]
         async for current in self._watch_one(resource, name, obj):
             if current is None:
-                self.output.problem(f"{kind} {name!r} was deleted")
+                self.output.problem(f"{resource.kind} {name!r} was deleted")
                 return Exit.DELETED
             outcome = seen(current)
             if outcome is not None:

@@ -18,7 +18,7 @@ import yaml
 
 from contract.api import COMPLETION_INDEX_LABEL
 from controller.kube import objects
-from controller.kube.resources import GROUP, VERSION
+from controller.kube.resources import RUNS
 
 Obj = dict[str, Any]
 
@@ -44,7 +44,7 @@ class Exit(enum.IntEnum):
 
 
 # What ``kubectl infer`` calls a run on the command line and in ``-o name``.
-RESOURCE = f"inferencerun.{GROUP}"
+RESOURCE = f"{RUNS.kind.lower()}.{RUNS.group}"
 OUTPUT_FORMATS = ("json", "yaml", "name")
 
 
@@ -95,8 +95,8 @@ def new_run(
     spec.update({key: value for key, value in optional.items() if value is not None})
     metadata: Obj = {"name": name} if name else {"generateName": f"{config[:57]}-"}
     return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "InferenceRun",
+        "apiVersion": RUNS.api_version,
+        "kind": RUNS.kind,
         "metadata": metadata,
         "spec": spec,
     }
@@ -113,8 +113,8 @@ def rerun_of(run: Mapping[str, Any], name: str | None = None) -> Obj:
     metadata["annotations"] = {RERUN_OF_ANNOTATION: original}
     spec = dict(run.get("spec") or {})  # everything the run says about what to do
     return {
-        "apiVersion": run.get("apiVersion", f"{GROUP}/{VERSION}"),
-        "kind": "InferenceRun",
+        "apiVersion": run.get("apiVersion", RUNS.api_version),
+        "kind": RUNS.kind,
         "metadata": metadata,
         "spec": spec,
     }
@@ -317,9 +317,7 @@ def render(objects: Sequence[Mapping[str, Any]], output: str, *, as_list: bool) 
     """
     if output not in OUTPUT_FORMATS:
         raise UsageError(f"-o {output}: the formats are {', '.join(OUTPUT_FORMATS)}")
-    full = [
-        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceRun", **dict(obj)} for obj in objects
-    ]
+    full = [{"apiVersion": RUNS.api_version, "kind": RUNS.kind, **dict(obj)} for obj in objects]
     if output == "name":
         return "\n".join(f"{RESOURCE}/{obj['metadata']['name']}" for obj in full)
     document: Any
