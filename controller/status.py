@@ -876,6 +876,18 @@ def _one_shot(status: InferenceRunStatus, observed: Observed) -> None:
         suspend_asked=observed.run.spec.suspend,
         pending_cause=pending_cause,
     )
+    if phase == old.phase and phase in ("Succeeded", "Failed"):
+        # A finished run's outcome stands. The Job is seen again as it settles
+        # (FailureTarget, then Failed once its pods are gone), and with the pod
+        # that told why gone, it says less: the words written first are kept.
+        reason, message = old.reason or reason, old.message or message
+    elif phase == "Pending" and reason in _NO_CAUSE and pending_cause is not None:
+        # Nothing says why now, but something did: the pod that said it is gone
+        # (the Job controller deletes it when the deadline passes, and the pod's
+        # deletion may reach this cache before the Job's Failed condition) or
+        # between two pulls. The last cause stands until the run moves on, so a
+        # deadline that ends the run can still tell it.
+        reason, message = pending_cause
     status.phase, status.reason, status.message = phase, reason, message or None
     job_status = job.get("status") or {}
     if phase != "Pending":

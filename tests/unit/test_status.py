@@ -757,10 +757,25 @@ def test_a_deadline_that_ends_a_pending_run_keeps_the_pending_cause() -> None:
             "message": "0/3 nodes are available: 3 Insufficient memory",
         }
     )
+    # Its pod deleted before the Job says Failed (two watches, either first): the
+    # cause is kept, so the deadline's message can still tell it.
+    status = derive(run=pending, job=job(active=1), pods=[])
+    assert (status.phase, status.reason) == ("Pending", "Unschedulable")
+    assert status.message == "0/3 nodes are available: 3 Insufficient memory"
     status = derive(run=pending, job=failed, pods=[])
     assert status.reason == "DeadlineExceeded"
     assert "Unschedulable: 0/3 nodes are available: 3 Insufficient memory" in status.message
     assert "Unschedulable" in cond(status, "Failed").message
+    # Seen again as the Job settles (FailureTarget, then Failed, its pods gone):
+    # the words written first stand.
+    settled = derive(
+        run=make_run(
+            status={"phase": "Failed", "reason": status.reason, "message": status.message}
+        ),
+        job=job(("Failed", "True", "DeadlineExceeded")),
+        pods=[],
+    )
+    assert (settled.reason, settled.message) == (status.reason, status.message)
     # A run that was running (or only Pending, no cause) gets the Job's words alone.
     for old in (
         {"phase": "Running", "reason": "Running"},
