@@ -20,12 +20,16 @@ out="$gobuild_cache_root/controlplane/${k8s_version}-etcd${etcd_version}-$(gobui
 gobuild_reuse controlplane "$out"
 
 build() {
+  # etcd shares almost no package with kubernetes: built beside it, it fills the
+  # cores while the kubernetes build waits on downloads and links.
+  # The module's main package is named after the last path element ("v3").
+  go build -ldflags "-s -w" -o "$1/etcd" go.etcd.io/etcd/server/v3 &
+  local etcd=$!
   # One invocation builds the main packages concurrently and shares the work.
   go build -ldflags "$(gobuild_k8s_ldflags "$k8s_version")" -o "$1/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kubectl
-  # The module's main package is named after the last path element ("v3").
-  go build -ldflags "-s -w" -o "$1/etcd" go.etcd.io/etcd/server/v3
+  wait "$etcd"
 }
 gobuild_build controlplane "$out" "kubernetes $k8s_version and etcd $etcd_version" build
