@@ -14,11 +14,13 @@
   that runs out of space, and resizes them to free it again.
 - ``world``: one test's storage and model server, and in-process runs of the runner
   (``runner.app.run``) or its check (``runner.check.run``) against them, each
-  returning the exit code, the termination message and everything printed.
+  returning the exit code, the termination message and everything printed; or a
+  run in a process of its own for a test to kill (``World.start_killable``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import ssl
@@ -269,6 +271,33 @@ class World:
         """One in-process ``python -m runner --check`` (``runner.check.run``)."""
         return await self._call(config_check.run, contract, secrets, {})
 
+    async def start_killable(
+        self, contract: Mapping[str, Any], secrets: InMemorySecrets, *, stderr: int | None = None
+    ) -> asyncio.subprocess.Process:
+        """A run in a process of its own (the pod ``pod-killed``), for a test to kill mid-run.
+
+        Its ``secrets`` travel in its environment; its stdout is dropped, and its
+        stderr (its log) too unless ``stderr`` says where.
+        """
+        contract_file = self.tmp_path / "killed.json"
+        contract_file.write_bytes(orjson.dumps(contract))
+        given = {f"{ns}/{name}": data for (ns, name), data in secrets.secrets.items()}
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _KILLABLE_RUNNER,
+            cwd=REPO,
+            env={
+                "PATH": os.environ.get("PATH", ""),
+                "CONTRACT_PATH": str(contract_file),
+                "TERMINATION_LOG_PATH": str(self.tmp_path / "killed-termination"),
+                "pod_uid": "pod-killed",
+                "TEST_SECRETS": orjson.dumps(given).decode(),
+            },
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL if stderr is None else stderr,
+        )
+
     async def _call(
         self,
         main: Main,
@@ -301,6 +330,21 @@ class World:
             stdout=captured.out,
             stderr=captured.err,
         )
+
+
+# The runner of World.start_killable, its Secrets read from TEST_SECRETS.
+_KILLABLE_RUNNER = """
+import asyncio, os, sys
+import orjson
+from runner import app, logs
+
+class Secrets:
+    async def read(self, namespace, name):
+        return orjson.loads(os.environ["TEST_SECRETS"])[f"{namespace}/{name}"]
+
+logs.configure("info")
+sys.exit(asyncio.run(app.run(os.environ, secrets=Secrets())))
+"""
 
 
 @pytest.fixture

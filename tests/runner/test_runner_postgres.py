@@ -13,14 +13,12 @@ import asyncio
 import os
 import pwd
 import signal
-import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psycopg
 import pytest
 
@@ -30,7 +28,6 @@ from hack.storage_service import IRIS_COLUMNS
 from runner.storage.base import Partition, Stored
 from runner.storage.postgres import APPLICATION_NAME, RETRY_EVENT, from_settings
 from tests.runner.conftest import (
-    REPO,
     SmallDisk,
     World,
     direct_iris,
@@ -478,44 +475,14 @@ async def test_a_full_disk_is_retried_until_there_is_room_and_every_row_stored_o
         postgres.execute(f"DROP TABLESPACE IF EXISTS {space}")
 
 
-CHILD = """
-import asyncio, os, sys
-import orjson
-from runner import app
-
-class Secrets:
-    async def read(self, namespace, name):
-        return orjson.loads(os.environ["TEST_SECRETS"])[f"{namespace}/{name}"]
-
-sys.exit(asyncio.run(app.run(os.environ, secrets=Secrets())))
-"""
-
-
 async def test_a_runner_killed_mid_write_is_resumed_and_every_row_stored_once(
     world: World, postgres: Database
 ) -> None:
     by_id = seed(postgres, 1000)
     run = contract(world.model_server.infer_url(), postgres)
-    contract_file = world.tmp_path / "killed.json"
-    contract_file.write_bytes(orjson.dumps(run))
-    given = {f"{ns}/{name}": data for (ns, name), data in secrets(postgres).secrets.items()}
 
     with writes_held_after(postgres, 400):
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            CHILD,
-            cwd=REPO,
-            env={
-                "PATH": os.environ.get("PATH", ""),
-                "CONTRACT_PATH": str(contract_file),
-                "TERMINATION_LOG_PATH": str(world.tmp_path / "killed-termination"),
-                "pod_uid": "pod-killed",
-                "TEST_SECRETS": orjson.dumps(given).decode(),
-            },
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
+        process = await world.start_killable(run, secrets(postgres))
         try:
             await wait_for_held_write(postgres)
         finally:

@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import io
-import os
 import signal
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +29,6 @@ from contract.exitcodes import ExitCode
 from hack.loopback import LoopbackApp
 from hack.s3server import REGION, ROOT_ACCESS_KEY, ROOT_SECRET_KEY, S3Server
 from tests.runner.conftest import (
-    REPO,
     InMemorySecrets,
     Outcome,
     SmallDisk,
@@ -438,20 +435,6 @@ class HoldingS3Proxy(LoopbackApp):
         return web.Response(status=answer.status, body=payload, headers=kept)
 
 
-CHILD = """
-import asyncio, os, sys
-import orjson
-from runner import app, logs
-
-class Secrets:
-    async def read(self, namespace, name):
-        return orjson.loads(os.environ["TEST_SECRETS"])
-
-logs.configure("info")
-sys.exit(asyncio.run(app.run(os.environ, secrets=Secrets())))
-"""
-
-
 async def test_a_runner_killed_mid_write_is_resumed_with_every_row_stored_once(
     world: World, bucket: Bucket
 ) -> None:
@@ -464,23 +447,7 @@ async def test_a_runner_killed_mid_write_is_resumed_with_every_row_stored_once(
             through_proxy.entry(key="in.parquet", paging={"pageSize": 250}),
             through_proxy.entry(prefix="out"),
         )
-        contract_file = world.tmp_path / "killed.json"
-        contract_file.write_bytes(orjson.dumps(contract))
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            CHILD,
-            cwd=REPO,
-            env={
-                "PATH": os.environ.get("PATH", ""),
-                "CONTRACT_PATH": str(contract_file),
-                "TERMINATION_LOG_PATH": str(world.tmp_path / "killed-termination"),
-                "pod_uid": "pod-killed",
-                "TEST_SECRETS": orjson.dumps(s3_secrets().secrets[(NAMESPACE, S3_SECRET)]).decode(),
-            },
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        process = await world.start_killable(contract, s3_secrets(), stderr=asyncio.subprocess.PIPE)
         exited = asyncio.ensure_future(process.wait())
         held = asyncio.ensure_future(proxy.held.wait())
         try:

@@ -8,13 +8,10 @@ Real servers only: KServe's model server, the storage look-alike (its notebooks 
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
 import pytest
 from aiohttp import web
 
@@ -22,7 +19,6 @@ from contract.exitcodes import ExitCode
 from hack.loopback import FaultProxy, ForwardingProxy, serve
 from hack.storage_service import StorageService
 from tests.runner.conftest import (
-    REPO,
     SECRET_NAMESPACE,
     STORAGE_PASSWORD,
     STORAGE_USER,
@@ -232,47 +228,14 @@ async def test_a_paged_input_with_a_reserved_parameter_is_a_bad_contract(world: 
     assert "idempotency_key" in outcome.termination
 
 
-CHILD = """
-import asyncio, os, sys
-import orjson
-from runner import app, logs
-
-class Secrets:
-    async def read(self, namespace, name):
-        return orjson.loads(os.environ["TEST_SECRETS"])[f"{namespace}/{name}"]
-
-logs.configure("info")
-sys.exit(asyncio.run(app.run(os.environ, secrets=Secrets())))
-"""
-
-
 async def test_a_runner_killed_mid_run_is_resumed_by_the_next_pod(
     world: World, fault_proxy: FaultProxy
 ) -> None:
     rows = world.seed_random_iris("big", 3000)
     contract = paged_krateo_contract(f"{fault_proxy.url}/v2/models/sklearn-iris/infer", 250)
-    contract_file = world.tmp_path / "killed.json"
-    contract_file.write_bytes(orjson.dumps(contract))
-    secrets = storage_secrets(world.storage.url).secrets
     # The storage stalls on the 5th write: the runner process is killed while it waits.
     world.storage.hold_writes_after(4)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        CHILD,
-        cwd=REPO,
-        env={
-            "PATH": os.environ.get("PATH", ""),
-            "CONTRACT_PATH": str(contract_file),
-            "TERMINATION_LOG_PATH": str(world.tmp_path / "killed-termination"),
-            "pod_uid": "pod-killed",
-            "TEST_SECRETS": orjson.dumps(
-                {f"{namespace}/{name}": data for (namespace, name), data in secrets.items()}
-            ).decode(),
-        },
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
+    process = await world.start_killable(contract, storage_secrets(world.storage.url))
     try:
         await asyncio.wait_for(world.storage.writes_held.wait(), 60)
     finally:
