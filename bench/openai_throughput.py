@@ -46,7 +46,7 @@ import aiohttp
 import orjson
 
 from bench.common import load_average, machine, proc_cpu_seconds
-from bench.runner_throughput import PASSWORD, USER, run_runner, server
+from bench.runner_throughput import run_runner, server, storage_command
 from hack.cluster import free_port
 
 MODEL = "echo"
@@ -179,17 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         db = workdir / "bench.sqlite"
         table = f"prompts{args.prompts}"
         seed(db, table, args.prompts)
-        storage_cmd = [
-            "hack.storage_service",
-            "--port",
-            str(storage_port),
-            "--db",
-            str(db),
-            "--user",
-            USER,
-            "--password",
-            PASSWORD,
-        ]
+        storage_cmd = storage_command(storage_port, db)
         storage_url = f"http://127.0.0.1:{storage_port}"
         with (
             server(

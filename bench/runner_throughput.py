@@ -89,6 +89,21 @@ def wait_until_ready(url: str, process: subprocess.Popen[bytes], within: float =
     raise RuntimeError(f"{url} not ready within {within}s")
 
 
+def storage_command(port: int, db: Path) -> list[str]:
+    """``hack.storage_service`` on ``port`` over the SQLite file ``db``, for :func:`server`."""
+    return [
+        "hack.storage_service",
+        "--port",
+        str(port),
+        "--db",
+        str(db),
+        "--user",
+        USER,
+        "--password",
+        PASSWORD,
+    ]
+
+
 @contextlib.contextmanager
 def server(args: list[str], ready_url: str) -> Iterator[subprocess.Popen[bytes]]:
     process = subprocess.Popen(
@@ -652,17 +667,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.compat_rows:
             seed(db, f"rows{args.compat_rows}", args.compat_rows)
         seeded = time.perf_counter() - seeding
-        storage_cmd = [
-            "hack.storage_service",
-            "--port",
-            str(storage_port),
-            "--db",
-            str(db),
-            "--user",
-            USER,
-            "--password",
-            PASSWORD,
-        ]
+        storage_cmd = storage_command(storage_port, db)
         storage_url = f"http://127.0.0.1:{storage_port}"
         with (
             server(
