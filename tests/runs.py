@@ -17,6 +17,9 @@ from hack.manifests import inference_run as inference_run
 from hack.manifests import without_model_url as without_model_url
 from tests.kubehelpers import eventually
 
+# The configs' plural, for the methods below that take one.
+CONFIGS = "inferenceconfigs"
+
 
 class Runs:
     """InferenceConfigs and InferenceRuns of one namespace."""
@@ -87,6 +90,19 @@ class Runs:
             return found if found is not None and wanted(found) else None
 
         return await eventually(probe, within=within, what=what)
+
+    async def wait_config_condition(
+        self, name: str, type_: str, value: str, *, within: float = 60
+    ) -> Obj:
+        """Wait until config ``name``'s ``type_`` condition has status ``value``; that condition."""
+        return await self.wait_condition(
+            name,
+            type_,
+            lambda c: c["status"] == value,
+            plural=CONFIGS,
+            within=within,
+            what=f"config {name} {type_}={value}",
+        )
 
     async def wait_phase(self, name: str, phase: str, *, within: float = 60) -> Obj:
         return await self.wait(

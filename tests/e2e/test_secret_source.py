@@ -71,14 +71,7 @@ async def test_volumes_with_a_secret_of_another_namespace_are_refused_by_name(
     config = iris_config("cfg", e2e.model_url(), secretSource="Volumes")
     config["spec"]["storage"]["input"]["krateo"]["api"]["endpointRef"]["namespace"] = "elsewhere"
     await e2e.runs.create(config)
-    ready = await e2e.runs.wait_condition(
-        "cfg",
-        "Ready",
-        lambda c: c["status"] == "False",
-        plural="inferenceconfigs",
-        within=30,
-        what="Ready=False on the config",
-    )
+    ready = await e2e.runs.wait_config_condition("cfg", "Ready", "False", within=30)
     assert "elsewhere/" + SECRET in ready["message"], ready
     assert "secretSource" in ready["message"], ready
     stored = await e2e.runs.get("cfg", "inferenceconfigs")

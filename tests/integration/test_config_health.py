@@ -22,7 +22,6 @@ from tests.runs import Obj, Runs, inference_config, without_model_url
 __all__ = ["kstatus_check"]  # the fixture, imported for the test below
 
 OK, FAIL = "test.local/fake-ok:1", "test.local/fake-fail:1"
-CONFIGS = "inferenceconfigs"
 GUIDE = REPO / "docs" / "gitops-health.md"
 MARKER = "<!-- config kstatus verdicts -->"
 
@@ -43,17 +42,6 @@ def guide_rows() -> dict[str, str]:
     return rows
 
 
-async def _condition(runs: Runs, name: str, type_: str, value: str) -> None:
-    await runs.wait_condition(
-        name,
-        type_,
-        lambda c: c["status"] == value,
-        plural=CONFIGS,
-        within=60,
-        what=f"config {name} {type_}={value}",
-    )
-
-
 @pytest.mark.usefixtures("probing_controller")
 async def test_the_guides_config_verdicts_are_what_kstatus_says(
     runs: Runs, namespace: str, cluster: LocalCluster, kstatus_check: Path
@@ -67,10 +55,10 @@ async def test_the_guides_config_verdicts_are_what_kstatus_says(
     await runs.create(inference_config("probe-fails", FAIL))
     await runs.create(without_model_url(inference_config("bad", OK)))
     await runs.create(waiting)
-    await _condition(runs, "good", "Probed", "True")
-    await _condition(runs, "probe-fails", "Probed", "False")
-    await _condition(runs, "bad", "Stalled", "True")
-    await _condition(runs, "waiting", "Reconciling", "True")
+    await runs.wait_config_condition("good", "Probed", "True")
+    await runs.wait_config_condition("probe-fails", "Probed", "False")
+    await runs.wait_config_condition("bad", "Stalled", "True")
+    await runs.wait_config_condition("waiting", "Reconciling", "True")
 
     def back(name: str) -> Obj:
         return read_back(cluster, namespace, "inferenceconfig", name)

@@ -11,6 +11,7 @@ from hack.controllerproc import ControllerProcess
 from tests.integration.test_controller import FAIL, OK
 from tests.kubehelpers import eventually, wait_for_events
 from tests.runs import (
+    CONFIGS,
     MODEL_URL_PATCH,
     Runs,
     condition,
@@ -19,8 +20,6 @@ from tests.runs import (
     status,
     without_model_url,
 )
-
-CONFIGS = "inferenceconfigs"
 
 
 async def test_kubectl_wait_for_ready_on_a_good_config(
@@ -46,14 +45,7 @@ async def test_an_unusable_config_is_not_ready_with_the_field(
     runs: Runs, controller: ControllerProcess
 ) -> None:
     await runs.create(without_model_url(inference_config("cfg", OK)))
-    ready = await runs.wait_condition(
-        "cfg",
-        "Ready",
-        lambda c: c["status"] == "False",
-        plural=CONFIGS,
-        within=30,
-        what="Ready=False on the config",
-    )
+    ready = await runs.wait_config_condition("cfg", "Ready", "False", within=30)
     assert ready["reason"] == "MissingModelUrl"
     assert "modelUrl" in ready["message"]
     await runs.patch("cfg", MODEL_URL_PATCH, CONFIGS)
@@ -127,14 +119,7 @@ async def test_a_planted_cloud_key_is_refused_and_never_copied(
         "output": {"s3": {"bucket": "out", "connectionString": f"AccountKey={PLANTED};"}},
     }
     await runs.create(inference_config("cfg", OK, storage=storage))
-    ready = await runs.wait_condition(
-        "cfg",
-        "Ready",
-        lambda c: c["status"] == "False",
-        plural=CONFIGS,
-        within=30,
-        what="Ready=False on the config",
-    )
+    ready = await runs.wait_config_condition("cfg", "Ready", "False", within=30)
     assert ready["reason"] == "InlineCredentials"
     assert "storage.input.s3.awsSecretAccessKey" in ready["message"]
     assert "storage.output.s3.connectionString" in ready["message"]

@@ -27,10 +27,9 @@ from hack.crds import install_inferenceservice_crd, remove_inferenceservice_crd
 from tests.integration.test_controller import children
 from tests.isvc import InferenceServices, inference_service, not_ready_status, ready_status
 from tests.kubehelpers import eventually, wait_for_events
-from tests.runs import Runs, condition, inference_config, inference_run, status
+from tests.runs import CONFIGS, Runs, condition, inference_config, inference_run, status
 
 OK = "ghcr.io/krateoplatformops/kserve-krateo-runner:0.1.0"
-CONFIGS = "inferenceconfigs"
 
 
 def isvc_config(name: str, service: str) -> dict[str, object]:
