@@ -19,6 +19,7 @@ once per session as an unprivileged user, TLS or not (``postgres_pki``);
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import sys
@@ -60,19 +61,28 @@ class ModelServer:
         return f"{self.url}/v2/models/{model}/infer"
 
 
-@pytest.fixture(scope="session")
-def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelServer]:
+@contextlib.contextmanager
+def loopback_server(module: str, ready_path: str, log_dir: Path) -> Iterator[str]:
+    """``python -m module --port PORT`` on a free port, its log in ``log_dir``; its URL.
+
+    Yields once ``ready_path`` answers (two minutes at the most); stopped after.
+    """
     port = free_port()
-    log_path = tmp_path_factory.mktemp("model-server") / "server.log"
-    process = spawn(
-        [sys.executable, "-m", "hack.model_server", "--port", str(port)], log_path, cwd=REPO
-    )
+    log_path = log_dir / "server.log"
+    process = spawn([sys.executable, "-m", module, "--port", str(port)], log_path, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_http(f"{url}/v2/health/ready", process, log_path, within=120)
-        yield ModelServer(url=url)
+        wait_http(f"{url}{ready_path}", process, log_path, within=120)
+        yield url
     finally:
         stop_process(process, grace=15)
+
+
+@pytest.fixture(scope="session")
+def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelServer]:
+    log_dir = tmp_path_factory.mktemp("model-server")
+    with loopback_server("hack.model_server", "/v2/health/ready", log_dir) as url:
+        yield ModelServer(url=url)
 
 
 @dataclass(frozen=True)
@@ -114,17 +124,9 @@ class OpenAIServer:
 
 @pytest.fixture(scope="session")
 def openai_server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenAIServer]:
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("openai-server") / "server.log"
-    process = spawn(
-        [sys.executable, "-m", "hack.openai_server", "--port", str(port)], log_path, cwd=REPO
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{url}/openai/v1/models", process, log_path, within=120)
+    log_dir = tmp_path_factory.mktemp("openai-server")
+    with loopback_server("hack.openai_server", "/openai/v1/models", log_dir) as url:
         yield OpenAIServer(url=url)
-    finally:
-        stop_process(process, grace=15)
 
 
 @pytest.fixture
