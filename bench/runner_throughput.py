@@ -66,7 +66,7 @@ import orjson
 
 from bench.common import proc_cpu_seconds
 from bench.runner_stores import PostgresStore, S3Store, store_for, wait_stored
-from hack.cluster import free_port
+from hack.cluster import free_port, stop_process
 from hack.loopback import FaultProxy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,14 +117,7 @@ def server(args: list[str], ready_url: str) -> Iterator[subprocess.Popen[bytes]]
         wait_until_ready(ready_url, process)
         yield process
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_process(process, grace=15)
 
 
 def iris_rows(count: int) -> list[list[float]]:

@@ -192,13 +192,15 @@ def spawn(
     return _SPAWNER.submit(start).result()
 
 
-def stop_process(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    """SIGTERM a :func:`spawn`-ed child and its process group; SIGKILL after ``grace``."""
+def stop_process(
+    proc: subprocess.Popen[bytes], grace: float = 10.0, *, sig: int = signal.SIGTERM
+) -> None:
+    """``sig`` (SIGTERM) to a :func:`spawn`-ed child's process group; SIGKILL after ``grace``."""
     if proc.poll() is not None:
         return
     # spawn() made the child a session leader: its group holds anything it started.
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, sig)
     try:
         proc.wait(grace)
     except subprocess.TimeoutExpired:

@@ -41,7 +41,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from hack.cluster import free_port
+from hack.cluster import free_port, stop_process
 
 PACKAGE = "postgresql"
 LIB = Path("/usr/lib/postgresql")
@@ -227,16 +227,8 @@ class PostgresServer:
     def stop(self, grace: float = 30.0) -> None:
         """Fast shutdown (SIGINT): open sessions are cut, the data is kept."""
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGINT)
-        try:
-            process.wait(grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(5)
+        if process is not None:
+            stop_process(process, grace, sig=signal.SIGINT)
 
     def restart(self) -> None:
         """Stop (cutting every session) and start again on the same port and data."""
