@@ -6,7 +6,8 @@
    children from the informers' caches (children by the run's uid label and
    controller owner reference, not by name), plus two throttled live reads
    the caches cannot answer: the tail of a running runner's log (progress)
-   and, for a Job that has had no pod for a while, its FailedCreate Events.
+   and, for a Job that has had no pod for a while, its FailedCreate Events
+   (backed off to every 5 minutes while they say the same).
 2. **Plan** (``controller.plan.plan``, pure): the child writes, the status,
    the Events, whether to delete the run (``autoDeletePolicy``) and when to
    look again.
@@ -106,7 +107,11 @@ PROGRESS_TAIL_LINES = 20
 # that describes them. More would only mean the plan does not converge.
 MAX_ROUNDS = 4
 REFUSAL_BACKOFF = (5.0, 300.0)
-JOB_EVENTS_INTERVAL = 10.0
+# A podless Job's FailedCreate Events are read again after 10 s, doubling to 5
+# minutes while the answer stays the same (the Job controller retries a failing
+# pod create with a backoff of its own, and the Event says the same until the
+# cause changes); a new answer or a new Job starts again at 10 s.
+JOB_EVENTS_BACKOFF = (10.0, 300.0)
 # Parsed models kept (controller.modelcache.ModelCache): the runs of the passes now
 # running and of the last few (a parsed run is ~13 KB, four times the cached
 # run: 256 of them were ~3 MB), and every config in use (a parsed config is
@@ -214,10 +219,16 @@ class Reconciler:
     # InferenceServices (controller.isvc_watch), for configs that reference one.
     models: ModelWatch | None = None
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    # Seconds for intervals and backoffs (never goes back; tests drive it).
+    monotonic: Callable[[], float] = field(default=time.monotonic)
     # Per run: when the logs were last read, and the furthest progress per shard.
     _progress_seen: dict[str, tuple[float, dict[str, Progress]]] = field(default_factory=dict)
+    # Per run: when its Job's Events are next read, that Job's uid, the last answer.
     _job_events_seen: dict[str, tuple[float, str, list[tuple[str, str]]]] = field(
         default_factory=dict
+    )
+    _job_events_backoff: ExponentialBackoff[str] = field(
+        default_factory=lambda: ExponentialBackoff(*JOB_EVENTS_BACKOFF)
     )
     # A refused write is tried again after 5 s doubling to 5 minutes, per run:
     # the work queue's per-key rate limiter, with numbers of its own.
@@ -242,6 +253,7 @@ class Reconciler:
         ):
             state.pop(key, None)
         self._refusal_backoff.forget(key)
+        self._job_events_backoff.forget(key)
         self._run_models.forget(key)
 
     async def reconcile(self, key: str) -> Result:
@@ -359,7 +371,7 @@ class Reconciler:
             await self._delete_run(run, status.phase)
             return Result()
         if refusal is not None:
-            delay = self._refusal_backoff.when(key, time.monotonic())
+            delay = self._refusal_backoff.when(key, self.monotonic())
             log.info("trying the refused write again later", retry_in=delay, reason=refusal.reason)
             return Result(requeue_after=delay)
         self._refusal_backoff.forget(key)
@@ -461,7 +473,7 @@ class Reconciler:
             if seen is None:
                 return None
             return _total(seen[1])
-        now = time.monotonic()
+        now = self.monotonic()
         if seen is not None and now - seen[0] < self.progress_interval:
             return _total(seen[1])
         shards: dict[str, Progress] = dict(seen[1]) if seen else {}
@@ -490,12 +502,21 @@ class Reconciler:
         return _total(shards)
 
     async def _job_events(self, key: str, job: Obj) -> list[tuple[str, str]]:
-        """The Job's newest FailedCreate Events (why it has no pod), read at most every interval."""
+        """The Job's newest FailedCreate Events (why it has no pod), read with a backoff.
+
+        One list request, then again after 10 s, 20 s, 40 s ... up to every 5
+        minutes while the answer stays the same: a Job stuck for an hour costs
+        about 16 reads, not 360. A new Job (uid) or a new answer (another
+        message: the cause changed) starts again at 10 s. A failed read keeps
+        the last answer and backs off the same way.
+        """
         uid = str(job["metadata"].get("uid"))
-        now = time.monotonic()
+        now = self.monotonic()
         seen = self._job_events_seen.get(key)
-        if seen is not None and seen[1] == uid and now - seen[0] < JOB_EVENTS_INTERVAL:
+        if seen is not None and seen[1] == uid and now < seen[0]:
             return seen[2]
+        if seen is None or seen[1] != uid:
+            self._job_events_backoff.forget(key)
         try:
             answer = await self.client.list(
                 EVENTS,
@@ -504,14 +525,18 @@ class Reconciler:
             )
         except ApiError as exc:
             log.debug("job events unavailable", job=job["metadata"]["name"], error=str(exc))
-            return seen[2] if seen else []
-        items = sorted(
-            answer.get("items") or [],
-            key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "",
-            reverse=True,
-        )
-        found = [("FailedCreate", str(e.get("message") or "")) for e in items[:1]]
-        self._job_events_seen[key] = (now, uid, found)
+            found = seen[2] if seen else []
+        else:
+            items = sorted(
+                answer.get("items") or [],
+                key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "",
+                reverse=True,
+            )
+            found = [("FailedCreate", str(e.get("message") or "")) for e in items[:1]]
+            if seen is not None and seen[1] == uid and found != seen[2]:
+                self._job_events_backoff.forget(key)
+        delay = self._job_events_backoff.when(key, now)
+        self._job_events_seen[key] = (now + delay, uid, found)
         return found
 
     # ------------------------------------------------------------------ apply

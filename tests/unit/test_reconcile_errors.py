@@ -123,8 +123,8 @@ def raw(model: InferenceConfig | InferenceRun, **spec: Any) -> Obj:
 class World:
     """A fake API server holding a config and a run, and the caches that have seen both."""
 
-    def __init__(self, **run_spec: Any) -> None:
-        self.api = FakeApi()
+    def __init__(self, api: FakeApi | None = None, **run_spec: Any) -> None:
+        self.api = api or FakeApi()
         fake: ReconcileClient = self.api
         self.caches: Caches = build_caches(fake)  # never run
         self.caches.configs.assume(self.api.put(CONFIGS, raw(make_config())))
