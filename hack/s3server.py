@@ -28,8 +28,12 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hack.cluster import free_port, spawn, stop_process, wait_http
+
+if TYPE_CHECKING:
+    from obstore.store import S3Credential, S3Store
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO / "hack" / "versitygw" / "build.sh"
@@ -134,6 +138,26 @@ class S3Server:
         name = name or f"b-{uuid.uuid4().hex[:12]}"
         (self.data / name).mkdir()
         return name
+
+    def root_store(self, bucket: str) -> S3Store:
+        """An obstore client of ``bucket`` as the root user, what tests seed and read with."""
+        from obstore.store import S3Store  # the runner's S3 client; only tests need it here
+
+        return S3Store(
+            bucket,
+            config={"endpoint": self.url, "region": REGION},
+            client_options={"allow_http": True},
+            credential_provider=_root_credential,
+        )
+
+
+def _root_credential() -> S3Credential:
+    return {
+        "access_key_id": ROOT_ACCESS_KEY,
+        "secret_access_key": ROOT_SECRET_KEY,
+        "token": None,
+        "expires_at": None,
+    }
 
 
 def _wait_tls(port: int, process: subprocess.Popen[bytes], log: Path, within: float) -> None:

@@ -20,7 +20,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from kubernetes_asyncio import client
-from obstore.store import S3Store
 
 from hack.model_server import iris_predict
 from hack.postgres import SUPERUSER
@@ -51,17 +50,7 @@ async def create_secret(e2e: E2E, name: str, data: dict[str, str]) -> None:
 async def seed_bucket(server: S3Server) -> tuple[str, dict[int, tuple[list[float], str]]]:
     """Two Parquet objects of 150-row groups; ``{id: (features, species)}``."""
     bucket = server.create_bucket()
-    store = S3Store(
-        bucket,
-        config={"endpoint": server.url, "region": REGION},
-        client_options={"allow_http": True},
-        credential_provider=lambda: {
-            "access_key_id": ROOT_ACCESS_KEY,
-            "secret_access_key": ROOT_SECRET_KEY,
-            "token": None,
-            "expires_at": None,
-        },
-    )
+    store = server.root_store(bucket)
     features = iris_features(ROWS, seed=41)
     ids = [90_000 - 13 * i for i in range(ROWS)]  # keys that are not positions
     species = [f"sp-{i % 7}-{i}" for i in ids]

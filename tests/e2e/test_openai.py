@@ -19,7 +19,6 @@ import obstore
 import orjson
 import pytest
 from kubernetes_asyncio import client
-from obstore.store import S3Store
 
 from hack.openai_server import chat_reply
 from hack.s3server import REGION, ROOT_ACCESS_KEY, ROOT_SECRET_KEY, S3Server
@@ -152,25 +151,11 @@ async def test_a_request_the_model_refuses_fails_the_run_with_the_servers_words(
     assert not llm.storage.has_table("answers")
 
 
-def s3_client(server: S3Server, bucket: str) -> S3Store:
-    return S3Store(
-        bucket,
-        config={"endpoint": server.url, "region": REGION},
-        client_options={"allow_http": True},
-        credential_provider=lambda: {
-            "access_key_id": ROOT_ACCESS_KEY,
-            "secret_access_key": ROOT_SECRET_KEY,
-            "token": None,
-            "expires_at": None,
-        },
-    )
-
-
 @pytest.mark.timeout(420)
 @pytest.mark.usefixtures("controller")
 async def test_an_openai_batch_file_round_trips_through_s3(llm: LLM, s3_server: S3Server) -> None:
     bucket = s3_server.create_bucket()
-    store = s3_client(s3_server, bucket)
+    store = s3_server.root_store(bucket)
 
     def b64(text: str) -> str:
         return base64.b64encode(text.encode()).decode()

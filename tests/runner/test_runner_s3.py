@@ -23,7 +23,6 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 from aiohttp import ClientSession, web
-from obstore.store import S3Store
 
 from contract.exitcodes import ExitCode
 from hack.loopback import LoopbackApp
@@ -65,17 +64,7 @@ class Bucket:
 
     def __post_init__(self) -> None:
         self.url = self.url or self.server.url
-        self.client = S3Store(
-            self.name,
-            config={"endpoint": self.server.url, "region": REGION},
-            client_options={"allow_http": True},
-            credential_provider=lambda: {
-                "access_key_id": ROOT_ACCESS_KEY,
-                "secret_access_key": ROOT_SECRET_KEY,
-                "token": None,
-                "expires_at": None,
-            },
-        )
+        self.client = self.server.root_store(self.name)
 
     def entry(self, **settings: Any) -> dict[str, Any]:
         return {
