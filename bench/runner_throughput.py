@@ -120,6 +120,20 @@ def server(args: list[str], ready_url: str) -> Iterator[subprocess.Popen[bytes]]
         stop_process(process, grace=15)
 
 
+def print_load_and_direct(
+    load: list[tuple[float, float, float]], direct_rows: int, before: float, after: float
+) -> None:
+    """The report's lines on the machine's load and on the direct load generator's rate."""
+    print(
+        "load averages (start, after each part): "
+        + "; ".join(" ".join(f"{v:.2f}" for v in triple) for triple in load)
+    )
+    print(
+        f"model server, direct load generator ({direct_rows:,} rows): "
+        f"{(before + after) / 2:,.0f} rows/s (before the runners {before:,.0f}, after {after:,.0f})"
+    )
+
+
 def iris_rows(count: int) -> list[list[float]]:
     rng = np.random.default_rng(1)
     low, high = np.array([4.3, 2.0, 1.0, 0.1]), np.array([7.9, 4.4, 6.9, 2.5])
@@ -567,14 +581,7 @@ def store_main(args: argparse.Namespace) -> int:
         f"size {page}, {args.pages_in_flight} pages in flight, {os.cpu_count()} CPUs; "
         f"seeding {rows:,} rows took {seeded:.0f} s"
     )
-    print(
-        "load averages (start, after each part): "
-        + "; ".join(" ".join(f"{v:.2f}" for v in triple) for triple in load)
-    )
-    print(
-        f"model server, direct load generator ({args.direct_rows:,} rows): {direct:,.0f} rows/s "
-        f"(before the runners {before:,.0f}, after {after:,.0f})"
-    )
+    print_load_and_direct(load, args.direct_rows, before, after)
     print(
         f"streaming runner, {args.storage} provider, {rows:,} rows: {rate:,.0f} rows/s over the "
         f"whole stream ({one['seconds']:.1f} s; {one['wallSeconds']:.1f} s wall with process "
@@ -718,14 +725,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.page_size}, {args.pages_in_flight} pages in flight, {os.cpu_count()} CPUs; "
         f"seeding {rows:,} rows took {seeded:.0f} s"
     )
-    print(
-        "load averages (start, after each part): "
-        + "; ".join(" ".join(f"{v:.2f}" for v in triple) for triple in load)
-    )
-    print(
-        f"model server, direct load generator ({args.direct_rows:,} rows): {direct:,.0f} rows/s "
-        f"(before the runners {before:,.0f}, after {after:,.0f})"
-    )
+    print_load_and_direct(load, args.direct_rows, before, after)
     print(
         f"streaming runner, http provider, {rows:,} rows: {rate:,.0f} rows/s over the whole "
         f"stream ({one['seconds']:.1f} s; {one['wallSeconds']:.1f} s wall with process start) "
