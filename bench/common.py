@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from controller.kube.resources import API_VERSION, CONFIG_KIND, RUN_KIND
+
 MIB = 2**20
 T = TypeVar("T")
 
@@ -153,8 +155,8 @@ def config_body(namespace: str, name: str, image: str) -> dict[str, Any]:
     """An InferenceConfig whose runs never reach a real model or storage."""
     storage = {"krateo": {"api": {"endpointRef": {"name": "s"}, "path": "/x", "verb": "POST"}}}
     return {
-        "apiVersion": "ai.krateo.io/v1",
-        "kind": "InferenceConfig",
+        "apiVersion": API_VERSION,
+        "kind": CONFIG_KIND,
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "image": image,
@@ -167,8 +169,8 @@ def config_body(namespace: str, name: str, image: str) -> dict[str, Any]:
 def run_body(namespace: str, name: str, config: str, **spec: Any) -> dict[str, Any]:
     """An InferenceRun of ``config``; ``spec`` adds fields (``suspend=True``, ``schedule``)."""
     return {
-        "apiVersion": "ai.krateo.io/v1",
-        "kind": "InferenceRun",
+        "apiVersion": API_VERSION,
+        "kind": RUN_KIND,
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"configRef": {"name": config}, "parameters": {"t": "x"}, **spec},
     }

@@ -1031,7 +1031,7 @@ class Tracker:
         self.config_status: dict[str, Obj] = {}
         self.leaks: list[str] = []
         q = urllib.parse.urlencode({"labelSelector": selector})
-        base = f"/apis/ai.krateo.io/v1/namespaces/{namespace}"
+        base = f"/apis/{API_VERSION}/namespaces/{namespace}"
         self.threads = [
             threading.Thread(
                 target=self._follow, args=(f"{base}/inferenceruns?{q}", self._run), daemon=True
@@ -1178,7 +1178,7 @@ class FuzzEngine:
     # ---------------------------------------------------------------- create
 
     def _path(self, kind: str) -> str:
-        return f"/apis/ai.krateo.io/v1/namespaces/{self.namespace}/{kind}"
+        return f"/apis/{API_VERSION}/namespaces/{self.namespace}/{kind}"
 
     def _create(self, obj: Obj, plural: str) -> tuple[Obj | None, Refusal | None]:
         try:
