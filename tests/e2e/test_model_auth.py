@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes_asyncio import client
+from kubernetes_asyncio import client, watch
 
 from hack.controllerproc import ControllerProcess
 from hack.loopback import AuthProxy
@@ -120,9 +120,11 @@ async def test_a_projected_service_account_token_carries_its_audience(
 class ProbeLogs:
     """The logs of a namespace's probe pods, read while they exist (the controller deletes them).
 
-    A pod's log is read again on every look until its container has ended,
-    then once more: ``logs`` holds the last read of each pod, ``ended`` the
-    pods whose log was read after their container ended.
+    A pod's log is read on every change the pods' watch brings until its
+    container has ended, then once more: ``logs`` holds the last read of each
+    pod, ``ended`` the pods whose log was read after their container ended. A
+    watch, not a poll: the ending is seen as it happens, and the log read at
+    once, before the controller's clean-up takes the pod away.
     """
 
     SELECTOR = "app.kubernetes.io/component=inference-probe"
@@ -133,26 +135,28 @@ class ProbeLogs:
         self.logs: dict[str, str] = {}
         self.ended: set[str] = set()
 
-    async def _look(self) -> None:
-        pods = await self.core.list_namespaced_pod(self.namespace, label_selector=self.SELECTOR)
-        for pod in pods.items:
-            name = pod.metadata.name
-            if name in self.ended:
-                continue
-            states = [s.state for s in pod.status.container_statuses or []]
-            ended = bool(states) and all(s.terminated is not None for s in states)
-            if not states:
-                continue
-            with contextlib.suppress(client.ApiException):  # not started yet, or deleted
-                self.logs[name] = await self.core.read_namespaced_pod_log(name, self.namespace)
-                if ended:
-                    self.ended.add(name)
+    async def _look(self, pod: Any) -> None:
+        name = pod.metadata.name
+        states = [s.state for s in pod.status.container_statuses or []]
+        if name in self.ended or not states:
+            return
+        ended = all(s.terminated is not None for s in states)
+        with contextlib.suppress(client.ApiException):  # not started yet, or deleted
+            self.logs[name] = await self.core.read_namespaced_pod_log(name, self.namespace)
+            if ended:
+                self.ended.add(name)
 
     async def follow(self) -> None:
-        while True:
+        while True:  # a watch the API server ends is started again
             with contextlib.suppress(client.ApiException):
-                await self._look()
-            await asyncio.sleep(0.1)
+                stream = watch.Watch().stream(
+                    self.core.list_namespaced_pod,
+                    self.namespace,
+                    label_selector=self.SELECTOR,
+                    timeout_seconds=300,
+                )
+                async for event in stream:
+                    await self._look(event["object"])
 
 
 async def test_the_probe_reports_a_refused_token_by_name_without_showing_it(
@@ -165,7 +169,7 @@ async def test_the_probe_reports_a_refused_token_by_name_without_showing_it(
     try:
         await e2e.runs.create(config)
         result = await probed(e2e.runs, "cfg")
-        for _ in range(50):  # the last read of the pod's log, if it is still there
+        for _ in range(300):  # the last read of the pod's log, if it is not in yet
             if logs.ended:
                 break
             await asyncio.sleep(0.1)
