@@ -35,6 +35,7 @@ from hack import chart
 from hack.cluster import LocalCluster, ensure_binaries, leftover_processes
 from hack.controllerproc import ControllerProcess, controller_for, running
 from hack.crds import install_crds
+from runner.redact import REDACTOR
 from tests.runs import Runs
 from tests.servers import (
     model_server,
@@ -103,6 +104,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         marker = _DIR_MARKERS.get(parts[0]) if len(parts) > 1 else None
         if marker and not item.get_closest_marker(marker):
             item.add_marker(marker)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_redactor() -> Iterator[None]:
+    """Each test's runs start with no registered secret, as each runner process does.
+
+    The runner's redactor is process-wide (one run per process in a pod), but
+    the tests run many runs in one process: a value one test registered (a
+    wrong token "wrong", say) would be hidden in every later test's messages.
+    """
+    REDACTOR.clear()
+    yield
+    REDACTOR.clear()
 
 
 _LEFTOVERS = pytest.StashKey[list[str]]()
