@@ -13,7 +13,7 @@ UNIT_WORKERS ?= 2
 TEST_WORKERS ?= 4
 # xdist workers for the fault tier, each with a control plane of its own (its outages stay there).
 FAULT_WORKERS ?= 4
-# When the suite's three runs go: ',' between runs one after the other, '+' between runs at
+# When the suite's four runs go: ',' between runs one after the other, '+' between runs at
 # the same time; `make test TEST_ORDER=node,faults,parallel,unit` runs them one by one, reversed.
 TEST_ORDER ?= unit+parallel,faults+node
 
