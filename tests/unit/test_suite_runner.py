@@ -181,9 +181,6 @@ def test_runs_at_the_same_time_each_keep_their_lines_and_verdict(
         "[node] == 3 passed in 0.10s ==",
     ]
     assert len(lines) == 5, out
-    # Each run was timed (its own clock, for its line in the summary).
-    assert node.seconds > 0
-    assert faults.seconds > 0
     assert suite.verdict(outcomes) == 1
 
 
