@@ -11,8 +11,10 @@ loops:
   by Arrow's number-to-string cast and string joins (:class:`EncodedRows`); a
   batch's request carries the rows' texts joined, as the ``data`` of the v2
   body (``orjson.Fragment``), nested as the row path sends it. Integers are
-  written as integers and floats in their shortest round-trip form, so the
-  model receives the same numbers as from the row path;
+  written as integers and floats in their shortest round-trip form, a whole
+  float with its point (``1.0``, ``-0.0``: without it a JSON reader makes an
+  integer, and ``-0`` loses its sign), so the model receives the same numbers,
+  of the same types, as from the row path;
 - the **carried** columns (``keyColumn``, ``passthroughColumns``) stay Arrow
   columns, and the chunk is those columns plus ``prediction`` (a Python value
   per row, as the model answered it): the table the row path would build from
@@ -140,24 +142,74 @@ def _carried(column: pa.ChunkedArray, key: bool) -> pa.ChunkedArray | None:
     return None
 
 
+def _whole_floats(values: pa.Array) -> pa.Array:
+    """Where ``values`` (float64) is a finite whole number: false, never null, elsewhere."""
+    whole = pc.and_(pc.equal(pc.floor(values), values), pc.is_finite(values))
+    return pc.fill_null(whole, False)
+
+
+def float_texts(values: pa.Array | pa.ChunkedArray, texts: Any = None) -> pa.Array:
+    """Floats (float64) as JSON numbers that decode to the same floats, -0.0 included.
+
+    ``texts`` is their shortest round-trip text (Arrow's cast, or a server's),
+    made here when not given. Such text writes a whole number without a point
+    (``1``, ``-0``), which a JSON reader takes as an integer (``-0`` as 0, its
+    sign lost): those get ``.0``, as the row path's ``orjson`` writes them. A
+    whole number written with an exponent (``1e+15``) is a float already.
+    """
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if texts is None:
+        texts = pc.cast(values, pa.string())
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks()
+    whole = _whole_floats(values)
+    if not pc.any(whole).as_py():
+        return texts
+    picked = pc.filter(texts, whole)
+    pointed = pc.if_else(
+        pc.match_substring(picked, "e"), picked, pc.binary_join_element_wise(picked, ".0", "")
+    )
+    return pc.replace_with_mask(texts, whole, pointed)
+
+
+def python_float_texts(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Floats (float64) as Python's ``repr`` writes them (``-0.0``, ``1e-05``, ``nan``), nulls kept.
+
+    Arrow's shortest text has the same digits; it differs in where it uses an
+    exponent and how it writes one (``1e+10``, ``0.00001``, ``1e-7`` for
+    Python's ``10000000000.0``, ``1e-05``, ``1e-07``), and in the point of a
+    whole number (:func:`float_texts`). The values it writes with an exponent,
+    and those below 1e-4 (which Python writes with one), are made by ``repr``.
+    """
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    texts = float_texts(values)
+    tiny = pc.and_(pc.less(pc.abs(values), 1e-4), pc.not_equal(values, 0.0))
+    odd = pc.fill_null(pc.or_(pc.match_substring(texts, "e"), tiny), False)
+    if not pc.any(odd).as_py():
+        return texts
+    spelled = pa.array([repr(v) for v in pc.filter(values, odd).to_pylist()], pa.string())
+    return pc.replace_with_mask(texts, odd, spelled)
+
+
 def row_texts(
     columns: Sequence[pa.ChunkedArray], given: Sequence[pa.ChunkedArray | None] = ()
 ) -> pa.Array:
     """Each row's features as JSON text, ``[v1,...,vk]`` (module docstring).
 
     ``given[i]``, when there, is column ``i``'s values already as JSON numbers
-    (a ``postgres`` page's server text), used as it is.
+    (a ``postgres`` page's server text), used as it is but for the point a
+    whole float needs (:func:`float_texts`).
     """
     # float32 widened first: the row path sends Python's float of it (5.099999904632568).
     padded = [*given, *[None] * (len(columns) - len(given))]
-    texts = [
-        text
-        if text is not None
-        else pc.cast(
-            column.cast(pa.float64()) if pa.types.is_floating(column.type) else column, pa.string()
-        )
-        for column, text in zip(columns, padded, strict=True)
-    ]
+    texts = []
+    for column, text in zip(columns, padded, strict=True):
+        if pa.types.is_floating(column.type):
+            texts.append(float_texts(column.cast(pa.float64()), text))
+        else:
+            texts.append(text if text is not None else pc.cast(column, pa.string()))
     joined = pc.binary_join_element_wise(*texts, ",") if len(texts) > 1 else texts[0]
     wrapped = pc.binary_join_element_wise("[", joined, "]", "")
     if isinstance(wrapped, pa.ChunkedArray):

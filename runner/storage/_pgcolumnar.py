@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 from psycopg import sql
 
-from runner.storage._columnar import positions
+from runner.storage._columnar import positions, python_float_texts
 
 # The result types taken columnar, by type OID: what Arrow makes of their text.
 ARROW_TYPES: dict[int, pa.DataType] = {
@@ -210,11 +210,20 @@ def csv_chunk(table: pa.Table, first: int, step: int) -> pa.Buffer:
     """``row_index`` (``first``, ``first + step``, ...) then the table's columns, as CSV.
 
     Arrow writes strings quoted and nulls as empty unquoted fields, which is how
-    ``COPY ... (FORMAT csv)`` reads them; floats in their shortest round-trip form.
+    ``COPY ... (FORMAT csv)`` reads them. Floats are written as the row path's
+    ``COPY`` writes them, Python's ``repr`` (``-0.0``, ``1.0``, ``1e-05``), so a
+    ``text`` or ``numeric`` column stores the same text either way (Arrow's own
+    ``-0``, ``1``, ``0.00001`` differ).
     """
     rows = table.num_rows
     index = positions(first, rows, step)
-    chunk = pa.table([index, *table.columns], names=["row_index", *table.column_names])
+    columns = [
+        python_float_texts(column.cast(pa.float64()))
+        if pa.types.is_floating(column.type)
+        else column
+        for column in table.columns
+    ]
+    chunk = pa.table([index, *columns], names=["row_index", *table.column_names])
     sink = pa.BufferOutputStream()
     pa_csv.write_csv(chunk, sink, write_options=pa_csv.WriteOptions(include_header=False))
     buffer: pa.Buffer = sink.getvalue()

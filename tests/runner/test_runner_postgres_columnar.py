@@ -81,6 +81,13 @@ def comparable(value: Any) -> Any:
     return value
 
 
+def typed(value: Any) -> Any:
+    """A value with its type and sign: ``1`` differs from ``1.0``, ``-0.0`` from ``0.0``."""
+    if isinstance(value, list | tuple):
+        return [typed(v) for v in value]
+    return (type(value).__name__, repr(value))
+
+
 async def read_all(
     provider: PostgresProvider, ctx: StorageContext, part: Partition, page_size: int
 ) -> tuple[list[Any], list[type]]:
@@ -151,10 +158,10 @@ async def test_the_model_gets_the_row_paths_numbers_from_the_servers_text(
     sent = orjson.loads(features.json())
     expected = [[row[name] for name in columns] for row in rows]
     assert len(sent) == len(values)
-    # Equal as numbers (-0.0 arrives as -0, as Arrow's own cast writes it for S3 pages).
-    assert [[float(v) for v in row] for row in sent] == [
-        [float(v) for v in row] for row in expected
-    ]
+    # Of the same types and signs: the server writes 5.0 as "5" and -0.0 as "-0",
+    # JSON integers, which the columnar path sends as 5.0 and -0.0.
+    assert typed(sent) == typed(expected)
+    assert typed(sent[1])[3] == ("float", "-0.0")
 
 
 async def test_an_empty_query_is_an_empty_page(postgres: Database) -> None:
@@ -240,3 +247,44 @@ async def test_a_chunk_of_lists_is_stored_by_the_row_path(postgres: Database) ->
     from_table, from_rows = await store_both(postgres, output)
     assert len(from_table) == 3
     assert from_table == from_rows
+
+
+def stored_texts(db: Database, table: str, columns: list[str]) -> list[tuple[object, ...]]:
+    """Each stored row's columns as the server writes them (``::text``): numeric's scale too."""
+    listed = ", ".join(f"{name}::text" for name in columns)
+    return db.query(f"SELECT row_index, {listed} FROM {table} ORDER BY shard, row_index")
+
+
+def text_tables(db: Database, columns: str) -> None:
+    for name in ("from_table", "from_rows"):
+        db.execute(
+            f"CREATE TABLE {name} (run_uid text, shard integer, row_index bigint, {columns}, "
+            "PRIMARY KEY (run_uid, shard, row_index))"
+        )
+
+
+ODD_FLOATS: list[float | None] = [-0.0, 1.0, 1e-5, 1e-7, 1e10, 1e15, 1e16, 0.1 + 0.2]
+ODD_FLOATS += [math.nan, math.inf, -math.inf, 2.5, None]
+
+
+async def test_floats_into_text_and_numeric_columns_are_stored_as_the_row_path_stores_them(
+    postgres: Database,
+) -> None:
+    # Arrow's CSV wrote -0.0 as "-0", 1.0 as "1", 1e-05 as "0.00001": other text in
+    # a text column, another scale in a numeric one, than the row path's COPY.
+    columns = ["as_text", "as_numeric", "as_float", "prediction"]
+    text_tables(
+        postgres, "as_text text, as_numeric numeric, as_float double precision, prediction text"
+    )
+    floats = pa.array(ODD_FLOATS, pa.float64())
+    output = pa.table({"as_text": floats, "as_numeric": floats, "as_float": floats})
+    output = output.append_column("prediction", floats)
+    await store_both(postgres, output)
+    from_table = stored_texts(postgres, "from_table", columns)
+    from_rows = stored_texts(postgres, "from_rows", columns)
+    assert len(from_rows) == len(ODD_FLOATS)
+    assert from_table == from_rows
+    # The row path's spelling, Python's: the float and its sign are kept.
+    assert from_rows[0][1:] == ("-0.0", "0.0", "-0", "-0.0")
+    assert from_rows[2][1] == "1e-05"
+

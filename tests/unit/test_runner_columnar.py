@@ -20,7 +20,8 @@ import pytest
 from runner.inference import TensorSpec, v1_request, v2_request
 from runner.join import RowSplitter, Selection, join
 from runner.storage._columnar import ArrowRows, EncodedRows, constant, positions
-from runner.storage._s3formats import chunk_table, records_of
+from runner.storage._s3formats import chunk_table, encode_chunk, records_of
+from runner.storage._s3layout import Format
 
 IRIS = ("sepal_length", "sepal_width", "petal_length", "petal_width")
 
@@ -115,6 +116,51 @@ def test_encoded_rows_slice_like_a_list() -> None:
     assert rows[3] == [3, 1.5]
     assert orjson.loads(rows[4:7].json()) == [[4, 2.0], [5, 2.5], [6, 3.0]]
     assert rows[10:].json() == b"[]"
+
+
+def typed(value: Any) -> Any:
+    """A decoded value with its type and sign: ``1`` differs from ``1.0``, ``-0.0`` from ``0.0``."""
+    if isinstance(value, list):
+        return [typed(v) for v in value]
+    return (type(value).__name__, repr(value))
+
+
+def test_whole_floats_reach_the_model_as_floats_with_their_sign() -> None:
+    # Arrow's cast writes 1.0 as "1" and -0.0 as "-0": JSON integers (0 without its sign).
+    rows = page(
+        a=[-0.0, 1.0, 1e15, 1e10, 2.5, 1e-7],
+        b=pa.array([1, -2, 3, 2**53 + 1, 5, 6], pa.int64()),
+        c=pa.array([1.0, -0.0, 0.5, 3.0, 1e20, 7.0], pa.float32()),
+    )
+    selection = Selection(columns=["a", "b", "c"])
+    expected, _ = row_path(rows, selection, [0] * 6)
+    sent, _ = columnar_path(rows, selection, [0] * 6)
+    assert len(sent) == 6
+    assert typed(sent) == typed(expected)
+    assert typed(sent[0]) == [("float", "-0.0"), ("int", "1"), ("float", "1.0")]
+
+
+ODD_FLOATS = [-0.0, 1.0, 1e-5, 1e15, math.nan, math.inf, -math.inf, 0.1 + 0.2, None]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "csv"])
+def test_a_chunk_is_stored_byte_for_byte_as_the_row_path_stores_it(fmt: Format) -> None:
+    count = len(ODD_FLOATS)
+    rows = page(
+        id=pa.array(range(count), pa.int32()),
+        x=[0.5 * n for n in range(count)],
+        score=pa.array(ODD_FLOATS, pa.float64()),
+        flag=[True, False, None] * 3,
+        big=pa.array([2**53 + 1, -(2**63), None] * 3, pa.int64()),
+        name=['a,"b"', "line\nbreak", None, "", "ü", "-0", "true", "t", "nan"],
+    )
+    selection = Selection(key_column="id", passthrough_columns=["score", "flag", "big", "name"])
+    answer = [-0.0, 1.0, 2.0, 0.0, 1e-7, 3.0, -0.0, 1e20, 0.5]
+    _, expected = row_path(rows, selection, answer)
+    _, got = columnar_path(rows, selection, answer)
+    stored = encode_chunk(got, fmt, "none")
+    assert stored == encode_chunk(expected, fmt, "none")
+    assert got.num_rows == count
 
 
 def test_a_page_of_several_tables_is_one_page() -> None:
