@@ -213,7 +213,8 @@ def csv_chunk(table: pa.Table, first: int, step: int) -> pa.Buffer:
     ``COPY ... (FORMAT csv)`` reads them. Floats are written as the row path's
     ``COPY`` writes them, Python's ``repr`` (``-0.0``, ``1.0``, ``1e-05``), so a
     ``text`` or ``numeric`` column stores the same text either way (Arrow's own
-    ``-0``, ``1``, ``0.00001`` differ).
+    ``-0``, ``1``, ``0.00001`` differ); booleans as ``true``/``false``, as both
+    paths write them.
     """
     rows = table.num_rows
     index = positions(first, rows, step)

@@ -322,7 +322,16 @@ def column_type(value: Any) -> str:
 
 
 def copy_value(value: Any) -> Any:
-    """A value as ``COPY`` takes it: lists and objects as JSON text."""
+    """A value as ``COPY`` takes it: lists and objects as JSON text, booleans as words.
+
+    psycopg writes a boolean as ``t``/``f``, which a ``boolean`` column reads
+    but a ``text`` column keeps as ``t`` and a ``jsonb`` one refuses; ``true`` and
+    ``false`` are what PostgreSQL itself gives for a boolean cast to text, what
+    the columnar path writes (Arrow's CSV) and JSON's words: every column type
+    that takes a boolean reads them.
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, list | dict):
         return orjson.dumps(value).decode()
     return value

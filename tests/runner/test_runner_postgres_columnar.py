@@ -288,3 +288,21 @@ async def test_floats_into_text_and_numeric_columns_are_stored_as_the_row_path_s
     assert from_rows[0][1:] == ("-0.0", "0.0", "-0", "-0.0")
     assert from_rows[2][1] == "1e-05"
 
+
+async def test_booleans_into_text_and_jsonb_columns_are_stored_as_the_row_path_stores_them(
+    postgres: Database,
+) -> None:
+    # The row path's COPY wrote t/f (psycopg's), which a text column kept as "t" and
+    # a jsonb one refused; the columnar path's CSV writes true/false.
+    columns = ["as_text", "as_json", "as_bool", "prediction"]
+    text_tables(postgres, "as_text text, as_json jsonb, as_bool boolean, prediction text")
+    flags = pa.array([True, False, None, True, False])
+    output = pa.table({"as_text": flags, "as_json": flags, "as_bool": flags, "prediction": flags})
+    await store_both(postgres, output)
+    from_table = stored_texts(postgres, "from_table", columns)
+    from_rows = stored_texts(postgres, "from_rows", columns)
+    assert len(from_rows) == 5
+    assert from_table == from_rows
+    # What PostgreSQL gives for a boolean cast to text.
+    assert from_rows[0][1:] == ("true", "true", "true", "true")
+    assert from_rows[2][1:] == (None, None, None, None)
