@@ -1,7 +1,7 @@
 """Helpers shared by benchmarks: /proc readings, audit-log counts, quantiles, the objects.
 
 Nothing here talks to the API server: benchmarks do that through the
-controller's own client (``controller.kube.client.KubeClient``). The objects
+controller's own client (``kubeclient.client.KubeClient``). The objects
 they create (:func:`config_body`, :func:`run_body`) are written once, here.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from controller.kube.resources import API_VERSION, CONFIG_KIND, RUN_KIND
+from kubeclient.resources import API_VERSION, CONFIG_KIND, RUN_KIND
 
 MIB = 2**20
 T = TypeVar("T")

@@ -66,11 +66,11 @@ from bench.controller_throughput import (
     suspended_run,
 )
 from bench.scale import chart_workers
-from controller.kube.client import KubeClient
-from controller.kube.informer import LAST_APPLIED
-from controller.kube.resources import CONFIGMAPS, CONFIGS, JOBS, RUNS
 from controller.naming import managed_selector
 from hack.cluster import running_cluster
+from kubeclient.client import KubeClient
+from kubeclient.informer import LAST_APPLIED
+from kubeclient.resources import CONFIGMAPS, CONFIGS, JOBS, RUNS
 from runner.batching import map_ordered
 
 

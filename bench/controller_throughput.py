@@ -8,7 +8,7 @@ controller running as the Helm chart's ServiceAccount, ``--workers`` workers
 (``KUBE_API_QPS=500``, ``KUBE_API_BURST=1000``), every run ``suspend: true``
 so that no pod runs and a run counts as reconciled once its Job exists. The
 benchmark's own requests go through the controller's client
-(``controller.kube.client.KubeClient``) as the admin user, with limits far
+(``kubeclient.client.KubeClient``) as the admin user, with limits far
 above what is reached too:
 
 1. **API server limit** (namespace ``bench-direct``, which the controller does
@@ -65,13 +65,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import config_body, load_average, machine, proc_cpu_seconds, run_body
 from controller.api import InferenceConfig, InferenceRun
-from controller.kube.client import KubeClient
-from controller.kube.resources import CONFIGMAPS, CONFIGS, EVENTS, JOBS, RUNS, Obj, Resource
 from controller.naming import RUN_UID_LABEL, managed_selector
 from controller.render import desired_configmap, desired_job
 from hack import chart
 from hack.cluster import LocalCluster, free_port, running_cluster, spawn, stop_process
 from hack.crds import install_crds
+from kubeclient.client import KubeClient
+from kubeclient.resources import CONFIGMAPS, CONFIGS, EVENTS, JOBS, RUNS, Obj, Resource
 from runner.batching import map_ordered
 
 NAMESPACE = "bench"

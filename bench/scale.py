@@ -81,9 +81,6 @@ from bench.common import (
     since,
 )
 from controller.api import InferenceConfig, InferenceRun
-from controller.kube.client import KubeClient
-from controller.kube.errors import ApiError
-from controller.kube.resources import CONFIGS, CRONJOBS, JOBS, NAMESPACES, RUNS, Obj, Resource
 from controller.naming import RUN_UID_LABEL, managed_selector
 from controller.plan import Create, View, plan
 from controller.sharding import shard_of
@@ -92,6 +89,9 @@ from hack.cluster import LocalCluster, ensure_binaries
 from hack.controllerproc import ControllerProcess
 from hack.crds import install_crds
 from hack.kwok import Kwok
+from kubeclient.client import KubeClient
+from kubeclient.errors import ApiError
+from kubeclient.resources import CONFIGS, CRONJOBS, JOBS, NAMESPACES, RUNS, Obj, Resource
 from runner.batching import map_ordered
 
 REPO = Path(__file__).resolve().parents[1]

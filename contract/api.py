@@ -6,7 +6,7 @@ of the runner's container in a run's pods. The controller defines its objects
 with these (``controller.naming``, ``controller.render`` re-export them); the
 kubectl plugin reads the objects with them. The two custom resources
 themselves (group, version, kinds, plurals, the ``RUNS``/``CONFIGS``
-descriptors) are the API client's, ``controller.kube.resources``, which both
+descriptors) are the API client's, ``kubeclient.resources``, which both
 import and which imports nothing of this package.
 """
 

@@ -27,12 +27,12 @@ import structlog
 
 from controller import selfcheck
 from controller.controller import Controller
-from controller.kube.client import KubeClient
-from controller.kube.leaderelection import LeadershipLost
-from controller.kube.transport import ConfigurationError
 from controller.logging import configure_logging
 from controller.metrics import Metrics
 from controller.settings import Settings, SettingsError, load_settings
+from kubeclient.client import KubeClient
+from kubeclient.leaderelection import LeadershipLost
+from kubeclient.transport import ConfigurationError
 
 log = structlog.stdlib.get_logger("controller")
 

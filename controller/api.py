@@ -77,13 +77,6 @@ from contract.document import (
 )
 from contract.termination import RunResult
 from controller.cron import Schedule, TimeZone
-from controller.kube.resources import API_VERSION as API_VERSION
-from controller.kube.resources import CONFIG_KIND as CONFIG_KIND
-from controller.kube.resources import CONFIG_PLURAL as CONFIG_PLURAL
-from controller.kube.resources import GROUP as GROUP
-from controller.kube.resources import RUN_KIND as RUN_KIND
-from controller.kube.resources import RUN_PLURAL as RUN_PLURAL
-from controller.kube.resources import VERSION as VERSION
 from controller.quantity import parse_quantity, resource_list_errors, resource_requirements_errors
 from controller.validation import (
     DNS_SUBDOMAIN_PATTERN,
@@ -98,6 +91,13 @@ from controller.validation import (
     PodLabels,
     qualified_name_error,
 )
+from kubeclient.resources import API_VERSION as API_VERSION
+from kubeclient.resources import CONFIG_KIND as CONFIG_KIND
+from kubeclient.resources import CONFIG_PLURAL as CONFIG_PLURAL
+from kubeclient.resources import GROUP as GROUP
+from kubeclient.resources import RUN_KIND as RUN_KIND
+from kubeclient.resources import RUN_PLURAL as RUN_PLURAL
+from kubeclient.resources import VERSION as VERSION
 
 AutoDeletePolicy = Literal["None", "DeleteOnSuccess", "DeleteOnCompletion"]
 ImagePullPolicy = Literal["Always", "IfNotPresent", "Never"]

@@ -14,15 +14,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from controller.kube.informer import WATCH_IDLE_TIMEOUT, Informer
-from controller.kube.resources import CONFIGMAPS, CONFIGS, CRONJOBS, JOBS, PODS, RUNS, Obj, Resource
 from controller.naming import CONFIG_UID_LABEL, RUN_UID_LABEL, managed_selector
 from controller.projection import projection
 from controller.sharding import Shard, compose
+from kubeclient.informer import WATCH_IDLE_TIMEOUT, Informer
+from kubeclient.resources import CONFIGMAPS, CONFIGS, CRONJOBS, JOBS, PODS, RUNS, Obj, Resource
 
 if TYPE_CHECKING:
-    from controller.kube.client import KubeClient
     from controller.metrics import Metrics
+    from kubeclient.client import KubeClient
 
 # The indexes build_caches registers, by name: runs by their config, by uid and
 # by phase; configs by uid and by the InferenceService they reference; children

@@ -56,11 +56,6 @@ from typing import Any
 import structlog
 
 from controller.caches import BY_RUN_UID, Caches
-from controller.kube.errors import ApiError
-from controller.kube.objects import controller_of, object_key
-from controller.kube.resources import CRONJOBS, JOBS, RUNS, Obj, Resource
-from controller.kube.workers import Result, Workers
-from controller.kube.workqueue import WorkQueue
 from controller.metrics import NO_RUN_METRICS, RunMetrics, labelled
 from controller.naming import RUN_UID_LABEL
 from controller.orphans import (
@@ -74,6 +69,11 @@ from controller.orphans import (
     workloads_of,
 )
 from controller.reconcile import ReconcileClient
+from kubeclient.errors import ApiError
+from kubeclient.objects import controller_of, object_key
+from kubeclient.resources import CRONJOBS, JOBS, RUNS, Obj, Resource
+from kubeclient.workers import Result, Workers
+from kubeclient.workqueue import WorkQueue
 
 log = structlog.stdlib.get_logger(__name__)
 

@@ -20,14 +20,14 @@ from controller.api import InferenceConfig, RunnerPodDefaults
 from controller.caches import BY_CONFIG_UID, Caches
 from controller.invalid import describe_invalid
 from controller.isvc_watch import ModelWatch
-from controller.kube.errors import ApiError
-from controller.kube.events import EventRecorder
-from controller.kube.objects import is_controlled_by
-from controller.kube.resources import CONFIGMAPS, CONFIGS, JOBS, Obj
-from controller.kube.workers import Result
 from controller.modelcache import ModelCache
 from controller.probe import ConfigView, plan_config
 from controller.reconcile import ReconcileClient, model_of, on_api_error
+from kubeclient.errors import ApiError
+from kubeclient.events import EventRecorder
+from kubeclient.objects import is_controlled_by
+from kubeclient.resources import CONFIGMAPS, CONFIGS, JOBS, Obj
+from kubeclient.workers import Result
 
 log = structlog.stdlib.get_logger(__name__)
 

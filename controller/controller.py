@@ -60,25 +60,25 @@ from controller.caches import (
 from controller.cleanup import Cleanup
 from controller.config_reconcile import ConfigReconciler
 from controller.isvc_watch import ModelWatch
-from controller.kube.client import KubeClient
-from controller.kube.events import EventRecorder
-from controller.kube.informer import (
-    Informer,
-    OnAdd,
-    OnDelete,
-    OnUpdate,
-)
-from controller.kube.leaderelection import LeaderElector, make_identity
-from controller.kube.objects import object_key
-from controller.kube.ratelimit import default_rate_limiter
-from controller.kube.resources import Obj
-from controller.kube.workers import Workers
-from controller.kube.workqueue import WorkQueue
 from controller.metrics import Metrics
 from controller.projection import unchanged
 from controller.reconcile import Reconciler
 from controller.server import Servers, start_servers
 from controller.settings import Settings
+from kubeclient.client import KubeClient
+from kubeclient.events import EventRecorder
+from kubeclient.informer import (
+    Informer,
+    OnAdd,
+    OnDelete,
+    OnUpdate,
+)
+from kubeclient.leaderelection import LeaderElector, make_identity
+from kubeclient.objects import object_key
+from kubeclient.ratelimit import default_rate_limiter
+from kubeclient.resources import Obj
+from kubeclient.workers import Workers
+from kubeclient.workqueue import WorkQueue
 
 log = structlog.stdlib.get_logger(__name__)
 

@@ -42,7 +42,7 @@ from enum import Enum
 
 from contract.document import KServe
 from controller.api import InferenceConfig, InferenceServiceRef, ModelStatus
-from controller.kube.resources import Obj, Resource
+from kubeclient.resources import Obj, Resource
 
 INFERENCESERVICES = Resource(
     "serving.kserve.io", "v1beta1", "inferenceservices", "InferenceService"

@@ -41,12 +41,12 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from controller.isvc import INFERENCESERVICES, Access, AccessState
-from controller.kube.client import KubeClient
-from controller.kube.errors import ApiError, TransportError
-from controller.kube.informer import WATCH_IDLE_TIMEOUT, Informer
-from controller.kube.objects import object_key
-from controller.kube.resources import Obj
 from controller.metrics import Metrics
+from kubeclient.client import KubeClient
+from kubeclient.errors import ApiError, TransportError
+from kubeclient.informer import WATCH_IDLE_TIMEOUT, Informer
+from kubeclient.objects import object_key
+from kubeclient.resources import Obj
 
 log = structlog.stdlib.get_logger(__name__)
 

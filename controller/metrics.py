@@ -31,11 +31,11 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from controller.kube import instruments
+from kubeclient import instruments
 
-# controller.kube records with these; they are defined there (it imports no app module).
-from controller.kube.instruments import api_host as api_host
-from controller.kube.instruments import labelled as labelled
+# kubeclient records with these; they are defined there (it imports no app module).
+from kubeclient.instruments import api_host as api_host
+from kubeclient.instruments import labelled as labelled
 
 # No ``<counter>_created`` / ``<histogram>_created`` series: they double the
 # number of series, client-go and controller-runtime export none, and
@@ -80,7 +80,7 @@ REQUEST_DURATION_BUCKETS: tuple[float, ...] = (
     60.0,
 )
 
-# Kept in step with controller/kube/events.py: the values of the ``outcome``
+# Kept in step with kubeclient/events.py: the values of the ``outcome``
 # label of kserve_inference_controller_events_total.
 EVENT_OUTCOMES: tuple[str, ...] = ("created", "patched", "aggregated", "dropped", "failed")
 
@@ -139,7 +139,7 @@ RECONCILE_BUCKETS: tuple[float, ...] = (
     60.0,
 )
 
-# Kept in step with controller/kube/workers.py: the values of the ``result``
+# Kept in step with kubeclient/workers.py: the values of the ``result``
 # label of controller_runtime_reconcile_total.
 RECONCILE_RESULTS: tuple[str, ...] = (
     "success",

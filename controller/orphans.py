@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from controller.kube.objects import controller_of
-from controller.kube.resources import GROUP, RUN_KIND, Obj
 from controller.naming import RUN_UID_LABEL
+from kubeclient.objects import controller_of
+from kubeclient.resources import GROUP, RUN_KIND, Obj
 
 CRONJOB_KIND = "CronJob"
 # A run deleted with propagationPolicy=Orphan carries this finalizer until the

@@ -70,8 +70,6 @@ from controller.api import (
     set_condition,
 )
 from controller.isvc import ModelProblem, Resolution, ResolvedModel, contract_model
-from controller.kube.objects import job_finished, parse_time
-from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS, Obj, Resource
 from controller.naming import (
     CONFIG_GENERATION_ANNOTATION,
     CONFIG_RESOURCE_VERSION_ANNOTATION,
@@ -97,6 +95,8 @@ from controller.status import (
     pod_start_failure,
     queue_of,
 )
+from kubeclient.objects import job_finished, parse_time
+from kubeclient.resources import CONFIGMAPS, CRONJOBS, JOBS, Obj, Resource
 
 FINISHED = ("Succeeded", "Failed")
 # A Job that has had no pod for this long may be unable to create one: its

@@ -40,8 +40,6 @@ from controller.api import (
     set_condition,
 )
 from controller.isvc import ModelProblem, Resolution, ResolvedModel, contract_model
-from controller.kube.objects import finished_condition, job_finished, job_outcome, parse_time
-from controller.kube.resources import Obj
 from controller.naming import PROBE_GENERATION_ANNOTATION, probe_name
 from controller.plan import Event
 from controller.render import CONTAINER_NAME, desired_probe
@@ -51,6 +49,8 @@ from controller.status import (
     container_cannot_start,
     one_line,
 )
+from kubeclient.objects import finished_condition, job_finished, job_outcome, parse_time
+from kubeclient.resources import Obj
 
 # While a probe runs, look again at least this often (its pod's events also bring the config back).
 PROBE_RECHECK = 15.0

@@ -58,7 +58,6 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from controller.kube.resources import Obj
 from controller.naming import (
     COMPLETION_INDEX_LABEL,
     CONFIG_GENERATION_ANNOTATION,
@@ -71,6 +70,7 @@ from controller.naming import (
     RUN_SPEC_HASH_ANNOTATION,
     RUN_UID_LABEL,
 )
+from kubeclient.resources import Obj
 
 # metadata fields the readers of every kind use.
 OBJECT_META = (

@@ -82,18 +82,18 @@ from controller.caches import BY_RUN_UID, Caches
 from controller.invalid import describe_invalid
 from controller.isvc import Access, AccessState, Resolution, resolve, service_key
 from controller.isvc_watch import ModelWatch
-from controller.kube.errors import ApiError
-from controller.kube.events import EventRecorder
-from controller.kube.informer import Informer
-from controller.kube.objects import controller_of, is_controlled_by
-from controller.kube.ratelimit import ExponentialBackoff
-from controller.kube.resources import CONFIGMAPS, CONFIGS, EVENTS, RUNS, Obj, Resource
-from controller.kube.workers import Result, TerminalError
 from controller.logging import bound
 from controller.modelcache import ModelCache
+from kubeclient.errors import ApiError
+from kubeclient.events import EventRecorder
+from kubeclient.informer import Informer
+from kubeclient.objects import controller_of, is_controlled_by
+from kubeclient.ratelimit import ExponentialBackoff
+from kubeclient.resources import CONFIGMAPS, CONFIGS, EVENTS, RUNS, Obj, Resource
+from kubeclient.workers import Result, TerminalError
 
 if TYPE_CHECKING:
-    from controller.kube.client import ListOptions
+    from kubeclient.client import ListOptions
 from controller.metrics import NO_RUN_METRICS, RunMetrics
 from controller.naming import COMPLETION_INDEX_LABEL, child_labels
 from controller.plan import Create, Plan, Refusal, View, Write, plan, wants_job_events

@@ -38,13 +38,13 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from controller.api import GROUP, VERSION
-from controller.kube.errors import ApiError, NotFound, TransportError
-from controller.kube.objects import parse_time
-from controller.kube.resources import CONFIGS, LEASES, RUNS, Resource
+from kubeclient.errors import ApiError, NotFound, TransportError
+from kubeclient.objects import parse_time
+from kubeclient.resources import CONFIGS, LEASES, RUNS, Resource
 
 if TYPE_CHECKING:
-    from controller.kube.client import KubeClient
     from controller.settings import Settings
+    from kubeclient.client import KubeClient
 
 Status = Literal["ok", "FAIL", "skip"]
 

@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.kube.resources import Obj, Transform
+from kubeclient.resources import Obj, Transform
 
 # A bound on SHARD_COUNT: far beyond any sensible count, short of a typo's.
 MAX_SHARDS = 1000

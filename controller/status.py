@@ -89,9 +89,9 @@ from controller.api import (
     set_condition,
 )
 from controller.cron import next_schedule_time
-from controller.kube.objects import JOB_FAILED, finished_condition, job_outcome, parse_time
 from controller.naming import KUEUE_QUEUE_LABEL, POD_START_FAILED_ANNOTATION
 from controller.render import CONTAINER_NAME
+from kubeclient.objects import JOB_FAILED, finished_condition, job_outcome, parse_time
 
 CONDITION_WARNING = "Warning"
 # The Warning of a run whose output, not keyed, was written by more than one attempt.

@@ -68,8 +68,8 @@ from hypothesis import seed as fix_seed
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
-from controller.kube.resources import API_VERSION
 from controller.naming import uid_part
+from kubeclient.resources import API_VERSION
 
 Obj = dict[str, Any]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.kube.resources import GROUP as GROUP
-from controller.kube.resources import VERSION as VERSION
+from kubeclient.resources import GROUP as GROUP
+from kubeclient.resources import VERSION as VERSION
 
 Obj = dict[str, Any]
 

@@ -25,7 +25,7 @@ outcomes. For each pod it:
   ``kubectl logs`` and the ``pods/log`` API work.
 
 Everything is raw JSON over aiohttp, with its own small client rather than
-``controller.kube``: test infrastructure must not share bugs with the code it
+``kubeclient``: test infrastructure must not share bugs with the code it
 tests.
 
 The agent is split by concern: :mod:`hack.nodeagent_api` (its own small

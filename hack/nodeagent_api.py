@@ -1,6 +1,6 @@
 """The node agent's own small Kubernetes client (:mod:`hack.nodeagent`): JSON in, JSON out.
 
-Not ``controller.kube``: test infrastructure must not share bugs with the code
+Not ``kubeclient``: test infrastructure must not share bugs with the code
 it tests.
 """
 

@@ -1,7 +1,7 @@
 """``kubectl infer``: a kubectl plugin, a client of the InferenceRun API.
 
 Not part of the controller: it reads and writes runs and configs through the
-API server like any client, with the API client of ``controller.kube`` and
+API server like any client, with the API client of ``kubeclient`` and
 the names of :mod:`contract.api`, and imports nothing else of the controller
 (the import-linter contract "plugin-is-a-client" in pyproject.toml).
 

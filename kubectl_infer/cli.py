@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from contract.api import CONTAINER_NAME, run_selector
-from controller.kube.client import KubeClient
-from controller.kube.errors import ApiError, NotFound, TransportError
-from controller.kube.resources import (
+from kubeclient.client import KubeClient
+from kubeclient.errors import ApiError, NotFound, TransportError
+from kubeclient.resources import (
     CONFIGS,
     CRONJOBS,
     EVENTS,

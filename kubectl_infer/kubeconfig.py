@@ -25,12 +25,12 @@ from kubernetes_asyncio.client import Configuration
 from kubernetes_asyncio.config import kube_config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
-from controller.kube.incluster import (
+from kubeclient.incluster import (
     SERVICE_ACCOUNT_DIR,
     InClusterConfigError,
     InClusterConfiguration,
 )
-from controller.kube.transport import ApiConfiguration
+from kubeclient.transport import ApiConfiguration
 from kubectl_infer.runview import Exit
 
 DEFAULT_KUBECONFIG = Path("~/.kube/config")

@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 
 from contract.api import COMPLETION_INDEX_LABEL
-from controller.kube import objects
-from controller.kube.resources import RUNS
+from kubeclient import objects
+from kubeclient.resources import RUNS
 
 Obj = dict[str, Any]
 
@@ -238,7 +238,7 @@ def log_pods(
 
 
 def job_outcome(job: Mapping[str, Any]) -> Exit | None:
-    """A Job's end from its conditions (controller.kube.objects.job_outcome), None while it runs."""
+    """A Job's end from its conditions (kubeclient.objects.job_outcome), None while it runs."""
     outcome = objects.job_outcome(job)
     if outcome is None:
         return None

@@ -11,8 +11,8 @@ import asyncio
 import contextlib
 
 from controller.caches import build_caches
-from controller.kube.client import KubeClient
-from controller.kube.informer import Informer
+from kubeclient.client import KubeClient
+from kubeclient.informer import Informer
 
 
 class NamespaceCaches:

@@ -30,11 +30,11 @@ import pytest
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from controller.kube.client import KubeClient
 from hack import chart
 from hack.cluster import LocalCluster, ensure_binaries, leftover_processes
 from hack.controllerproc import ControllerProcess, controller_for, running
 from hack.crds import install_crds
+from kubeclient.client import KubeClient
 from runner.redact import REDACTOR
 from tests.runs import Runs
 from tests.servers import (
@@ -193,7 +193,7 @@ async def api_client(cluster: LocalCluster) -> AsyncIterator[client.ApiClient]:
 
 @pytest.fixture
 async def kube(cluster: LocalCluster) -> AsyncIterator[KubeClient]:
-    """The controller's own client (controller.kube.client), as the cluster's admin."""
+    """The controller's own client (kubeclient.client), as the cluster's admin."""
     async with await KubeClient.connect(kubeconfig=str(cluster.kubeconfig)) as kube:
         yield kube
 

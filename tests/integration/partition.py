@@ -6,8 +6,8 @@ from urllib.parse import urlparse
 
 from kubernetes_asyncio.client import Configuration
 
-from controller.kube.transport import load_configuration
 from hack.cluster import LocalCluster
+from kubeclient.transport import load_configuration
 from tests.integration.tcpproxy import TcpProxy
 
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from controller.kube.client import KubeClient
-from controller.kube.errors import ApiError, NotFound
-from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS, RUNS
 from controller.naming import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from hack.cluster import LocalCluster
 from hack.crds import install_crds
+from kubeclient.client import KubeClient
+from kubeclient.errors import ApiError, NotFound
+from kubeclient.resources import CONFIGMAPS, CRONJOBS, JOBS, RUNS
 from tests import chart
 from tests.chart import Obj
 from tests.kubehelpers import controller_ref, eventually

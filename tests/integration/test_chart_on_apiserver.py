@@ -30,10 +30,10 @@ from typing import Any
 
 import pytest
 
-from controller.kube.client import KubeClient
-from controller.kube.leaderelection import LeaderElector
 from controller.settings import load_settings
 from hack.cluster import LocalCluster
+from kubeclient.client import KubeClient
+from kubeclient.leaderelection import LeaderElector
 from tests.chart import (
     CHART_DIR,
     CONTROLLER_SERVICE_ACCOUNT,

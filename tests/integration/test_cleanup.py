@@ -21,13 +21,13 @@ import pytest
 from controller.caches import BY_UID
 from controller.cleanup import Cleanup
 from controller.controller import _with_new
-from controller.kube.client import KubeClient
-from controller.kube.errors import NotFound
-from controller.kube.events import EventRecorder
-from controller.kube.resources import CRONJOBS, JOBS, RUNS, Resource
 from controller.metrics import Metrics
 from controller.naming import MANAGED_BY_LABEL, MANAGED_BY_VALUE, RUN_UID_LABEL
 from controller.reconcile import Reconciler
+from kubeclient.client import KubeClient
+from kubeclient.errors import NotFound
+from kubeclient.events import EventRecorder
+from kubeclient.resources import CRONJOBS, JOBS, RUNS, Resource
 from tests.caches import NamespaceCaches
 from tests.kubehelpers import controller_ref, eventually, job_manifest
 from tests.runs import inference_run

@@ -13,14 +13,14 @@ from urllib.parse import urlparse
 import pytest
 from kubernetes_asyncio.client import Configuration
 
-from controller.kube import incluster
-from controller.kube.client import KubeClient
-from controller.kube.errors import ApiError, NotFound, TransportError
-from controller.kube.incluster import InClusterConfiguration
-from controller.kube.resources import CONFIGMAPS, NAMESPACES, PODS
-from controller.kube.transport import load_configuration
 from controller.metrics import Metrics
 from hack.cluster import LocalCluster
+from kubeclient import incluster
+from kubeclient.client import KubeClient
+from kubeclient.errors import ApiError, NotFound, TransportError
+from kubeclient.incluster import InClusterConfiguration
+from kubeclient.resources import CONFIGMAPS, NAMESPACES, PODS
+from kubeclient.transport import load_configuration
 from tests.kubehelpers import eventually
 
 

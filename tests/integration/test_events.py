@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from controller.kube.client import KubeClient
-from controller.kube.events import EventRecorder
-from controller.kube.resources import CONFIGMAPS, EVENTS
 from hack.cluster import LocalCluster
+from kubeclient.client import KubeClient
+from kubeclient.events import EventRecorder
+from kubeclient.resources import CONFIGMAPS, EVENTS
 from tests.kubehelpers import eventually
 
 

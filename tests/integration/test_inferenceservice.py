@@ -20,10 +20,10 @@ from kubernetes_asyncio import client
 
 from controller.isvc import Access
 from controller.isvc_watch import ModelWatch
-from controller.kube.client import KubeClient
 from hack.cluster import LocalCluster
 from hack.controllerproc import ControllerProcess, controller_for, running
 from hack.crds import install_inferenceservice_crd, remove_inferenceservice_crd
+from kubeclient.client import KubeClient
 from tests.integration.test_controller import children
 from tests.isvc import InferenceServices, inference_service, not_ready_status, ready_status
 from tests.kubehelpers import eventually, wait_for_events

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 
 from controller.caches import BY_RUN_UID, run_uid_index
-from controller.kube.client import KubeClient
-from controller.kube.informer import Informer
-from controller.kube.objects import object_key
-from controller.kube.resources import CONFIGMAPS, NAMESPACES
 from controller.metrics import Metrics
 from controller.naming import RUN_UID_LABEL
 from hack.cluster import LocalCluster
+from kubeclient.client import KubeClient
+from kubeclient.informer import Informer
+from kubeclient.objects import object_key
+from kubeclient.resources import CONFIGMAPS, NAMESPACES
 from tests.integration.partition import behind_a_proxy
 from tests.kubehelpers import controller_ref, eventually
 

@@ -17,11 +17,11 @@ import contextlib
 import time
 from typing import Any
 
-from controller.kube.client import KubeClient
-from controller.kube.errors import ApiError
-from controller.kube.informer import Informer, OnAdd
-from controller.kube.resources import CONFIGMAPS
 from hack.cluster import LocalCluster
+from kubeclient.client import KubeClient
+from kubeclient.errors import ApiError
+from kubeclient.informer import Informer, OnAdd
+from kubeclient.resources import CONFIGMAPS
 
 OUTAGE = 20.0  # seconds without an API server
 LIVENESS = 6.0  # seconds from the first write the server takes; an informer needs about 1

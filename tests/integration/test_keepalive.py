@@ -2,7 +2,7 @@
 
 A real connection from the controller's transport to an HTTP server on
 loopback: the socket it was given has SO_KEEPALIVE and the probe timings of
-:func:`controller.kube.transport.keepalive_options`.
+:func:`kubeclient.transport.keepalive_options`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio.client import Configuration
 
-from controller.kube.client import KubeClient
-from controller.kube.transport import KEEPALIVE, keepalive_options
+from kubeclient.client import KubeClient
+from kubeclient.transport import KEEPALIVE, keepalive_options
 
 
 async def watch(request: web.Request) -> web.StreamResponse:

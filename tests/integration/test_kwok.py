@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from controller.kube.client import KubeClient
-from controller.kube.resources import JOBS, PODS
 from hack.cluster import SUCCESS_MESSAGE, LocalCluster
 from hack.controllerproc import ControllerProcess
 from hack.kwok import FAILURE_EXIT_CODE, FAILURE_MESSAGE, Kwok
+from kubeclient.client import KubeClient
+from kubeclient.resources import JOBS, PODS
 from tests.kubehelpers import job_manifest
 from tests.runs import Runs, inference_config, inference_run, status
 

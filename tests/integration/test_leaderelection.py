@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from controller.kube.client import KubeClient
-from controller.kube.errors import NotFound
-from controller.kube.leaderelection import SERVICEACCOUNTS, LeaderElector, LeadershipLost
-from controller.kube.resources import CONFIGMAPS, LEASES, Obj
 from controller.metrics import Metrics
 from hack.cluster import LocalCluster
 from hack.controllerproc import ControllerProcess, controller_for
+from kubeclient.client import KubeClient
+from kubeclient.errors import NotFound
+from kubeclient.leaderelection import SERVICEACCOUNTS, LeaderElector, LeadershipLost
+from kubeclient.resources import CONFIGMAPS, LEASES, Obj
 from tests.chart import CONTROLLER_SERVICE_ACCOUNT, FULLNAME, service_account_user
 from tests.integration.partition import behind_a_proxy
 from tests.kubehelpers import eventually
@@ -171,8 +171,8 @@ async def test_a_partitioned_leader_steps_down_before_the_standby_takes_over(
 ELECTOR_PROCESS = textwrap.dedent(
     """
     import asyncio, sys
-    from controller.kube.client import KubeClient
-    from controller.kube.leaderelection import LeaderElector
+    from kubeclient.client import KubeClient
+    from kubeclient.leaderelection import LeaderElector
 
     async def main() -> None:
         kubeconfig, namespace = sys.argv[1], sys.argv[2]
@@ -317,7 +317,7 @@ def election_warnings(proc: ControllerProcess) -> list[dict[str, Any]]:
     return [
         line
         for line in lines
-        if line.get("logger") == "controller.kube.leaderelection" and line["level"] == "warning"
+        if line.get("logger") == "kubeclient.leaderelection" and line["level"] == "warning"
     ]
 
 

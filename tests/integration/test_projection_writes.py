@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from controller.config_reconcile import ConfigReconciler
-from controller.kube.client import KubeClient
-from controller.kube.events import EventRecorder
-from controller.kube.resources import CONFIGMAPS, CONFIGS, CRONJOBS, JOBS, RUNS
 from controller.naming import managed_selector
 from controller.reconcile import Reconciler
+from kubeclient.client import KubeClient
+from kubeclient.events import EventRecorder
+from kubeclient.resources import CONFIGMAPS, CONFIGS, CRONJOBS, JOBS, RUNS
 from tests.caches import NamespaceCaches
 from tests.kubehelpers import eventually
 from tests.runs import inference_config, inference_run

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import aiohttp
 
-from controller.kube.workqueue import WorkQueue
 from controller.metrics import Metrics
 from controller.server import start_servers
 from hack.cluster import free_port
+from kubeclient.workqueue import WorkQueue
 
 
 async def test_health_readiness_and_metrics_on_two_ports() -> None:

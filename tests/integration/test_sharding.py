@@ -30,14 +30,14 @@ import pytest
 from kubernetes_asyncio import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.kube.client import KubeClient
-from controller.kube.errors import NotFound
-from controller.kube.resources import LEASES, Obj
 from controller.sharding import shard_of
 from hack.cluster import LocalCluster
 from hack.controllerproc import ControllerProcess, controller_user
 from hack.crds import install_crds
 from hack.invariants import AuditLog, Request
+from kubeclient.client import KubeClient
+from kubeclient.errors import NotFound
+from kubeclient.resources import LEASES, Obj
 from tests import chart
 from tests.integration.test_selfcheck import run_check
 from tests.kubehelpers import eventually

@@ -1,8 +1,8 @@
-"""How the API server's refusals are told apart (controller/kube/errors.py)."""
+"""How the API server's refusals are told apart (kubeclient/errors.py)."""
 
 from __future__ import annotations
 
-from controller.kube.errors import api_error
+from kubeclient.errors import api_error
 
 
 def test_a_create_refused_in_a_namespace_being_deleted_is_told_apart() -> None:

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 import controller.__main__ as controller_main
-from controller.kube.client import KubeClient
+from kubeclient.client import KubeClient
 
 VERSION = importlib.metadata.version("kserve-inference-controller")
 SCRIPTS = Path(sys.executable).parent

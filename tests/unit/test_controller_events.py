@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from controller.controller import CHILD_EVENTS_BATCH, PHASES, Controller
-from controller.kube.client import KubeClient
-from controller.kube.incluster import InClusterConfiguration
 from controller.metrics import Metrics, runs_by_phase
 from controller.projection import project_job, project_pod, unchanged
 from controller.settings import load_settings
+from kubeclient.client import KubeClient
+from kubeclient.incluster import InClusterConfiguration
 from tests.unit.test_projection import (
     job_status,
     running,

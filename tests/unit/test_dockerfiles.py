@@ -23,7 +23,9 @@ import yaml
 
 from tests.chart import CHART_DIR
 from tests.dockerfiles import (
+    CLIENT,
     COMPONENTS,
+    CONTROLLER_ONLY,
     PLUGIN,
     REPO,
     SHARED,
@@ -119,14 +121,20 @@ def test_runner_image_does_not_carry_the_controller() -> None:
     build = stages(dockerfile("runner").read_text())[0]
     copied = " ".join(build.all("COPY"))
     assert "controller" not in copied.replace("ksc-install", "")
+    # Nor the controller's API client and plugin: the runner talks to no API server
+    # through them.
+    for package in CONTROLLER_ONLY:
+        assert package not in copied, package
 
 
 def test_controller_image_does_not_carry_the_runner() -> None:
     # What the controller needs of the runner is the contract both import (contract/).
     sources = context_sources("controller")
     assert "controller" in sources, sources
-    # The kubectl plugin (its own package) ships in the controller image, as before.
+    # The kubectl plugin (its own package) ships in the controller image, as before,
+    # and so does the API client both import (its own package too).
     assert PLUGIN in sources, sources
+    assert CLIENT in sources, sources
     assert not any(source.split("/")[0] == "runner" for source in sources), sources
 
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from controller.kube.errors import ApiError, NotFound
-from controller.kube.events import EventRecorder, event_name
-from controller.kube.resources import Resource
 from controller.metrics import Metrics
+from kubeclient.errors import ApiError, NotFound
+from kubeclient.events import EventRecorder, event_name
+from kubeclient.resources import Resource
 
 pytestmark = [pytest.mark.unit, pytest.mark.looptime]
 

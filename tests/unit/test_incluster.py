@@ -1,4 +1,4 @@
-"""The pod's own API connection (controller.kube.incluster), from files and environment alone."""
+"""The pod's own API connection (kubeclient.incluster), from files and environment alone."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.kube import incluster
-from controller.kube.incluster import InClusterConfigError, InClusterConfiguration
-from controller.kube.transport import ConfigurationError, load_configuration
+from kubeclient import incluster
+from kubeclient.incluster import InClusterConfigError, InClusterConfiguration
+from kubeclient.transport import ConfigurationError, load_configuration
 
 ENV = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
 

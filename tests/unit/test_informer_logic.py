@@ -19,9 +19,10 @@ import orjson
 import pytest
 from structlog.testing import capture_logs
 
-from controller.kube.backoff import Backoff
-from controller.kube.errors import ApiError, TransportError
-from controller.kube.informer import (
+from controller.metrics import Metrics
+from kubeclient.backoff import Backoff
+from kubeclient.errors import ApiError, TransportError
+from kubeclient.informer import (
     LAST_APPLIED,
     WATCH_IDLE_TIMEOUT,
     Informer,
@@ -29,10 +30,9 @@ from controller.kube.informer import (
     WatchFailed,
     slim,
 )
-from controller.kube.objects import controller_of, is_controlled_by, object_key
-from controller.kube.resources import Resource
-from controller.kube.store import Store
-from controller.metrics import Metrics
+from kubeclient.objects import controller_of, is_controlled_by, object_key
+from kubeclient.resources import Resource
+from kubeclient.store import Store
 
 pytestmark = pytest.mark.unit
 

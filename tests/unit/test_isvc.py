@@ -20,11 +20,11 @@ from controller.isvc import (
     resolve,
 )
 from controller.isvc_watch import next_discovery_delay
-from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS
 from controller.naming import DESIRED_HASH_ANNOTATION
 from controller.plan import Create, Patch, View, plan
 from controller.probe import ConfigView, plan_config
 from controller.render import desired_configmap, desired_workload
+from kubeclient.resources import CONFIGMAPS, CRONJOBS, JOBS
 from tests.unit.helpers import NOW, UID
 
 READY = AccessState(Access.READY)

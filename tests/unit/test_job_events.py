@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from controller.kube.errors import api_error
-from controller.kube.resources import EVENTS, JOBS, Obj, Resource
+from kubeclient.errors import api_error
+from kubeclient.resources import EVENTS, JOBS, Obj, Resource
 from tests.unit.helpers import NOW
 from tests.unit.test_reconcile_errors import FakeApi, World
 

@@ -1,4 +1,4 @@
-"""What controller.kube and the reconcilers record with: Metrics and the no-ops agree on it."""
+"""What kubeclient and the reconcilers record with: Metrics and the no-ops agree on it."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
-from controller.kube.instruments import NO_METRICS, KubeMetrics, NoMetrics, labelled
-from controller.kube.workers import Workers
-from controller.kube.workqueue import WorkQueue
 from controller.metrics import NO_RUN_METRICS, Metrics, NoRunMetrics, RunMetrics
+from kubeclient.instruments import NO_METRICS, KubeMetrics, NoMetrics, labelled
+from kubeclient.workers import Workers
+from kubeclient.workqueue import WorkQueue
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Leader election's pure decisions (controller/kube/leaderelection.py)."""
+"""Leader election's pure decisions (kubeclient/leaderelection.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from controller.kube.leaderelection import (
+from kubeclient.leaderelection import (
     Action,
     LeaseRecord,
     Observation,

@@ -17,15 +17,15 @@ from typing import Any, cast
 import pytest
 from structlog.testing import capture_logs
 
-from controller.kube.errors import ApiError, NotFound
-from controller.kube.leaderelection import (
+from controller.settings import Settings, SettingsError, load_settings
+from kubeclient.errors import ApiError, NotFound
+from kubeclient.leaderelection import (
     SERVICEACCOUNTS,
     LeaderElector,
     owner_reference,
     with_owner,
 )
-from controller.kube.resources import Resource
-from controller.settings import Settings, SettingsError, load_settings
+from kubeclient.resources import Resource
 
 pytestmark = pytest.mark.unit
 

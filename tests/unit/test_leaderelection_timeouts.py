@@ -13,8 +13,8 @@ from typing import Any, cast
 
 import pytest
 
-from controller.kube.leaderelection import LeaderElector, LeadershipLost
-from controller.kube.resources import Resource
+from kubeclient.leaderelection import LeaderElector, LeadershipLost
+from kubeclient.resources import Resource
 from tests.unit.test_leaderelection_owner import FakeApi
 
 pytestmark = pytest.mark.unit

@@ -12,9 +12,6 @@ from prometheus_client import Counter, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.kube.errors import ApiError
-from controller.kube.workers import Workers
-from controller.kube.workqueue import WorkQueue
 from controller.metrics import (
     FAMILIES,
     RECONCILE_RESULTS,
@@ -25,6 +22,9 @@ from controller.metrics import (
     api_host,
     runs_by_phase,
 )
+from kubeclient.errors import ApiError
+from kubeclient.workers import Workers
+from kubeclient.workqueue import WorkQueue
 from tests.chart import REPO
 
 pytestmark = [pytest.mark.unit]

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from controller.api import InferenceConfig, InferenceRun
-from controller.kube.resources import CONFIGMAPS, CRONJOBS, JOBS
 from controller.naming import (
     CONFIG_GENERATION_ANNOTATION,
     CONFIG_RESOURCE_VERSION_ANNOTATION,
@@ -36,6 +35,7 @@ from controller.plan import (
 )
 from controller.projection import project_configmap
 from controller.render import child_name, desired_configmap, desired_workload
+from kubeclient.resources import CONFIGMAPS, CRONJOBS, JOBS
 from tests.unit.helpers import NOW, UID
 
 

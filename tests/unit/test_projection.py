@@ -20,9 +20,6 @@ import pytest
 
 from controller.api import InferenceConfig, InferenceRun
 from controller.caches import config_index, config_uid_index, run_uid_index, uid_index
-from controller.kube.events import InvolvedObject
-from controller.kube.informer import LAST_APPLIED, slim
-from controller.kube.objects import controller_of, is_controlled_by, object_key, resource_version
 from controller.naming import (
     COMPLETION_INDEX_LABEL,
     DESIRED_HASH_ANNOTATION,
@@ -44,6 +41,9 @@ from controller.projection import (
 )
 from controller.reconcile import _runner_running
 from controller.render import desired_configmap, desired_probe, desired_workload
+from kubeclient.events import InvolvedObject
+from kubeclient.informer import LAST_APPLIED, slim
+from kubeclient.objects import controller_of, is_controlled_by, object_key, resource_version
 from tests.unit.helpers import CONFIG_UID, NOW
 from tests.unit.helpers import UID as RUN_UID
 

@@ -20,11 +20,11 @@ import pytest
 from controller.api import InferenceConfig, InferenceRun
 from controller.caches import Caches, build_caches
 from controller.config_reconcile import ConfigReconciler
-from controller.kube.errors import ApiError, api_error
-from controller.kube.events import EventRecorder
-from controller.kube.resources import CONFIGS, RUNS, Obj, Resource
-from controller.kube.workers import Result, TerminalError
 from controller.reconcile import ReconcileClient, Reconciler, _refusal
+from kubeclient.errors import ApiError, api_error
+from kubeclient.events import EventRecorder
+from kubeclient.resources import CONFIGS, RUNS, Obj, Resource
+from kubeclient.workers import Result, TerminalError
 from tests.unit.helpers import NOW, make_config, make_run
 
 pytestmark = pytest.mark.unit

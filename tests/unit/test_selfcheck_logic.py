@@ -16,9 +16,6 @@ from typing import Any
 import pytest
 
 from controller import __main__ as controller_main
-from controller.kube.errors import ApiError, NotFound, TransportError
-from controller.kube.objects import parse_time
-from controller.kube.resources import CONFIGS, RUNS
 from controller.selfcheck import (
     Result,
     api_failure,
@@ -33,6 +30,9 @@ from controller.selfcheck import (
     resource_missing,
     username,
 )
+from kubeclient.errors import ApiError, NotFound, TransportError
+from kubeclient.objects import parse_time
+from kubeclient.resources import CONFIGS, RUNS
 
 REPO = Path(__file__).resolve().parents[2]
 NOW = datetime(2026, 5, 1, 12, 0, 0, tzinfo=UTC)

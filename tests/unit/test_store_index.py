@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from controller.kube.resources import Obj
-from controller.kube.store import Store
+from kubeclient.resources import Obj
+from kubeclient.store import Store
 
 
 def obj(name: str, config: str | None, *tags: str) -> Obj:

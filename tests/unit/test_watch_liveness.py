@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.kube import informer, transport
-from controller.kube.transport import keepalive_options, keepalive_socket
 from controller.settings import SettingsError, load_settings
+from kubeclient import informer, transport
+from kubeclient.transport import keepalive_options, keepalive_socket
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The worker loop (controller/kube/workers.py) on fake loop time."""
+"""The worker loop (kubeclient/workers.py) on fake loop time."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import asyncio
 import pytest
 import structlog
 
-from controller.kube.errors import ApiError
-from controller.kube.workers import Result, TerminalError, Workers
-from controller.kube.workqueue import WorkQueue
 from controller.metrics import Metrics
+from kubeclient.errors import ApiError
+from kubeclient.workers import Result, TerminalError, Workers
+from kubeclient.workqueue import WorkQueue
 
 pytestmark = [pytest.mark.unit, pytest.mark.looptime]
 

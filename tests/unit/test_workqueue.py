@@ -1,4 +1,4 @@
-"""The work queue's contract (controller/kube/workqueue.py docstring), line by line.
+"""The work queue's contract (kubeclient/workqueue.py docstring), line by line.
 
 Every test runs on looptime's fake loop clock: sleeps and timeouts cost no
 real time, and the loop's time is exact, so delays are checked to the tick.
@@ -14,9 +14,9 @@ from typing import TypeVar
 import pytest
 from prometheus_client import generate_latest
 
-from controller.kube.ratelimit import ExponentialBackoff, MaxOf, TokenBucket, default_rate_limiter
-from controller.kube.workqueue import ShutDown, WorkQueue
 from controller.metrics import Metrics
+from kubeclient.ratelimit import ExponentialBackoff, MaxOf, TokenBucket, default_rate_limiter
+from kubeclient.workqueue import ShutDown, WorkQueue
 
 pytestmark = [pytest.mark.unit, pytest.mark.looptime]
 

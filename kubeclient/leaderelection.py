@@ -63,12 +63,12 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from controller.kube.errors import ApiError, TransportError
-from controller.kube.instruments import NO_METRICS, KubeMetrics
-from controller.kube.resources import LEASES, Obj, Resource
+from kubeclient.errors import ApiError, TransportError
+from kubeclient.instruments import NO_METRICS, KubeMetrics
+from kubeclient.resources import LEASES, Obj, Resource
 
 if TYPE_CHECKING:
-    from controller.kube.client import KubeClient
+    from kubeclient.client import KubeClient
 
 DEFAULT_LEASE_DURATION = 15.0
 DEFAULT_RENEW_DEADLINE = 10.0

@@ -2,7 +2,7 @@
 
 :class:`KubeClient` is a thin async wrapper over one aiohttp session built from
 a kubeconfig (through ``kubernetes_asyncio``'s loader) or from the pod's
-service account in-cluster (``controller.kube.incluster``). It moves raw
+service account in-cluster (``kubeclient.incluster``). It moves raw
 dicts, addressed by a :class:`Resource` (group, version, plural) plus
 namespace and name:
 
@@ -14,12 +14,12 @@ namespace and name:
 - failures raise :class:`ApiError` carrying the HTTP status and the API's
   ``reason``, so callers treat not found, conflict and already exists as the
   normal races they are;
-- every request goes through a :class:`~controller.kube.transport.Transport`:
+- every request goes through a :class:`~kubeclient.transport.Transport`:
   it waits for a token of a client-side limiter (``qps``/``burst``, aiolimiter)
   and is counted in ``rest_client_requests_total{verb,method,code}``.
 
-What is addressed lives in ``controller.kube.resources`` (pure), the errors in
-``controller.kube.errors``, the connection in ``controller.kube.transport``.
+What is addressed lives in ``kubeclient.resources`` (pure), the errors in
+``kubeclient.errors``, the connection in ``kubeclient.transport``.
 
 Why raw dicts and not the typed client: the cache holds raw dicts (typed
 models cost ~9x to parse and more memory), and the controller needs a handful
@@ -35,10 +35,10 @@ from typing import Any, Literal, TypedDict, Unpack
 import aiohttp
 import orjson
 
-from controller.kube.errors import ApiError
-from controller.kube.instruments import KubeMetrics
-from controller.kube.resources import PODS, Obj, Resource
-from controller.kube.transport import (
+from kubeclient.errors import ApiError
+from kubeclient.instruments import KubeMetrics
+from kubeclient.resources import PODS, Obj, Resource
+from kubeclient.transport import (
     KEEPALIVE,
     ApiConfiguration,
     JsonArray,

@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from controller.kube.objects import object_key
-from controller.kube.resources import Obj
+from kubeclient.objects import object_key
+from kubeclient.resources import Obj
 
 # Aliases, because Store.list and Informer.list shadow the builtin in their classes.
 ObjList = list[Obj]

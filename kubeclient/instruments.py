@@ -1,6 +1,6 @@
 """What the Kubernetes client layer records, and a recorder that records nothing.
 
-``controller.kube`` (client, transport, informers, work queue, workers,
+``kubeclient`` (client, transport, informers, work queue, workers,
 leader election, events) measures itself with client-go's and
 controller-runtime's metric families, but does not import the application
 that exports them (the import-linter contract "kube-is-a-library" in
@@ -27,7 +27,7 @@ class Family(Protocol):
 
 
 class KubeMetrics(Protocol):
-    """The families ``controller.kube`` records into (``controller.metrics.Metrics`` has them)."""
+    """The families ``kubeclient`` records into (``controller.metrics.Metrics`` has them)."""
 
     @property
     def workqueue_depth(self) -> Family: ...

@@ -66,7 +66,7 @@ client-go's reflector and indexer, in asyncio, on raw watch streams:
   loop time (``time.monotonic()`` on the default loop) since which every
   scope has completed a list, and :attr:`Informer.lists` counts lists.
 
-The API access is :class:`~controller.kube.client.KubeClient`'s ``list`` and
+The API access is :class:`~kubeclient.client.KubeClient`'s ``list`` and
 ``watch``, the only two calls made; the unit tests drive the same code with a
 scripted fake of those two.
 """
@@ -82,15 +82,15 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from controller.kube.backoff import Retries
-from controller.kube.errors import ApiError, TransportError
-from controller.kube.instruments import NO_METRICS, KubeMetrics, labelled
-from controller.kube.objects import object_key, resource_version
-from controller.kube.resources import Obj, Resource, Transform
-from controller.kube.store import IndexFunc, Store
+from kubeclient.backoff import Retries
+from kubeclient.errors import ApiError, TransportError
+from kubeclient.instruments import NO_METRICS, KubeMetrics, labelled
+from kubeclient.objects import object_key, resource_version
+from kubeclient.resources import Obj, Resource, Transform
+from kubeclient.store import IndexFunc, Store
 
 if TYPE_CHECKING:
-    from controller.kube.client import KubeClient
+    from kubeclient.client import KubeClient
 
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 PAGE_SIZE = 500

@@ -1,4 +1,11 @@
-"""The Kubernetes side of the controller: the code that talks to the API server.
+"""The Kubernetes API client: the code that talks to the API server.
+
+A package of its own, beside ``controller`` and ``kubectl_infer``, because
+both use it: the controller for its informers, work queues, writes, Events and
+leader election, the kubectl plugin for its reads and writes. It imports
+nothing of either, nor of the runner or ``contract`` (the import-linter
+contract "kube-is-a-library" in pyproject.toml); the controller passes in what
+it records with (``instruments``).
 
 Modules, each a noun for what it holds:
 
@@ -23,5 +30,6 @@ Modules, each a noun for what it holds:
 
 The wiring (which informers, which handlers, which queues) is
 ``controller/controller.py``'s ``Controller``; ``controller/__main__.py``
-builds the client and runs it.
+builds the client and runs it. The plugin builds its own in
+``kubectl_infer/cli.py``.
 """

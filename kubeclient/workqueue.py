@@ -21,7 +21,7 @@ Contract (each numbered line has its own test in tests/unit/test_workqueue.py):
    shared by all keys (10 tokens/s, burst 100 by default, configurable); when
    it is empty the add waits for its token. Plain and delayed adds are not
    rate-limited. (Lines 6 and 7 are ``default_rate_limiter`` of
-   ``controller.kube.ratelimit``; any ``RateLimiter`` can be given instead.)
+   ``kubeclient.ratelimit``; any ``RateLimiter`` can be given instead.)
 8. Resync at low priority: ``resync_after(key, delay)`` schedules a periodic
    requeue. It replaces the key's previous pending resync (the clock restarts
    from the latest call), and when due it is a no-op if the key is already
@@ -65,8 +65,8 @@ from collections import deque
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-from controller.kube.instruments import NO_METRICS, KubeMetrics, labelled
-from controller.kube.ratelimit import RateLimiter, default_rate_limiter
+from kubeclient.instruments import NO_METRICS, KubeMetrics, labelled
+from kubeclient.ratelimit import RateLimiter, default_rate_limiter
 
 K = TypeVar("K", bound=Hashable)
 

@@ -37,9 +37,9 @@ from dataclasses import dataclass
 
 import structlog
 
-from controller.kube.errors import ApiError
-from controller.kube.instruments import NO_METRICS, KubeMetrics, labelled
-from controller.kube.workqueue import ShutDown, WorkQueue
+from kubeclient.errors import ApiError
+from kubeclient.instruments import NO_METRICS, KubeMetrics, labelled
+from kubeclient.workqueue import ShutDown, WorkQueue
 
 log = structlog.stdlib.get_logger(__name__)
 

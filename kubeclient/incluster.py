@@ -13,7 +13,7 @@ taken from kubernetes_asyncio because importing that library's loader loads
 its whole generated client (about 35 MiB of the controller's idle memory)
 for these few lines. Kubeconfigs, with their exec plugins and auth
 providers, still go through the library
-(:func:`controller.kube.transport.load_configuration`).
+(:func:`kubeclient.transport.load_configuration`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class InClusterConfiguration:
     """The API server address, CA and rotating token of the pod, as the transport reads them.
 
     The attribute names are those of kubernetes_asyncio's ``Configuration``
-    that :class:`controller.kube.transport.Transport` reads, so either can be
+    that :class:`kubeclient.transport.Transport` reads, so either can be
     given to it.
     """
 

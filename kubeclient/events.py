@@ -38,12 +38,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
-from controller.kube.errors import ApiError
-from controller.kube.instruments import NO_METRICS, KubeMetrics
-from controller.kube.resources import EVENTS
+from kubeclient.errors import ApiError
+from kubeclient.instruments import NO_METRICS, KubeMetrics
+from kubeclient.resources import EVENTS
 
 if TYPE_CHECKING:
-    from controller.kube.client import KubeClient
+    from kubeclient.client import KubeClient
 
 EventType = Literal["Normal", "Warning"]
 

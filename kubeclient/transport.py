@@ -5,8 +5,8 @@
 for a token of a client-side limiter (``qps``/``burst``, aiolimiter), carries
 the configuration's credentials (re-read per request, so rotated tokens are
 picked up), is counted in ``rest_client_requests_total{verb,method,code}``,
-and a non-2xx answer raises the typed :class:`~controller.kube.errors.ApiError`.
-What is sent where (the verbs) is ``controller.kube.client``'s.
+and a non-2xx answer raises the typed :class:`~kubeclient.errors.ApiError`.
+What is sent where (the verbs) is ``kubeclient.client``'s.
 
 Every connection has TCP keepalive on (:func:`keepalive_socket`): a peer that
 died without closing (a host gone, a NAT or firewall that dropped the flow) is
@@ -32,9 +32,9 @@ import orjson
 from aiolimiter import AsyncLimiter
 from yarl import URL
 
-from controller.kube.errors import TransportError, api_error
-from controller.kube.incluster import InClusterConfigError, InClusterConfiguration
-from controller.kube.instruments import NO_METRICS, KubeMetrics, api_host, labelled
+from kubeclient.errors import TransportError, api_error
+from kubeclient.incluster import InClusterConfigError, InClusterConfiguration
+from kubeclient.instruments import NO_METRICS, KubeMetrics, api_host, labelled
 
 USER_AGENT = "kserve-inference-controller/0.1.0"
 # Within how long a silent dead peer is noticed (seconds): the controller's

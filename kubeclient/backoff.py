@@ -3,7 +3,7 @@
 :class:`Backoff` is a jittered exponential backoff (client-go's
 ``wait.Backoff``); :class:`Retries` is told every outcome of one scope's lists
 and watches and answers the wait (the rules are the informer's: see
-``controller.kube.informer``).
+``kubeclient.informer``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from controller.kube.errors import ApiError, TransportError
+from kubeclient.errors import ApiError, TransportError
 
 # While the API server gives no answer, and for RECOVERY_WINDOW seconds after
 # it last gave none, failures are retried after RETRY_SOON/2 to RETRY_SOON.
