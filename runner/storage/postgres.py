@@ -821,9 +821,13 @@ class PostgresProvider:
             sorted(row["columns"] or []) == sorted(KEY_COLUMNS) for row in await cursor.fetchall()
         )
 
-    async def _check_output(self, connection: psycopg.AsyncConnection[dict[str, Any]]) -> None:
-        """The table's key and columns, when it exists; without it, whether it may be made."""
-        columns = await self._columns(connection)
+    async def _check_output(
+        self, connection: psycopg.AsyncConnection[dict[str, Any]], columns: list[str] | None
+    ) -> None:
+        """The table's key and ``columns`` (as :meth:`_columns` read them), when it exists.
+
+        Without it (``columns`` None), whether it may be made.
+        """
         name = self.settings.table
         if columns is None:
             if not self.settings.create_table:
@@ -888,8 +892,11 @@ class PostgresProvider:
                         self._table, sql.SQL(", ").join(definitions)
                     )
                 )
-            columns = await self._columns(connection) or []
-        await self._check_output(connection)
+            # Read again: another shard's create may have won (IF NOT EXISTS).
+            columns = await self._columns(connection)
+        # The columns read above, checked once (no second catalog query).
+        await self._check_output(connection, columns)
+        columns = columns or []
         missing = [c for c in carried if c not in columns]
         if missing:
             raise StorageRejected(
@@ -1009,8 +1016,9 @@ class PostgresProvider:
 
         async def highest(connection: psycopg.AsyncConnection[dict[str, Any]]) -> list[int]:
             # The table is checked here, before any prediction: a streaming run asks first.
-            await self._check_output(connection)
-            if not self.settings.resume or await self._columns(connection) is None:
+            columns = await self._columns(connection)
+            await self._check_output(connection, columns)
+            if not self.settings.resume or columns is None:
                 return []
             cursor = connection.cursor()
             await cursor.execute(
@@ -1052,8 +1060,9 @@ class PostgresProvider:
         return parse
 
     async def _probe_table(self, connection: psycopg.AsyncConnection[dict[str, Any]]) -> str:
-        await self._check_output(connection)
-        if await self._columns(connection) is not None:
+        columns = await self._columns(connection)
+        await self._check_output(connection, columns)
+        if columns is not None:
             return f"{self.where}: table {self.settings.table} has the conflict key"
         table = self.settings.table or ""
         schema = table.split(".")[0] if "." in table else None

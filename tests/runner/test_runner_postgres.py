@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import psycopg
 import pytest
@@ -26,7 +26,7 @@ from contract.exitcodes import ExitCode
 from hack.pki import Pki, make_pki
 from hack.storage_service import IRIS_COLUMNS
 from runner.storage.base import Partition, Stored
-from runner.storage.postgres import APPLICATION_NAME, RETRY_EVENT, from_settings
+from runner.storage.postgres import APPLICATION_NAME, RETRY_EVENT, PostgresProvider, from_settings
 from tests.runner.conftest import (
     SmallDisk,
     World,
@@ -556,6 +556,64 @@ async def test_shards_creating_the_table_at_once_each_store_their_rows(
         both = await asyncio.gather(shard(table, 0), shard(table, 1), return_exceptions=True)
         assert list(both) == [Stored(2, 0), Stored(2, 0)], (table, both)
         assert postgres.query(f"SELECT count(*) FROM {table}") == [(4,)]
+
+
+class CatalogReads:
+    """Counts the output's queries of the table's columns, on one provider's connection."""
+
+    COLUMNS_QUERY = "LEFT JOIN pg_attribute a ON a.attrelid = c.oid"
+
+    def __init__(self) -> None:
+        self.statements: list[str] = []
+
+    def watch(self, provider: PostgresProvider) -> None:
+        seen = self.statements
+
+        # The provider's cursors take $1 placeholders (raw), as counted here.
+        class Counting(psycopg.AsyncRawCursor[Any]):
+            async def execute(self, query: Any, params: Any = None, **more: Any) -> Self:
+                seen.append(query if isinstance(query, str) else query.as_string(self.connection))
+                return await super().execute(query, params, **more)
+
+        assert provider._connection is not None, "prepare() connects"
+        assert provider._connection.cursor_factory is psycopg.AsyncRawCursor
+        provider._connection.cursor_factory = Counting
+
+    def take(self) -> int:
+        """The column reads since the last take (and that queries were seen at all)."""
+        assert self.statements, "no query went through the counting cursor"
+        count = sum(self.COLUMNS_QUERY in statement for statement in self.statements)
+        self.statements.clear()
+        return count
+
+
+async def test_the_output_reads_the_tables_columns_once_per_check(postgres: Database) -> None:
+    """Resume, the first write and the probe each read the table's columns once.
+
+    The first write into a table it creates reads them once more, after the
+    create (another shard's table may have won).
+    """
+    rows = [{"id": 1, "prediction": 0.5}, {"id": 2, "prediction": 1.5}]
+    ctx = context(postgres)
+    output = connection(postgres, table="predictions", createTable=True)
+    reads, resumed = [], []
+    for _ in ("missing", "present"):
+        provider = from_settings(output, "output", {})
+        await provider.prepare(ctx)
+        counter = CatalogReads()
+        counter.watch(provider)
+        try:
+            resumed.append(await provider.stored_next(ctx, Partition()))
+            reads.append(counter.take())
+            await provider.store_keyed(ctx, 0, rows, Partition())
+            reads.append(counter.take())
+            await provider.probe(ctx)
+            reads.append(counter.take())
+        finally:
+            await provider.close()
+    assert resumed == [0, 2]
+    assert reads == [1, 2, 1, 1, 1, 1]
+    assert postgres.query("SELECT count(*) FROM predictions") == [(2,)]
 
 
 @pytest.fixture
