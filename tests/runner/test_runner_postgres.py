@@ -27,72 +27,11 @@ from hack.pki import Pki, make_pki
 from hack.storage_service import IRIS_COLUMNS
 from runner.storage.base import Partition, Stored
 from runner.storage.postgres import APPLICATION_NAME, RETRY_EVENT, PostgresProvider, from_settings
-from tests.runner.conftest import (
-    SmallDisk,
-    World,
-    direct_iris,
-    random_iris_rows,
-)
-from tests.runner.pg import JOB, NAMESPACE, SECRET, connection, context, secrets
+from tests.runner.conftest import SmallDisk, World, direct_iris
+from tests.runner.pg import JOB, NAMESPACE, SECRET, connection, context, contract, secrets, seed
 from tests.servers import Database
 
 HOLD_LOCK = 4242
-
-
-def seed(
-    db: Database, count: int, table: str = "samples", seed_value: int = 3
-) -> dict[int, list[float]]:
-    """``count`` iris rows whose ids (not their order of insertion) give the order."""
-    features = random_iris_rows(count, seed_value)
-    ids = [100_000 - 7 * i for i in range(count)]
-    columns = ", ".join(f"{c} double precision" for c in IRIS_COLUMNS)
-    db.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, {columns}, species text, day date)")
-    db.execute(
-        f"INSERT INTO {table} VALUES (%s, %s, %s, %s, %s, %s, %s)",
-        [
-            (i, *row, f"s-{i}", "2024-05-01" if i % 2 else "2024-05-02")
-            for i, row in zip(ids, features, strict=True)
-        ],
-    )
-    return dict(zip(ids, features, strict=True))
-
-
-def contract(
-    model_url: str,
-    db: Database,
-    *,
-    query: str = "SELECT * FROM samples",
-    page_size: int | None = 100,
-    table: str = "predictions",
-    input_extra: dict[str, Any] | None = None,
-    output_extra: dict[str, Any] | None = None,
-    **extra: Any,
-) -> dict[str, Any]:
-    source: dict[str, Any] = {
-        **connection(db),
-        "query": query,
-        "columns": list(IRIS_COLUMNS),
-        "keyColumn": "id",
-        "passthroughColumns": ["species"],
-    }
-    if page_size:
-        source["paging"] = {"pageSize": page_size, "key": "id"}
-    return {
-        "jobId": JOB,
-        "jobName": "inf-pg-8d2f",
-        "kserve": {"modelUrl": model_url},
-        "input": {"postgres": {**source, **(input_extra or {})}},
-        "output": {
-            "postgres": {
-                **connection(db),
-                "table": table,
-                "createTable": True,
-                **(output_extra or {}),
-            }
-        },
-        "batching": {"batchSize": 40, "concurrency": 3},
-        **extra,
-    }
 
 
 def stored(db: Database, table: str = "predictions") -> list[tuple[Any, ...]]:

@@ -15,8 +15,7 @@ import pytest
 from contract.exitcodes import ExitCode
 from runner.storage.postgres import APPLICATION_NAME
 from tests.runner.conftest import World
-from tests.runner.pg import secrets
-from tests.runner.test_runner_postgres import contract, seed
+from tests.runner.pg import contract, secrets, seed
 from tests.servers import Database
 
 # Parses and plans; fails with division_by_zero as soon as a row is read.
