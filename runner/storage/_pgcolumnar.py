@@ -11,13 +11,16 @@ the runner about 12 CPU-us. So a streaming run keeps the rows columnar, as an
   (:class:`CsvLayout`). Integers and floats also keep their text: the server's
   text of a number is the JSON the model's request needs (the shortest form
   that reads back as the same number), so the features are not formatted
-  again. The values are those the row path gets from psycopg:
+  again, but for the point a whole float needs (the server writes 5.0 as
+  ``5`` and -0.0 as ``-0``, JSON integers; :func:`~runner.storage._columnar.float_texts`
+  makes them ``5.0`` and ``-0.0``). The values are those the row path gets from psycopg:
   the same text, parsed the same way (``numeric`` as a float, as the row path's
   loader does; ``NaN`` and ``Infinity`` included). Strings are quoted by the
   server (``NULL`` unquoted and empty, ``''`` quoted), so nulls stay nulls.
 - **output**: a columnar page's output (its carried columns and
   ``prediction``, an Arrow table) goes into ``COPY ... (FORMAT csv)`` as one
-  CSV buffer Arrow writes (:func:`csv_chunk`), the row numbers an Arrow column.
+  CSV buffer Arrow writes (:func:`csv_chunk`), the row numbers an Arrow column,
+  its floats spelled as the row path's ``COPY`` spells them.
 
 Columns of the types whose text form Arrow parses to the row path's value
 are Arrow columns: ``smallint``, ``integer``, ``bigint``, ``real``, ``double
