@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from runner.retry import Deadline
-from runner.secrets import SecretReader
+from runner.secrets import SecretError, SecretReader
 
 Role = Literal["input", "output"]
 RESERVED_OUTPUT_KEYS = ("job_uid", "pod_uid", "predictions")
@@ -110,6 +110,20 @@ class SecretReference(BaseModel):
 
 class SecretRef(SecretReference, EntrySettings):
     """An entry's ``secretRef``, as strict as the entry."""
+
+
+async def read_secret(ctx: StorageContext, ref: SecretReference) -> tuple[Mapping[str, str], str]:
+    """The referenced Secret's data, and ``Secret <namespace>/<name>`` to name it in messages.
+
+    A reference without a namespace names the pod's. A Secret that cannot be read
+    (not there yet, no access) is a :class:`StorageError`: another attempt may read it.
+    """
+    namespace = ref.namespace or ctx.namespace
+    try:
+        data = await ctx.secrets.read(namespace, ref.name)
+    except SecretError as error:
+        raise StorageError(str(error)) from None
+    return data, f"Secret {namespace}/{ref.name}"
 
 
 class Paging(BaseModel):

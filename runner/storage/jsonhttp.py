@@ -28,7 +28,6 @@ from typing import Annotated, Any, ClassVar, TypeVar
 import orjson
 from pydantic import AfterValidator, BaseModel, ValidationError
 
-from runner.secrets import SecretError
 from runner.storage.base import (
     PAGING_KEYS,
     Page,
@@ -45,6 +44,7 @@ from runner.storage.base import (
     keyed_arguments,
     output_body,
     paging_arguments,
+    read_secret,
 )
 from runner.storage.endpoint import Endpoint, SecretKeys, endpoint_from_secret, parse_header_lines
 from runner.storage.transport import (
@@ -124,12 +124,7 @@ class JsonHttpProvider:
     # -- what every dialect does the same way -------------------------------------------
 
     async def prepare(self, ctx: StorageContext) -> None:
-        namespace = self.secret.namespace or ctx.namespace
-        source = f"Secret {namespace}/{self.secret.name}"
-        try:
-            data = await ctx.secrets.read(namespace, self.secret.name)
-        except SecretError as error:
-            raise StorageError(str(error)) from None
+        data, source = await read_secret(ctx, self.secret)
         self._endpoint = endpoint_from_secret(data, source, self.secret_keys)
 
     @property

@@ -116,7 +116,6 @@ from pydantic import Field, ValidationError, field_validator
 
 from contract.exitcodes import ContractError
 from runner.retry import GaveUp, RetryPolicy, Transient, call_with_retries, log_retries
-from runner.secrets import SecretError
 from runner.storage._columnar import ArrowRows
 from runner.storage._pgcolumnar import CsvLayout, Records, TextLoader, csv_chunk, csv_ready
 from runner.storage.base import (
@@ -132,6 +131,7 @@ from runner.storage.base import (
     Stored,
     chunks,
     explain,
+    read_secret,
 )
 
 KEY = "postgres"
@@ -435,12 +435,7 @@ class PostgresProvider:
     async def prepare(self, ctx: StorageContext) -> None:
         """Read the Secret, then connect: wrong credentials fail here, before any data."""
         ref = self.settings.secret_ref
-        namespace = ref.namespace or ctx.namespace
-        source = f"Secret {namespace}/{ref.name}"
-        try:
-            data = await ctx.secrets.read(namespace, ref.name)
-        except SecretError as error:
-            raise StorageError(str(error)) from None
+        data, source = await read_secret(ctx, ref)
         # A Secret that exists without its key stays so on every retry:
         # refused, like an S3 Secret without its keys.
         password = data.get("password") or ""

@@ -93,7 +93,6 @@ from obstore.store import S3Store
 from pydantic import Field, ValidationError, field_validator
 
 from runner.httputil import RETRYABLE_4XX, trim
-from runner.secrets import SecretError
 from runner.storage._columnar import ArrowRows
 from runner.storage._s3formats import (
     COLUMN_TYPES,
@@ -148,6 +147,7 @@ from runner.storage.base import (
     StorageRejected,
     Stored,
     explain,
+    read_secret,
 )
 
 KEY = "s3"
@@ -406,12 +406,7 @@ class S3Provider:
         ca = self.settings.ca_bundle
         ref = self.settings.secret_ref
         if ref is not None:
-            namespace = ref.namespace or ctx.namespace
-            source = f"Secret {namespace}/{ref.name}"
-            try:
-                data = await ctx.secrets.read(namespace, ref.name)
-            except SecretError as error:
-                raise StorageError(str(error)) from None
+            data, source = await read_secret(ctx, ref)
             credentials = credentials_from_secret(data, source)
             ca = ca or (data.get(SECRET_CA) or None)
         try:
