@@ -176,7 +176,9 @@ class Joiner:
             if isinstance(carried, list):
                 return join(self.splitter.selection, carried, predictions)
             if self.columnar_output:
-                return carried.output(predictions)
+                table = carried.output(predictions)
+                if table is not None:
+                    return table
             return join(self.splitter.selection, carried.records(), predictions)
         except (SelectionError, ValueError) as error:
             raise InferenceRejected(f"page at row {page.offset}: {error}") from None

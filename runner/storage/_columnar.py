@@ -30,7 +30,9 @@ integer or floating point, or has a null, NaN or infinity (the row path sends
 column of a type other than integer, floating point, string or boolean, or
 null on every row of the page (``Table.from_pylist`` makes such a column of
 type ``null``). Carried integers and floats are widened to 64 bits, as
-``from_pylist`` types Python's ints and floats.
+``from_pylist`` types Python's ints and floats. Predictions that one Arrow
+column cannot hold (an integer beyond 64 bits, numbers and strings on one
+page) are joined to the page's records as the row path joins them.
 """
 
 from __future__ import annotations
@@ -104,16 +106,27 @@ class Carried:
         columns = [column.to_pylist() for column in self.table.columns]
         return list(zip(*columns, strict=True))
 
-    def output(self, predictions: list[Any]) -> pa.Table:
-        """The carried columns, then ``prediction``; ValueError when the count is wrong."""
+    def output(self, predictions: list[Any]) -> pa.Table | None:
+        """The carried columns, then ``prediction``; ValueError when the count is wrong.
+
+        None when one Arrow column cannot hold the predictions (an integer beyond
+        64 bits, a page answering numbers and strings): the row path's objects
+        keep each value as the model gave it, and the output then stores or
+        refuses them as it would any row path's.
+        """
         rows = self.table.num_rows
         per_row, rest = divmod(len(predictions), rows) if rows else (0, len(predictions))
         if rest or (rows and per_row == 0):
             raise ValueError(f"{len(predictions)} prediction(s) for {rows} row(s)")
-        if per_row == 1:
-            values = pa.array(predictions)
-        else:
-            values = pa.array([predictions[i * per_row : (i + 1) * per_row] for i in range(rows)])
+        try:
+            if per_row == 1:
+                values = pa.array(predictions)
+            else:
+                values = pa.array(
+                    [predictions[i * per_row : (i + 1) * per_row] for i in range(rows)]
+                )
+        except (OverflowError, pa.ArrowInvalid, pa.ArrowTypeError):
+            return None
         return self.table.append_column(PREDICTION_FIELD, values)
 
 

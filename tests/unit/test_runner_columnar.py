@@ -22,6 +22,8 @@ from runner.join import RowSplitter, Selection, join
 from runner.storage._columnar import ArrowRows, EncodedRows, constant, positions
 from runner.storage._s3formats import chunk_table, encode_chunk, records_of
 from runner.storage._s3layout import Format
+from runner.storage.base import Page, Partition
+from runner.streaming import Joiner
 
 IRIS = ("sepal_length", "sepal_width", "petal_length", "petal_width")
 
@@ -44,6 +46,7 @@ def columnar_path(rows: ArrowRows, selection: Selection, answer: list[Any]) -> t
     body = orjson.loads(v2_request(spec, features))
     assert body["inputs"][0]["shape"] == [len(rows), len(features[0])]
     output = carried.output(answer) if selection.joins else answer
+    assert output is not None, "the output was left to the row path"
     return body["inputs"][0]["data"], chunk_table(output, len(rows), 0, 0)
 
 
@@ -161,6 +164,34 @@ def test_a_chunk_is_stored_byte_for_byte_as_the_row_path_stores_it(fmt: Format) 
     stored = encode_chunk(got, fmt, "none")
     assert stored == encode_chunk(expected, fmt, "none")
     assert got.num_rows == count
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [[2**63, 1, 2], [1, "b", 2.5], [[1, 2], "x", None]],
+    ids=["an integer beyond int64", "numbers and a string", "a list and a string"],
+)
+def test_predictions_no_arrow_column_holds_are_joined_as_the_row_path_joins_them(
+    answer: list[Any],
+) -> None:
+    # They made an OverflowError (no clear error) or an ArrowInvalid (the model's
+    # fault, exit 7) where the row path hands the output each value as answered.
+    rows = page(id=[7, 3, 11], a=[0.5, 1.5, 2.5])
+    selection = Selection(key_column="id")
+    columnar = Joiner.of(selection, Partition(), columnar_output=True)
+    assert columnar is not None
+    split = columnar.split(Page(0, rows, None))
+    assert isinstance(split.rows, EncodedRows), "the page went columnar"
+    got = columnar.output(split, answer)
+    expected = [
+        {"id": key, "prediction": value} for key, value in zip([7, 3, 11], answer, strict=True)
+    ]
+    assert got == expected
+    row_path_joiner = Joiner.of(selection, Partition(), columnar_output=True)
+    assert row_path_joiner is not None
+    plain = row_path_joiner.split(Page(0, list(rows), None))
+    assert isinstance(plain.rows, list)
+    assert row_path_joiner.output(plain, answer) == got
 
 
 def test_a_page_of_several_tables_is_one_page() -> None:
