@@ -412,26 +412,11 @@ async def _execute_openai(
     inputs, carried, input_done = await _start_inference(
         work, ctx, state, inputs, carried, log, clock
     )
-    predictor = openai.OpenAIPredictor(
-        openai.OpenAIClient(session, target),
-        openai.openai_plan(work.batches),
-        deadline,
-        work.contract.job_id,
-        on_retry=log_retries(log, MODEL_RETRY_EVENT),
-    )
-    shard_fields = _shard_fields(work)
-
-    def emit(progress: Progress) -> None:
-        state.rows_done = progress.rows_done
-        log.info(PROGRESS_EVENT, **progress.fields(), **shard_fields)
-
-    tracker = ProgressTracker(len(inputs), emit)
+    predictor = _openai_predictor(work, target, session, deadline, log)
+    tracker = _progress(work, state, log, len(inputs))
     outputs: list[Any] = []
-    if not inputs:
-        log.warning("the input has no rows: nothing to predict")
-        tracker.report()
-    else:
-        predictor.started(log, **shard_fields)
+    if inputs:
+        predictor.started(log, **_shard_fields(work))
         with model_failures():
             async with tracker.running():
                 outputs = await predictor.predict(inputs, on_row_done=tracker.advance)
@@ -489,6 +474,42 @@ def _shard_fields(work: Plan) -> dict[str, int]:
     return {}
 
 
+def _progress(work: Plan, state: RunState, log: Any, rows: int) -> ProgressTracker:
+    """The progress of a one-read run over ``rows`` rows: kept in ``state`` and logged.
+
+    With no rows there is nothing to predict: that is logged and the (complete)
+    progress reported at once.
+    """
+    shard_fields = _shard_fields(work)
+
+    def emit(progress: Progress) -> None:
+        state.rows_done = progress.rows_done
+        log.info(PROGRESS_EVENT, **progress.fields(), **shard_fields)
+
+    tracker = ProgressTracker(rows, emit)
+    if not rows:
+        log.warning("the input has no rows: nothing to predict")
+        tracker.report()
+    return tracker
+
+
+def _openai_predictor(
+    work: Plan,
+    target: openai.OpenAITarget,
+    session: aiohttp.ClientSession,
+    deadline: Deadline,
+    log: Any,
+) -> openai.OpenAIPredictor:
+    """The predictor of a run against an OpenAI-compatible API, one-read or streaming."""
+    return openai.OpenAIPredictor(
+        openai.OpenAIClient(session, target),
+        openai.openai_plan(work.batches),
+        deadline,
+        work.contract.job_id,
+        on_retry=log_retries(log, MODEL_RETRY_EVENT),
+    )
+
+
 async def _prepare_output(work: Plan, ctx: StorageContext, state: RunState) -> None:
     """Step 3: the output's Secret and connection, before any prediction.
 
@@ -527,13 +548,7 @@ async def _stream(
     sink: KeyedOutput = work.output  # type: ignore[assignment]
     predictor = None
     if work.openai is not None:
-        predictor = openai.OpenAIPredictor(
-            openai.OpenAIClient(session, work.openai),
-            openai.openai_plan(work.batches),
-            deadline,
-            work.contract.job_id,
-            on_retry=log_retries(log, MODEL_RETRY_EVENT),
-        )
+        predictor = _openai_predictor(work, work.openai, session, deadline, log)
     try:
         model = streaming.Model(
             None if work.model is None else ModelClient(session, work.model),
@@ -577,16 +592,8 @@ async def _infer(
     state: RunState,
     log: Any,
 ) -> list[Any]:
-    shard_fields = _shard_fields(work)
-
-    def emit(progress: Progress) -> None:
-        state.rows_done = progress.rows_done
-        log.info(PROGRESS_EVENT, **progress.fields(), **shard_fields)
-
-    tracker = ProgressTracker(len(rows), emit)
+    tracker = _progress(work, state, log, len(rows))
     if not rows:
-        log.warning("the input has no rows: nothing to predict")
-        tracker.report()
         return []
     input_name = work.contract.kserve.model_input_name
     spec = await start_inference(client, rows[0], input_name, work.batches, deadline, log)
