@@ -388,8 +388,20 @@ def chunk_table(
     ``predictions`` is the chunk's output: a table (a columnar page's, its
     carried columns and ``prediction``), one object per row (predictions joined
     to their input columns), or the rows' flat answers, ``k`` per row (a list of
-    ``k`` values per row when ``k`` > 1). FormatError when it fits neither.
+    ``k`` values per row when ``k`` > 1). FormatError when it fits neither, or
+    holds an integer beyond 64 bits (Arrow's columns, so Parquet's, end there).
     """
+    try:
+        return _chunk_table(predictions, rows, start, shard)
+    except OverflowError:
+        raise FormatError(
+            "an output value is an integer beyond 64 bits, which the chunk's columns cannot hold"
+        ) from None
+
+
+def _chunk_table(
+    predictions: Sequence[Any] | pa.Table, rows: int, start: int, shard: int
+) -> pa.Table:
     keys = {
         "shard": constant(shard, rows, pa.int32()),
         "row": positions(start, rows),

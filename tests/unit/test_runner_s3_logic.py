@@ -384,3 +384,14 @@ def test_a_403_without_a_reason_names_both_causes() -> None:
     assert said.startswith("s3://b/k: access denied (403): the store gave no reason")
     assert "the access key and secret do not match" in said
     assert "has no right on this bucket or object" in said
+
+
+@pytest.mark.parametrize(
+    "predictions",
+    [[2**63, 1], [{"id": 1, "prediction": 1}, {"id": 2, "prediction": -(2**63) - 1}]],
+    ids=["flat", "joined"],
+)
+def test_an_integer_beyond_64_bits_is_the_outputs_clear_refusal(predictions: list[Any]) -> None:
+    # It was an OverflowError, which the provider did not take for a refusal.
+    with pytest.raises(FormatError, match="integer beyond 64 bits"):
+        chunk_table(predictions, 2, 0, 0)
