@@ -38,15 +38,13 @@ import contextlib
 import resource
 import sqlite3
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 
 from bench.common import load_average, machine, proc_cpu_seconds
-from bench.runner_throughput import run_runner, server, storage_command
+from bench.runner_throughput import post_all, run_runner, server, storage_command
 from hack.cluster import free_port
 
 MODEL = "echo"
@@ -90,23 +88,8 @@ async def direct_prompts_per_second(
 ) -> float:
     """The server's own rate: pre-encoded chat requests, ``concurrency`` in flight."""
     bodies = [orjson.dumps(request_body(prompt(i), max_tokens)) for i in range(count)]
-    queue = iter(bodies)
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector) as session:
-
-        async def worker() -> None:
-            for body in queue:
-                async with session.post(url, data=body, headers=headers) as answer:
-                    await answer.read()
-                    if answer.status != 200:
-                        raise RuntimeError(f"the server answered {answer.status}")
-
-        async with session.post(url, data=bodies[0], headers=headers) as answer:
-            await answer.read()  # connection set-up is not measured
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return count / (time.perf_counter() - started)
+    return count / await post_all(url, bodies, headers, concurrency)
 
 
 def runner_contract(

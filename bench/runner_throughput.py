@@ -134,6 +134,21 @@ def print_load_and_direct(
     )
 
 
+def print_sharded(count: int, rows: int, one: dict[str, Any], sharded: dict[str, Any]) -> None:
+    """The report's line on ``count`` shards run at once against one shard alone."""
+    shards = sharded["shards"]
+    sharded_rate = rows / sharded["wallSeconds"]
+    one_rate = rows / one["wallSeconds"]
+    print(
+        f"{count} shards at once: {sharded_rate:,.0f} rows/s by wall time "
+        f"({sharded['wallSeconds']:.1f} s) vs one shard {one_rate:,.0f} rows/s "
+        f"({one['wallSeconds']:.1f} s) = {sharded_rate / one_rate:.2f}x; rows per shard "
+        f"{[s['rows'] for s in shards]}, peak RSS per shard "
+        f"{[round(s['peakRssMiB']) for s in shards]} MiB; stored "
+        f"{sharded['check']['count']:,} rows, {sharded['check']['keys']:,} distinct keys"
+    )
+
+
 def iris_rows(count: int) -> list[list[float]]:
     rng = np.random.default_rng(1)
     low, high = np.array([4.3, 2.0, 1.0, 0.1]), np.array([7.9, 4.4, 6.9, 2.5])
@@ -160,8 +175,18 @@ async def direct_rows_per_second(
         )
         for i in range(0, len(rows), batch_size)
     ]
+    seconds = await post_all(url, bodies, {"Content-Type": "application/json"}, concurrency)
+    return len(rows) / seconds
+
+
+async def post_all(
+    url: str, bodies: list[bytes], headers: dict[str, str], concurrency: int
+) -> float:
+    """Seconds to POST every body, ``concurrency`` in flight, each answer read and checked.
+
+    One warm-up request first, so that connection set-up is not measured.
+    """
     queue = iter(bodies)
-    headers = {"Content-Type": "application/json"}
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
 
@@ -170,14 +195,13 @@ async def direct_rows_per_second(
                 async with session.post(url, data=body, headers=headers) as answer:
                     await answer.read()
                     if answer.status != 200:
-                        raise RuntimeError(f"model answered {answer.status}")
+                        raise RuntimeError(f"the server answered {answer.status}")
 
-        # One warm-up request so connection set-up is not measured.
         async with session.post(url, data=bodies[0], headers=headers) as answer:
             await answer.read()
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return len(rows) / (time.perf_counter() - started)
+        return time.perf_counter() - started
 
 
 STORAGE_KEYS = ("server-url", "url")
@@ -610,17 +634,7 @@ def store_main(args: argparse.Namespace) -> int:
             f"distinct ids; second pod peak RSS {killed['second']['peakRssMiB']:.0f} MiB"
         )
     if sharded is not None:
-        shards = sharded["shards"]
-        sharded_rate = rows / sharded["wallSeconds"]
-        one_rate = rows / one["wallSeconds"]
-        print(
-            f"{args.shards} shards at once: {sharded_rate:,.0f} rows/s by wall time "
-            f"({sharded['wallSeconds']:.1f} s) vs one shard {one_rate:,.0f} rows/s "
-            f"({one['wallSeconds']:.1f} s) = {sharded_rate / one_rate:.2f}x; rows per shard "
-            f"{[s['rows'] for s in shards]}, peak RSS per shard "
-            f"{[round(s['peakRssMiB']) for s in shards]} MiB; stored "
-            f"{sharded['check']['count']:,} rows, {sharded['check']['keys']:,} distinct keys"
-        )
+        print_sharded(args.shards, rows, one, sharded)
     return 0
 
 
@@ -757,17 +771,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{killed['second']['peakRssMiB']:.0f} MiB"
         )
     if sharded is not None:
-        shards = sharded["shards"]
-        sharded_rate = rows / sharded["wallSeconds"]
-        one_rate = rows / one["wallSeconds"]
-        print(
-            f"{args.shards} shards at once: {sharded_rate:,.0f} rows/s by wall time "
-            f"({sharded['wallSeconds']:.1f} s) vs one shard {one_rate:,.0f} rows/s "
-            f"({one['wallSeconds']:.1f} s) = {sharded_rate / one_rate:.2f}x; rows per shard "
-            f"{[s['rows'] for s in shards]}, peak RSS per shard "
-            f"{[round(s['peakRssMiB']) for s in shards]} MiB; stored "
-            f"{sharded['check']['count']:,} rows, {sharded['check']['keys']:,} distinct keys"
-        )
+        print_sharded(args.shards, rows, one, sharded)
     if compat is not None:
         print(
             f"unpaged runner (krateo, one read, as upstream), {args.compat_rows:,} rows: "
