@@ -29,16 +29,23 @@ ISVC_CRD_NAME = "inferenceservices.serving.kserve.io"
 _installed: set[str] = set()
 
 
-def install_crds(cluster: LocalCluster, timeout: float = 60.0) -> None:
-    if cluster.server in _installed:
-        return
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_DIR))
+def _apply_established(
+    cluster: LocalCluster, path: Path, names: tuple[str, ...], timeout: float
+) -> None:
+    """Apply the CRDs at ``path`` server-side and wait until ``names`` are Established."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
     cluster.kubectl(
         "wait",
         "--for=condition=Established",
         f"--timeout={int(timeout)}s",
-        *(f"crd/{name}" for name in CRD_NAMES),
+        *(f"crd/{name}" for name in names),
     )
+
+
+def install_crds(cluster: LocalCluster, timeout: float = 60.0) -> None:
+    if cluster.server in _installed:
+        return
+    _apply_established(cluster, CRD_DIR, CRD_NAMES, timeout)
     deadline = time.monotonic() + timeout
     while True:
         # A list too: right after Established the API server may still answer
@@ -66,10 +73,7 @@ def install_inferenceservice_crd(cluster: LocalCluster, timeout: float = 60.0) -
     """The test stand-in InferenceService CRD, Established and served (once per cluster)."""
     if cluster.server in _isvc_installed:
         return
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ISVC_CRD))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", f"--timeout={int(timeout)}s", f"crd/{ISVC_CRD_NAME}"
-    )
+    _apply_established(cluster, ISVC_CRD, (ISVC_CRD_NAME,), timeout)
     deadline = time.monotonic() + timeout
     while cluster.kubectl("get", "inferenceservices", "-A", check=False).returncode != 0:
         if time.monotonic() > deadline:
