@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict, Unpack
@@ -55,6 +56,15 @@ class Pki:
     node_key: Path
     sa_key: Path
     sa_pub: Path
+
+    def loopback_server_context(self) -> ssl.SSLContext:
+        """A TLS server context with the API server's certificate (valid for 127.0.0.1).
+
+        For a test's own HTTPS server on loopback; clients trust :attr:`ca_cert`.
+        """
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.apiserver_cert, self.apiserver_key)
+        return context
 
 
 class LeafOptions(TypedDict, total=False):

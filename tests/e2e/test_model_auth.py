@@ -13,7 +13,6 @@ import asyncio
 import base64
 import contextlib
 import json
-import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -210,8 +209,7 @@ def pki(tmp_path: Path) -> Pki:
 @pytest.fixture
 async def tls_gateway(e2e: E2E, pki: Pki) -> AsyncIterator[AuthProxy]:
     """The gateway over HTTPS, with a certificate for 127.0.0.1 from a CA of the test's own."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(pki.apiserver_cert, pki.apiserver_key)  # valid for 127.0.0.1
+    context = pki.loopback_server_context()
     proxy = AuthProxy(e2e.model_server.url, TOKEN, ssl_context=context)
     await proxy.start()
     try:

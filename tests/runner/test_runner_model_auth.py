@@ -9,7 +9,6 @@ again when it changes.
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -134,8 +133,7 @@ def pki(tmp_path: Path) -> Pki:
 @pytest.fixture
 async def tls_gateway(world: World, pki: Pki) -> AsyncIterator[AuthProxy]:
     world.storage.seed_iris("iris")
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(pki.apiserver_cert, pki.apiserver_key)  # valid for 127.0.0.1
+    context = pki.loopback_server_context()
     proxy = AuthProxy(world.model_server.url, None, ssl_context=context)
     await proxy.start()
     try:

@@ -139,8 +139,7 @@ async def test_https_goes_through_https_proxy_with_connect(
     env: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     pki = make_pki(tmp_path / "pki")
-    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    tls.load_cert_chain(pki.apiserver_cert, pki.apiserver_key)  # valid for 127.0.0.1
+    tls = pki.loopback_server_context()
     async for server in serve(tls):
         async with LoggingProxy() as proxy:
             env.setenv("HTTPS_PROXY", proxy.url)

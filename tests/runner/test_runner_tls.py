@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -27,8 +26,7 @@ def pki(tmp_path: Path) -> Pki:
 
 @pytest.fixture
 async def tls_storage(tmp_path: Path, pki: Pki) -> AsyncIterator[StorageService]:
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(pki.apiserver_cert, pki.apiserver_key)  # valid for 127.0.0.1
+    context = pki.loopback_server_context()
     async with storage_service(tmp_path / "tls.sqlite", tls=context) as service:
         service.seed_iris("iris")
         yield service
