@@ -28,7 +28,6 @@ from typing import Any
 
 import pytest
 from kubernetes_asyncio import client, config
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from hack import chart
 from hack.cluster import LocalCluster, ensure_binaries, leftover_processes
@@ -36,6 +35,7 @@ from hack.controllerproc import ControllerProcess, controller_for, running
 from hack.crds import install_crds
 from kubeclient.client import KubeClient
 from runner.redact import REDACTOR
+from tests.kubehelpers import delete_admission_policy
 from tests.runs import Runs
 from tests.servers import (
     model_server,
@@ -231,16 +231,7 @@ async def _delete_admission_policy(api: client.ApiClient, namespace: str) -> Non
     """
     admission = client.AdmissionregistrationV1Api(api)
     for policy in ("own-objects", "runner-pods"):
-        name = f"{chart.FULLNAME}-{namespace}-{policy}"
-        for delete in (
-            admission.delete_validating_admission_policy_binding,
-            admission.delete_validating_admission_policy,
-        ):
-            try:
-                await delete(name)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+        await delete_admission_policy(admission, f"{chart.FULLNAME}-{namespace}-{policy}")
 
 
 @pytest.fixture

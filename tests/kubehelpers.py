@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import pytest
 from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
 
 T = TypeVar("T")
 
@@ -30,6 +31,19 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {within}s waiting for {what}; last: {last!r}")
         await asyncio.sleep(interval)
+
+
+async def delete_admission_policy(admission: client.AdmissionregistrationV1Api, name: str) -> None:
+    """The ValidatingAdmissionPolicy ``name`` and its binding of that name, if there."""
+    for delete in (
+        admission.delete_validating_admission_policy_binding,
+        admission.delete_validating_admission_policy,
+    ):
+        try:
+            await delete(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
 
 async def event_reasons(api: client.ApiClient, namespace: str, name: str) -> list[str]:

@@ -47,7 +47,7 @@ from hack.invariants import (
 )
 from tests import chart
 from tests.faults.conftest import OK, SLOW, World, log_excerpt, start_in_thread
-from tests.kubehelpers import eventually
+from tests.kubehelpers import delete_admission_policy, eventually
 from tests.runs import Runs, inference_run
 
 ONE_SHOT = 3
@@ -263,15 +263,7 @@ async def _cleanup(
     admission: client.AdmissionregistrationV1Api, core: client.CoreV1Api, hold: str, doomed: str
 ) -> None:
     """The hold (cluster-scoped) and the doomed namespace gone, whatever happened."""
-    for delete in (
-        admission.delete_validating_admission_policy_binding,
-        admission.delete_validating_admission_policy,
-    ):
-        try:
-            await delete(hold)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+    await delete_admission_policy(admission, hold)
     try:
         await core.delete_namespace(doomed)
     except ApiException as exc:
