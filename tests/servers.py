@@ -23,10 +23,10 @@ import contextlib
 import hashlib
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 import pytest
@@ -37,6 +37,26 @@ from hack.postgres import PostgresServer
 from hack.s3server import S3Server
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+class Server(Protocol):
+    async def start(self) -> object: ...
+
+    async def stop(self) -> None: ...
+
+
+ServerT = TypeVar("ServerT", bound=Server)
+
+
+@contextlib.asynccontextmanager
+async def running(server: ServerT) -> AsyncIterator[ServerT]:
+    """``server`` started, and stopped on the way out whatever happens."""
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
 
 __all__ = [
     "Database",

@@ -22,6 +22,7 @@ from hack.cluster import LocalCluster
 from hack.controllerproc import ControllerProcess, controller_for, running
 from hack.crds import install_inferenceservice_crd
 from hack.storage_service import StorageService
+from tests import servers
 from tests.runs import Runs, inference_config, inference_run
 from tests.servers import ModelServer
 
@@ -104,13 +105,11 @@ class E2E:
 async def e2e(
     api_client: client.ApiClient, namespace: str, model_server: ModelServer, tmp_path: Path
 ) -> AsyncIterator[E2E]:
-    storage = StorageService(tmp_path / "storage.sqlite", USER, PASSWORD)
-    await storage.start()
-    try:
+    async with servers.running(
+        StorageService(tmp_path / "storage.sqlite", USER, PASSWORD)
+    ) as storage:
         await endpoint_secret(api_client, namespace, storage.url)
         yield E2E(api_client, namespace, Runs(api_client, namespace), storage, model_server)
-    finally:
-        await storage.stop()
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from tests.e2e.conftest import E2E, iris_config, iris_run
 from tests.e2e.test_probe_job import probed
 from tests.kubehelpers import wait_for_events
 from tests.runs import condition, status
+from tests.servers import running
 
 TOKEN = "model-token-3b9e61f0c2d7a845"
 WRONG = "model-token-wrong-77aa01de9c3b"
@@ -35,12 +36,8 @@ HOST = "sklearn-iris.models.example.com"
 
 @pytest.fixture
 async def gateway(e2e: E2E) -> AsyncIterator[AuthProxy]:
-    proxy = AuthProxy(e2e.model_server.url, TOKEN)
-    await proxy.start()
-    try:
+    async with running(AuthProxy(e2e.model_server.url, TOKEN)) as proxy:
         yield proxy
-    finally:
-        await proxy.stop()
 
 
 async def token_secret(e2e: E2E, name: str, token: str) -> None:
@@ -210,12 +207,8 @@ def pki(tmp_path: Path) -> Pki:
 async def tls_gateway(e2e: E2E, pki: Pki) -> AsyncIterator[AuthProxy]:
     """The gateway over HTTPS, with a certificate for 127.0.0.1 from a CA of the test's own."""
     context = pki.loopback_server_context()
-    proxy = AuthProxy(e2e.model_server.url, TOKEN, ssl_context=context)
-    await proxy.start()
-    try:
+    async with running(AuthProxy(e2e.model_server.url, TOKEN, ssl_context=context)) as proxy:
         yield proxy
-    finally:
-        await proxy.stop()
 
 
 async def test_https_to_the_model_with_a_ca_from_a_secret_or_not_verified_with_a_warning(

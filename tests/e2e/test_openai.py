@@ -26,7 +26,7 @@ from hack.storage_service import StorageService
 from tests.e2e.conftest import PASSWORD, RUNNER_IMAGE, USER, endpoint_secret, krateo
 from tests.isvc import InferenceServices, inference_service, not_ready_status, ready_status
 from tests.runs import Runs, condition, inference_config, inference_run, status
-from tests.servers import OpenAIServer
+from tests.servers import OpenAIServer, running
 
 S3_SECRET = "s3-credentials"
 
@@ -88,13 +88,9 @@ async def llm(
     openai_server: OpenAIServer,
     tmp_path: Path,
 ) -> AsyncIterator[LLM]:
-    storage = StorageService(tmp_path / "storage.sqlite", USER, PASSWORD)
-    await storage.start()
-    try:
+    async with running(StorageService(tmp_path / "storage.sqlite", USER, PASSWORD)) as storage:
         await endpoint_secret(api_client, namespace, storage.url)
         yield LLM(api_client, namespace, Runs(api_client, namespace), storage, openai_server)
-    finally:
-        await storage.stop()
 
 
 @pytest.mark.timeout(420)

@@ -29,7 +29,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import numpy as np
 import orjson
@@ -41,7 +41,7 @@ from hack.storage_service import IRIS_COLUMNS, StorageService
 from runner import app, logs
 from runner import check as config_check
 from runner.secrets import SecretError
-from tests.servers import ModelServer, OpenAIServer
+from tests.servers import ModelServer, OpenAIServer, running
 
 REPO = Path(__file__).resolve().parents[2]
 STORAGE_USER = "finops"
@@ -63,25 +63,6 @@ def runner_cli(
         timeout=120,
         check=check,
     )
-
-
-class Server(Protocol):
-    async def start(self) -> object: ...
-
-    async def stop(self) -> None: ...
-
-
-ServerT = TypeVar("ServerT", bound=Server)
-
-
-@contextlib.asynccontextmanager
-async def running(server: ServerT) -> AsyncIterator[ServerT]:
-    """``server`` started, and stopped on the way out whatever happens."""
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 @contextlib.asynccontextmanager

@@ -26,10 +26,9 @@ from tests.runner.conftest import (
     iris_contract,
     krateo_entry,
     runner_cli,
-    running,
     storage_secrets,
 )
-from tests.servers import free_port
+from tests.servers import free_port, running
 
 INFER = "/v2/models/sklearn-iris/infer"
 METADATA = "/v2/models/sklearn-iris"

@@ -17,8 +17,8 @@ from tests.runner.conftest import (
     World,
     direct_iris,
     random_iris_rows,
-    running,
 )
+from tests.servers import running
 
 TOKEN = "api-token-5b1e"
 

@@ -20,6 +20,7 @@ from contract.exitcodes import ExitCode
 from hack.loopback import AuthProxy
 from hack.pki import Pki, make_pki
 from tests.runner.conftest import World, iris_contract
+from tests.servers import running
 
 TOKEN = "tok-7d41c0a9e2b84f1f"
 NEW_TOKEN = "tok-rotated-55e0c3b1a9"
@@ -42,12 +43,8 @@ def leaks(outcome: Any, *secrets: str) -> list[str]:
 @pytest.fixture
 async def gateway(world: World) -> AsyncIterator[AuthProxy]:
     world.storage.seed_iris("iris")
-    proxy = AuthProxy(world.model_server.url, TOKEN)
-    await proxy.start()
-    try:
+    async with running(AuthProxy(world.model_server.url, TOKEN)) as proxy:
         yield proxy
-    finally:
-        await proxy.stop()
 
 
 async def test_the_token_and_the_host_header_reach_the_model(
@@ -134,12 +131,8 @@ def pki(tmp_path: Path) -> Pki:
 async def tls_gateway(world: World, pki: Pki) -> AsyncIterator[AuthProxy]:
     world.storage.seed_iris("iris")
     context = pki.loopback_server_context()
-    proxy = AuthProxy(world.model_server.url, None, ssl_context=context)
-    await proxy.start()
-    try:
+    async with running(AuthProxy(world.model_server.url, None, ssl_context=context)) as proxy:
         yield proxy
-    finally:
-        await proxy.stop()
 
 
 async def test_https_with_the_ca_bundle_or_not_verified(

@@ -21,7 +21,7 @@ from contract.exitcodes import ExitCode
 from hack.loopback import ForwardingProxy
 from tests.runner.conftest import World
 from tests.runner.test_runner_openai import llm_contract, prompts, run, stored
-from tests.servers import OpenAIServer
+from tests.servers import OpenAIServer, running
 
 CONCURRENCY = 4
 # How long the gate holds a request when fewer than CONCURRENCY come: a bound
@@ -60,12 +60,8 @@ class Gate(ForwardingProxy):
 
 @pytest.fixture
 async def gate(openai_server: OpenAIServer) -> AsyncIterator[Gate]:
-    proxy = Gate(openai_server.url, CONCURRENCY)
-    await proxy.start()
-    try:
+    async with running(Gate(openai_server.url, CONCURRENCY)) as proxy:
         yield proxy
-    finally:
-        await proxy.stop()
 
 
 async def test_requests_fill_the_concurrency_and_never_exceed_it(

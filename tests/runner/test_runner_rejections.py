@@ -21,10 +21,9 @@ from tests.runner.conftest import (
     World,
     iris_contract,
     krateo_entry,
-    running,
     storage_secrets,
 )
-from tests.servers import free_port
+from tests.servers import free_port, running
 
 INFER = "/v2/models/sklearn-iris/infer"
 # What KServe's FastAPI answers a v1 body sent to the v2 endpoint, without the body.

@@ -34,8 +34,8 @@ from tests.runner.conftest import (
     World,
     direct_iris,
     random_iris_rows,
-    running,
 )
+from tests.servers import running
 
 S3_SECRET = "s3-credentials"
 NAMESPACE = "data"

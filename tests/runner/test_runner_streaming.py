@@ -28,9 +28,9 @@ from tests.runner.conftest import (
     iris_contract,
     krateo_entry,
     random_iris_rows,
-    running,
     storage_secrets,
 )
+from tests.servers import running
 
 HTTP_SECRET = "rows-store"
 
