@@ -5,13 +5,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+if TYPE_CHECKING:
+    from hack.cluster import LocalCluster
+
 T = TypeVar("T")
+
+# What every namespace has, whoever installed what in it.
+NAMESPACE_DEFAULTS = {"configmap/kube-root-ca.crt", "serviceaccount/default"}
 
 
 async def eventually(
@@ -44,6 +50,14 @@ async def delete_admission_policy(admission: client.AdmissionregistrationV1Api, 
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+
+def namespace_objects(cluster: LocalCluster, namespace: str) -> list[str]:
+    """Every object in ``namespace`` but Events and what every namespace has, labelled or not."""
+    kinds = cluster.kubectl("api-resources", "--verbs=list", "--namespaced", "-o", "name").stdout
+    wanted = [k for k in kinds.split() if not k.startswith("events")]
+    got = cluster.kubectl("get", ",".join(wanted), "-n", namespace, "-o", "name").stdout
+    return [line for line in got.splitlines() if line.strip() and line not in NAMESPACE_DEFAULTS]
 
 
 async def event_reasons(api: client.ApiClient, namespace: str, name: str) -> list[str]:

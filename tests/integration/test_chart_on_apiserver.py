@@ -52,7 +52,7 @@ from tests.chart import (
     service_account_user,
     to_yaml,
 )
-from tests.kubehelpers import eventually
+from tests.kubehelpers import eventually, namespace_objects
 
 # The first test of a run may build helm from source (minutes on a cold machine:
 # hack/helm/build.sh); later ones reuse the cached binary.
@@ -569,18 +569,6 @@ async def test_the_helm_test_hook_runs_the_self_check_as_the_controller() -> Non
     assert settings.leader_election
     assert (settings.lease_namespace, settings.lease_name) == ("ksc-system", RELEASE)
     assert settings.watch_namespaces == ()
-
-
-# What every namespace has, whoever installed what in it.
-NAMESPACE_DEFAULTS = {"configmap/kube-root-ca.crt", "serviceaccount/default"}
-
-
-def namespace_objects(cluster: LocalCluster, namespace: str) -> list[str]:
-    """Every object in ``namespace`` but Events and what every namespace has."""
-    kinds = cluster.kubectl("api-resources", "--verbs=list", "--namespaced", "-o", "name").stdout
-    wanted = [k for k in kinds.split() if not k.startswith("events")]
-    got = cluster.kubectl("get", ",".join(wanted), "-n", namespace, "-o", "name").stdout
-    return [line for line in got.splitlines() if line.strip() and line not in NAMESPACE_DEFAULTS]
 
 
 async def test_helm_test_leaves_no_pod_and_helm_uninstall_leaves_nothing(

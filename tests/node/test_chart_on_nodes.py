@@ -14,6 +14,7 @@ import yaml
 
 from hack import chart
 from hack.cluster import LocalCluster
+from tests.kubehelpers import namespace_objects
 from tests.node.conftest import (
     RELEASE,
     RUNS_NAMESPACE,
@@ -143,18 +144,6 @@ def release_objects(kube: LocalCluster, instance: str) -> list[str]:
         "-o", "name",
     ).stdout  # fmt: skip
     return [line for line in got.splitlines() if line.strip()]
-
-
-# What every namespace has, whoever installed what in it.
-NAMESPACE_DEFAULTS = {"configmap/kube-root-ca.crt", "serviceaccount/default"}
-
-
-def namespace_objects(kube: LocalCluster, namespace: str) -> list[str]:
-    """Every object in ``namespace`` but Events and what every namespace has, labelled or not."""
-    kinds = kube.kubectl("api-resources", "--verbs=list", "--namespaced", "-o", "name").stdout
-    wanted = [k for k in kinds.split() if not k.startswith("events")]
-    got = kube.kubectl("get", ",".join(wanted), "-n", namespace, "-o", "name").stdout
-    return [line for line in got.splitlines() if line.strip() and line not in NAMESPACE_DEFAULTS]
 
 
 def test_helm_test_upgrade_and_uninstall(kube: LocalCluster, release: str, tmp_path: Path) -> None:
