@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -117,6 +118,15 @@ def _fresh_redactor() -> Iterator[None]:
     REDACTOR.clear()
     yield
     REDACTOR.clear()
+
+
+@pytest.fixture
+def tasks() -> Iterator[list[asyncio.Task[None]]]:
+    """Tasks a test starts (an informer's run, say), cancelled when it ends."""
+    started: list[asyncio.Task[None]] = []
+    yield started
+    for task in started:
+        task.cancel()
 
 
 _LEFTOVERS = pytest.StashKey[list[str]]()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -59,14 +59,6 @@ async def other_namespace(kube: KubeClient) -> AsyncIterator[str]:
     )
     yield name
     await kube.delete(NAMESPACES, None, name)
-
-
-@pytest.fixture
-def tasks() -> Iterator[list[asyncio.Task[None]]]:
-    running: list[asyncio.Task[None]] = []
-    yield running
-    for task in running:
-        task.cancel()
 
 
 async def started(informer: Informer, tasks: list[asyncio.Task[None]]) -> Informer:

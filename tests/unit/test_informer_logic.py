@@ -11,7 +11,7 @@ import itertools
 import random
 import tracemalloc
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,16 +159,8 @@ def source() -> FakeSource:
     return FakeSource()
 
 
-@pytest.fixture
-def running() -> Iterator[list[asyncio.Task[None]]]:
-    tasks: list[asyncio.Task[None]] = []
-    yield tasks
-    for task in tasks:
-        task.cancel()
-
-
-def start(informer: Informer, running: list[asyncio.Task[None]]) -> None:
-    running.append(asyncio.create_task(informer.run()))
+def start(informer: Informer, tasks: list[asyncio.Task[None]]) -> None:
+    tasks.append(asyncio.create_task(informer.run()))
 
 
 def gaps(times: Sequence[float]) -> list[float]:
@@ -503,7 +495,7 @@ def test_cluster_scoped_resources_take_no_namespaces(source: FakeSource) -> None
 
 @pytest.mark.looptime
 async def test_lists_every_page_then_watches_from_the_list_version(
-    source: FakeSource, running: list[asyncio.Task[None]]
+    source: FakeSource, tasks: list[asyncio.Task[None]]
 ) -> None:
     source.script_list(
         None,
@@ -512,7 +504,7 @@ async def test_lists_every_page_then_watches_from_the_list_version(
     )
     informer = Informer(source, RUNS, label_selector="app=x", rng=random.Random(5), page_size=1)
     seen = Recorder(informer)
-    start(informer, running)
+    start(informer, tasks)
     await informer.wait_for_sync()
     await asyncio.sleep(1)
     assert informer.has_synced()
@@ -528,12 +520,12 @@ async def test_lists_every_page_then_watches_from_the_list_version(
 
 @pytest.mark.looptime
 async def test_listed_items_get_the_type_that_lists_leave_out(
-    source: FakeSource, running: list[asyncio.Task[None]]
+    source: FakeSource, tasks: list[asyncio.Task[None]]
 ) -> None:
     bare = {"metadata": {"name": "a", "namespace": "ns", "resourceVersion": "3"}}
     source.script_list(None, page([bare], "10"))
     informer = Informer(source, RUNS)
-    start(informer, running)
+    start(informer, tasks)
     await informer.wait_for_sync()
     cached = informer.get("ns", "a")
     assert cached is not None
@@ -542,12 +534,12 @@ async def test_listed_items_get_the_type_that_lists_leave_out(
 
 @pytest.mark.looptime
 async def test_watch_timeouts_are_randomised_between_5_and_10_minutes(
-    source: FakeSource, running: list[asyncio.Task[None]]
+    source: FakeSource, tasks: list[asyncio.Task[None]]
 ) -> None:
     source.script_list(None, page([], "10"))
     source.script_watch(None, *([END] for _ in range(20)))
     informer = Informer(source, RUNS, rng=random.Random(11))
-    start(informer, running)
+    start(informer, tasks)
     await asyncio.sleep(150)
     timeouts = [c["timeout_seconds"] for c in source.watch_calls]
     assert len(timeouts) == 21
@@ -557,7 +549,7 @@ async def test_watch_timeouts_are_randomised_between_5_and_10_minutes(
 
 @pytest.mark.looptime
 async def test_a_watch_the_server_ends_is_reopened_from_the_last_version_without_a_list(
-    source: FakeSource, running: list[asyncio.Task[None]]
+    source: FakeSource, tasks: list[asyncio.Task[None]]
 ) -> None:
     source.script_list(None, page([], "10"))
     source.script_watch(
@@ -566,7 +558,7 @@ async def test_a_watch_the_server_ends_is_reopened_from_the_last_version_without
         [ev("MODIFIED", obj("a", "16")), END],
     )
     informer = Informer(source, RUNS)
-    start(informer, running)
+    start(informer, tasks)
     await asyncio.sleep(30)
     assert [c["resource_version"] for c in source.watch_calls] == ["10", "15", "16"]
     assert len(source.list_calls) == 1
@@ -584,7 +576,7 @@ async def test_a_watch_the_server_ends_is_reopened_from_the_last_version_without
     ],
 )
 async def test_410_gone_relists_and_reports_what_changed_meanwhile(
-    source: FakeSource, running: list[asyncio.Task[None]], expiry: list[Any]
+    source: FakeSource, tasks: list[asyncio.Task[None]], expiry: list[Any]
 ) -> None:
     metrics = Metrics()
     source.script_list(
@@ -595,7 +587,7 @@ async def test_410_gone_relists_and_reports_what_changed_meanwhile(
     source.script_watch(None, [ev("ADDED", obj("early", "11")), *expiry])
     informer = Informer(source, RUNS, metrics=metrics)
     seen = Recorder(informer)
-    start(informer, running)
+    start(informer, tasks)
     await asyncio.sleep(1)
     assert len(source.list_calls) == 2
     assert [c["resource_version"] for c in source.watch_calls] == ["10", "30"]
@@ -625,12 +617,12 @@ async def test_410_gone_relists_and_reports_what_changed_meanwhile(
 
 @pytest.mark.looptime
 async def test_repeated_410s_back_off_instead_of_relisting_in_a_loop(
-    source: FakeSource, running: list[asyncio.Task[None]]
+    source: FakeSource, tasks: list[asyncio.Task[None]]
 ) -> None:
     source.script_list(None, *(page([], str(10 * i)) for i in range(1, 6)))
     source.script_watch(None, *([ApiError(410)] for _ in range(4)))
     informer = Informer(source, RUNS, rng=random.Random(2))
-    start(informer, running)
+    start(informer, tasks)
     await asyncio.sleep(120)
     times = [c["at"] for c in source.list_calls]
     assert len(times) == 5
@@ -641,7 +633,7 @@ async def test_repeated_410s_back_off_instead_of_relisting_in_a_loop(
 
 @pytest.mark.looptime
 async def test_errors_back_off_jittered_and_resume_from_the_same_version(
-    source: FakeSource, running: list[asyncio.Task[None]]
+    source: FakeSource, tasks: list[asyncio.Task[None]]
 ) -> None:
     source.script_list(None, page([], "10"))
     source.script_watch(
@@ -654,7 +646,7 @@ async def test_errors_back_off_jittered_and_resume_from_the_same_version(
     )
     # No idle bound: the last watch stays open and stays the last (see the idle tests).
     informer = Informer(source, RUNS, rng=random.Random(3), idle_timeout=None)
-    start(informer, running)
+    start(informer, tasks)
     await asyncio.sleep(200)
     calls = source.watch_calls
     assert [c["resource_version"] for c in calls] == ["10", "10", "10", "10", "12", "12"]
@@ -665,7 +657,7 @@ async def test_errors_back_off_jittered_and_resume_from_the_same_version(
 
 @pytest.mark.looptime
 async def test_a_server_that_does_not_answer_is_retried_every_second_without_growing_the_backoff(
-    source: FakeSource, running: list[asyncio.Task[None]]
+    source: FakeSource, tasks: list[asyncio.Task[None]]
 ) -> None:
     metrics = Metrics()
     source.script_list(None, page([], "10"))
@@ -677,7 +669,7 @@ async def test_a_server_that_does_not_answer_is_retried_every_second_without_gro
         [ev("MODIFIED", obj("a", "12")), HANG],
     )
     informer = Informer(source, RUNS, rng=random.Random(7), metrics=metrics)
-    start(informer, running)
+    start(informer, tasks)
     await asyncio.sleep(120)
     calls = source.watch_calls
     assert len(calls) == 62
@@ -696,7 +688,7 @@ async def test_a_server_that_does_not_answer_is_retried_every_second_without_gro
 
 @pytest.mark.looptime
 async def test_an_api_server_restart_is_followed_by_a_relist_within_a_second_of_it_answering(
-    source: FakeSource, running: list[asyncio.Task[None]]
+    source: FakeSource, tasks: list[asyncio.Task[None]]
 ) -> None:
     # Down for a minute (the watch breaks, connections are refused), then
     # warming up (403 while RBAC loads, 503, 404 while the CRD is served),
@@ -714,7 +706,7 @@ async def test_an_api_server_restart_is_followed_by_a_relist_within_a_second_of_
     # No idle bound: the last watch stays open and stays the last (see the idle tests).
     informer = Informer(source, RUNS, rng=random.Random(8), idle_timeout=None)
     seen = Recorder(informer)
-    start(informer, running)
+    start(informer, tasks)
     await asyncio.sleep(300)
     calls = source.watch_calls
     assert len(calls) == 1 + 100 + 3 + 1 + 1
@@ -734,7 +726,7 @@ async def test_an_api_server_restart_is_followed_by_a_relist_within_a_second_of_
 
 @pytest.mark.looptime
 async def test_after_the_recovery_window_errors_back_off_exponentially_again(
-    source: FakeSource, running: list[asyncio.Task[None]]
+    source: FakeSource, tasks: list[asyncio.Task[None]]
 ) -> None:
     source.script_list(None, page([], "10"))
     source.script_watch(
@@ -743,7 +735,7 @@ async def test_after_the_recovery_window_errors_back_off_exponentially_again(
         *([ApiError(500, "InternalError")] for _ in range(100)),
     )
     informer = Informer(source, RUNS, rng=random.Random(9))
-    start(informer, running)
+    start(informer, tasks)
     await asyncio.sleep(120)
     times = [c["at"] for c in source.watch_calls]
     unanswered = times[0]
@@ -756,7 +748,7 @@ async def test_after_the_recovery_window_errors_back_off_exponentially_again(
 
 @pytest.mark.looptime
 async def test_a_410_after_a_broken_watch_relists_at_once(
-    source: FakeSource, running: list[asyncio.Task[None]]
+    source: FakeSource, tasks: list[asyncio.Task[None]]
 ) -> None:
     source.script_list(None, page([], "10"), page([], "20"), page([], "30"), page([], "40"))
     source.script_watch(
@@ -768,7 +760,7 @@ async def test_a_410_after_a_broken_watch_relists_at_once(
         [ApiError(410)],  # and so is this one
     )
     informer = Informer(source, RUNS, rng=random.Random(10))
-    start(informer, running)
+    start(informer, tasks)
     await asyncio.sleep(60)
     lists = [c["at"] for c in source.list_calls]
     watches = [c["at"] for c in source.watch_calls]
@@ -781,13 +773,13 @@ async def test_a_410_after_a_broken_watch_relists_at_once(
 
 @pytest.mark.looptime
 async def test_a_successful_list_resets_the_backoff(
-    source: FakeSource, running: list[asyncio.Task[None]]
+    source: FakeSource, tasks: list[asyncio.Task[None]]
 ) -> None:
     forbidden = [ApiError(403, "Forbidden") for _ in range(5)]
     source.script_list(None, *forbidden, page([], "10"))
     source.script_watch(None, [ApiError(500, "InternalError")], [ApiError(500, "InternalError")])
     informer = Informer(source, RUNS, rng=random.Random(12))
-    start(informer, running)
+    start(informer, tasks)
     await asyncio.sleep(120)
     lists = [c["at"] for c in source.list_calls]
     assert lists[-1] - lists[-2] >= 12.8  # five failures grew the backoff
@@ -807,7 +799,7 @@ async def test_a_successful_list_resets_the_backoff(
 )
 async def test_429_waits_what_retry_after_asks_within_bounds(
     source: FakeSource,
-    running: list[asyncio.Task[None]],
+    tasks: list[asyncio.Task[None]],
     retry_after: float,
     low: float,
     high: float,
@@ -820,7 +812,7 @@ async def test_429_waits_what_retry_after_asks_within_bounds(
         [ApiError(500, "InternalError")],
     )
     informer = Informer(source, RUNS, rng=random.Random(13))
-    start(informer, running)
+    start(informer, tasks)
     await asyncio.sleep(100)
     lists = [c["at"] for c in source.list_calls]
     watches = [c["at"] for c in source.watch_calls]
@@ -831,12 +823,12 @@ async def test_429_waits_what_retry_after_asks_within_bounds(
 
 @pytest.mark.looptime
 async def test_a_watch_that_ends_at_once_without_events_backs_off(
-    source: FakeSource, running: list[asyncio.Task[None]]
+    source: FakeSource, tasks: list[asyncio.Task[None]]
 ) -> None:
     source.script_list(None, page([], "10"))
     source.script_watch(None, [], [], [])
     informer = Informer(source, RUNS, rng=random.Random(4))
-    start(informer, running)
+    start(informer, tasks)
     await asyncio.sleep(60)
     times = [c["at"] for c in source.watch_calls]
     assert len(times) == 4
@@ -846,7 +838,7 @@ async def test_a_watch_that_ends_at_once_without_events_backs_off(
 
 @pytest.mark.looptime
 async def test_list_failures_back_off_and_sync_waits_for_a_list(
-    source: FakeSource, running: list[asyncio.Task[None]]
+    source: FakeSource, tasks: list[asyncio.Task[None]]
 ) -> None:
     source.script_list(
         None,
@@ -855,7 +847,7 @@ async def test_list_failures_back_off_and_sync_waits_for_a_list(
         page([obj("a", "1")], "10"),
     )
     informer = Informer(source, RUNS, rng=random.Random(6))
-    start(informer, running)
+    start(informer, tasks)
     await asyncio.sleep(0.5)
     assert not informer.has_synced()
     await asyncio.wait_for(informer.wait_for_sync(), timeout=10)
@@ -869,13 +861,13 @@ async def test_list_failures_back_off_and_sync_waits_for_a_list(
 
 @pytest.mark.looptime
 async def test_several_namespaces_get_one_watch_each_and_one_cache(
-    source: FakeSource, running: list[asyncio.Task[None]]
+    source: FakeSource, tasks: list[asyncio.Task[None]]
 ) -> None:
     source.script_list("a", page([obj("x", "1", namespace="a")], "10"))
     source.script_list("b", page([obj("y", "2", namespace="b")], "20"))
     source.script_watch("b", [ev("ADDED", obj("z", "21", namespace="b")), HANG])
     informer = Informer(source, RUNS, namespaces=["a", "b", "a"])
-    start(informer, running)
+    start(informer, tasks)
     await asyncio.wait_for(informer.wait_for_sync(), timeout=5)
     await asyncio.sleep(1)
     assert sorted(c["namespace"] for c in source.list_calls) == ["a", "b"]
@@ -889,11 +881,11 @@ async def test_several_namespaces_get_one_watch_each_and_one_cache(
 
 @pytest.mark.looptime
 async def test_not_synced_until_every_namespace_listed(
-    source: FakeSource, running: list[asyncio.Task[None]]
+    source: FakeSource, tasks: list[asyncio.Task[None]]
 ) -> None:
     source.script_list("a", page([], "10"))
     informer = Informer(source, RUNS, namespaces=["a", "b"])  # b's list hangs
-    start(informer, running)
+    start(informer, tasks)
     await asyncio.sleep(60)
     assert not informer.has_synced()
     assert informer.last_sync is None  # not every scope has listed
@@ -925,7 +917,7 @@ def idle_errors(metrics: Metrics) -> float | None:
 
 @pytest.mark.looptime
 async def test_a_watch_that_goes_quiet_is_reopened_from_its_version_without_a_list(
-    source: FakeSource, running: list[asyncio.Task[None]]
+    source: FakeSource, tasks: list[asyncio.Task[None]]
 ) -> None:
     # Bookmarks a minute apart keep the watch; then the connection stalls.
     metrics = Metrics()
@@ -937,7 +929,7 @@ async def test_a_watch_that_goes_quiet_is_reopened_from_its_version_without_a_li
     )
     with capture_logs() as logs:
         informer = Informer(source, RUNS, metrics=metrics, rng=random.Random(12))
-        start(informer, running)
+        start(informer, tasks)
         await asyncio.sleep(190)
         assert len(source.watch_calls) == 1  # 70 s since the last bookmark: still open
         assert idle_errors(metrics) is None
@@ -958,14 +950,14 @@ async def test_a_watch_that_goes_quiet_is_reopened_from_its_version_without_a_li
 
 @pytest.mark.looptime
 async def test_a_watch_request_that_is_never_answered_counts_as_stalled(
-    source: FakeSource, running: list[asyncio.Task[None]]
+    source: FakeSource, tasks: list[asyncio.Task[None]]
 ) -> None:
     # A stalled connection may not even answer the request: the bound runs from it.
     metrics = Metrics()
     source.script_list(None, page([], "10"))
     source.script_watch(None, [HANG], [HANG], [ev("ADDED", obj("a", "11")), HANG])
     informer = Informer(source, RUNS, metrics=metrics, idle_timeout=30)
-    start(informer, running)
+    start(informer, tasks)
     await asyncio.sleep(70)
     calls = source.watch_calls
     assert [c["resource_version"] for c in calls] == ["10", "10", "10"]
@@ -977,13 +969,13 @@ async def test_a_watch_request_that_is_never_answered_counts_as_stalled(
 
 @pytest.mark.looptime
 async def test_a_stalled_watch_whose_version_is_gone_meanwhile_relists(
-    source: FakeSource, running: list[asyncio.Task[None]]
+    source: FakeSource, tasks: list[asyncio.Task[None]]
 ) -> None:
     source.script_list(None, page([obj("a", "1")], "10"), page([obj("b", "40")], "40"))
     source.script_watch(None, [ev("ADDED", obj("z", "11")), HANG], [ApiError(410)])
     informer = Informer(source, RUNS)
     seen = Recorder(informer)
-    start(informer, running)
+    start(informer, tasks)
     await asyncio.sleep(WATCH_IDLE_TIMEOUT + 5)
     assert [c["resource_version"] for c in source.watch_calls] == ["10", "11", "40"]
     assert len(source.list_calls) == 2
@@ -996,11 +988,11 @@ async def test_a_stalled_watch_whose_version_is_gone_meanwhile_relists(
 
 @pytest.mark.looptime
 async def test_without_an_idle_bound_a_quiet_watch_stays_open(
-    source: FakeSource, running: list[asyncio.Task[None]]
+    source: FakeSource, tasks: list[asyncio.Task[None]]
 ) -> None:
     source.script_list(None, page([], "10"))
     informer = Informer(source, RUNS, idle_timeout=None)
-    start(informer, running)
+    start(informer, tasks)
     await asyncio.sleep(10 * WATCH_IDLE_TIMEOUT)
     assert len(source.watch_calls) == 1
 
