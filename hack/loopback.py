@@ -72,6 +72,9 @@ class LoopbackApp:
 class ForwardingProxy(LoopbackApp):
     """Forwards every request to ``target``; :meth:`handle` may answer or act on the way."""
 
+    # False: answers reach :meth:`handle` as the target encoded them (gzip stays gzip).
+    auto_decompress = True
+
     def __init__(self, target: str, client_max_size: int = 1 << 30) -> None:
         super().__init__()
         self.target = target.rstrip("/")
@@ -84,7 +87,7 @@ class ForwardingProxy(LoopbackApp):
         return app
 
     async def start(self) -> str:
-        self._session = aiohttp.ClientSession()
+        self._session = aiohttp.ClientSession(auto_decompress=self.auto_decompress)
         return await super().start()
 
     async def stop(self) -> None:

@@ -22,10 +22,10 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
-from aiohttp import ClientSession, web
+from aiohttp import web
 
 from contract.exitcodes import ExitCode
-from hack.loopback import LoopbackApp
+from hack.loopback import ForwardingProxy
 from hack.s3server import REGION, ROOT_ACCESS_KEY, ROOT_SECRET_KEY, S3Server
 from tests.runner.conftest import (
     InMemorySecrets,
@@ -373,32 +373,17 @@ async def test_shards_of_text_objects_take_whole_objects(world: World, bucket: B
 # -- a kill mid-write, and the resume -----------------------------------------------------
 
 
-class HoldingS3Proxy(LoopbackApp):
+class HoldingS3Proxy(ForwardingProxy):
     """Forwards S3 requests untouched (signatures stay valid); holds chunk PUTs after ``n``."""
 
     HOP = frozenset({"connection", "content-length", "transfer-encoding", "keep-alive"})
+    auto_decompress = False
 
     def __init__(self, target: str, hold_after: int) -> None:
-        super().__init__()
-        self.target = target
+        super().__init__(target)
         self.hold_after = hold_after
         self.chunk_puts = 0
         self.held = asyncio.Event()
-        self._session: ClientSession | None = None
-
-    def application(self) -> web.Application:
-        app = web.Application(client_max_size=1 << 30)
-        app.router.add_route("*", "/{tail:.*}", self.handle)
-        return app
-
-    async def start(self) -> str:
-        self._session = ClientSession(auto_decompress=False)
-        return await super().start()
-
-    async def stop(self) -> None:
-        await super().stop()
-        if self._session is not None:
-            await self._session.close()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
