@@ -92,14 +92,22 @@ gobuild_build() {
   start=$(date +%s)
   rm -rf "$out.partial"
   mkdir -p "$out.partial"
-  # The go.mod's own toolchain (no download), static binaries with no local
-  # paths in them, and go.sum taken as it is.
-  export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-trimpath -mod=readonly"
+  gobuild_env
   (cd "$gobuild_dir" && "$fn" "$out.partial" "$@") >&2
   rm -rf "$out"
   mv "$out.partial" "$out"
   echo "$label: built in $(( $(date +%s) - start ))s" >&2
   gobuild_result "$out"
+}
+
+# gobuild_env: how every Go build here runs: the go.mod's own toolchain (no
+# download), static binaries with no local paths in them, go.sum taken as it
+# is, and no DWARF. The links strip it (-s -w), so the compiler need not make
+# it: 10-19% less CPU for a cold build (versitygw, two runs each way). The
+# node's build (hack/node/build.sh) uses the same flags, so that kubelet
+# reuses the control plane's packages from Go's build cache.
+gobuild_env() {
+  export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-trimpath -mod=readonly -gcflags=all=-dwarf=false"
 }
 
 # gobuild_tool LABEL SUBDIR VAR MODULE WHAT FN [KEYFILE...]: the whole of a

@@ -8,6 +8,7 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$here/../gobuild.sh"
 module=$(cd "$here/../controlplane" && pwd)
 bins=(kubelet kube-scheduler pause)
 
@@ -35,15 +36,10 @@ echo "node: building kubelet, kube-scheduler and pause $k8s_version into $out" >
 start=$(date +%s)
 rm -rf "$out.partial"
 mkdir -p "$out.partial"
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-trimpath -mod=readonly"
-minor=$(echo "$k8s_version" | cut -d. -f2)
-ld="-s -w"
-for kv in "gitVersion=$k8s_version" gitMajor=1 "gitMinor=$minor" gitTreeState=clean \
-          "buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"; do
-  ld="$ld -X k8s.io/component-base/version.$kv -X k8s.io/client-go/pkg/version.$kv"
-done
+# The control plane's flags and version stamps: its packages are reused.
+gobuild_env
 cd "$module"
-go build -ldflags "$ld" -o "$out.partial/" \
+go build -ldflags "$(gobuild_k8s_ldflags "$k8s_version")" -o "$out.partial/" \
   k8s.io/kubernetes/cmd/kubelet \
   k8s.io/kubernetes/cmd/kube-scheduler >&2
 # The pause source ships inside the kubernetes module; its Makefile's flags.
