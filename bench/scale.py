@@ -1115,8 +1115,14 @@ async def measure(
             phases.append(phase)
             print(f"{phase.name}: settled in {phase.settle_seconds:.1f} s", flush=True)
 
-        # 6. Settled, then idle.
-        await asyncio.to_thread(wait_quiet, shards, 900, 10.0)
+        # 6. Settled, then idle. Quiet means 3 s without a reconcile, as after
+        # each phase: at 10,000 runs the resyncs alone (every run every
+        # POLLING_INTERVAL, in bursts) leave no 10 s gap, and a bench that gave
+        # up here lost every figure of the hour before it.
+        try:
+            await asyncio.to_thread(wait_quiet, shards, 900)
+        except TimeoutError as exc:
+            print(f"settled RSS taken while still busy: {exc}", flush=True)
         settled_rss = [await asyncio.to_thread(median_rss, s.pid) for s in shards]
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -1145,8 +1151,12 @@ async def measure(
         before = bench.requests()
         restart_ready = await asyncio.to_thread(start_shards, shards, 900)
         quiet_start = time.monotonic()
-        await asyncio.to_thread(wait_quiet, shards, 900)
-        restart_quiet = time.monotonic() - quiet_start
+        try:
+            await asyncio.to_thread(wait_quiet, shards, 900)
+            restart_quiet = time.monotonic() - quiet_start
+        except TimeoutError as exc:
+            print(f"after the restart: {exc}", flush=True)
+            restart_quiet = float("nan")
         restart_rss = [await asyncio.to_thread(median_rss, s.pid) for s in shards]
         await asyncio.sleep(2)
         restart_requests = [since(a, b) for a, b in zip(bench.requests(), before, strict=True)]
