@@ -134,6 +134,18 @@ def print_load_and_direct(
     )
 
 
+def print_stream(provider: str, rows: int, one: dict[str, Any], direct: float) -> None:
+    """The report's lines on one streaming runner against the direct rate ``direct``."""
+    rate = rows / one["seconds"]
+    print(
+        f"streaming runner, {provider} provider, {rows:,} rows: {rate:,.0f} rows/s over the "
+        f"whole stream ({one['seconds']:.1f} s; {one['wallSeconds']:.1f} s wall with process "
+        f"start) = {rate / direct:.2f} of the direct rate; {one['pages']} pages, "
+        f"{one['chunks']} chunks"
+    )
+    print(f"streaming runner peak RSS: {one['peakRssMiB']:.0f} MiB for {rows:,} rows")
+
+
 def print_sharded(count: int, rows: int, one: dict[str, Any], sharded: dict[str, Any]) -> None:
     """The report's line on ``count`` shards run at once against one shard alone."""
     shards = sharded["shards"]
@@ -599,20 +611,13 @@ def store_main(args: argparse.Namespace) -> int:
             load.append(os.getloadavg())
 
     direct = (before + after) / 2
-    rate = rows / one["seconds"]
     print(
         f"{args.storage}: batch size {args.batch_size}, concurrency {args.concurrency}, page "
         f"size {page}, {args.pages_in_flight} pages in flight, {os.cpu_count()} CPUs; "
         f"seeding {rows:,} rows took {seeded:.0f} s"
     )
     print_load_and_direct(load, args.direct_rows, before, after)
-    print(
-        f"streaming runner, {args.storage} provider, {rows:,} rows: {rate:,.0f} rows/s over the "
-        f"whole stream ({one['seconds']:.1f} s; {one['wallSeconds']:.1f} s wall with process "
-        f"start) = {rate / direct:.2f} of the direct rate; {one['pages']} pages, "
-        f"{one['chunks']} chunks"
-    )
-    print(f"streaming runner peak RSS: {one['peakRssMiB']:.0f} MiB for {rows:,} rows")
+    print_stream(args.storage, rows, one, direct)
     print(
         f"CPU seconds during that run: model server {model_cpu:.1f}, runner "
         f"{one['cpuSeconds']:.1f} (with its start), for {one['wallSeconds']:.1f} s wall; "
@@ -733,19 +738,13 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = args.rows
     direct = (before + after) / 2
-    rate = rows / one["seconds"]
     print(
         f"batch size {args.batch_size}, concurrency {args.concurrency}, page size "
         f"{args.page_size}, {args.pages_in_flight} pages in flight, {os.cpu_count()} CPUs; "
         f"seeding {rows:,} rows took {seeded:.0f} s"
     )
     print_load_and_direct(load, args.direct_rows, before, after)
-    print(
-        f"streaming runner, http provider, {rows:,} rows: {rate:,.0f} rows/s over the whole "
-        f"stream ({one['seconds']:.1f} s; {one['wallSeconds']:.1f} s wall with process start) "
-        f"= {rate / direct:.2f} of the direct rate; {one['pages']} pages, {one['chunks']} chunks"
-    )
-    print(f"streaming runner peak RSS: {one['peakRssMiB']:.0f} MiB for {rows:,} rows")
+    print_stream("http", rows, one, direct)
     print(
         f"CPU seconds during that run: model server {cpu[0]:.1f}, storage service {cpu[1]:.1f}, "
         f"runner {one['cpuSeconds']:.1f} (with its start), for {one['wallSeconds']:.1f} s wall"
