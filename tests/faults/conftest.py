@@ -113,6 +113,25 @@ class World:
     ) -> dict[str, dict[str, Any]]:
         return await converge(self.api, self.namespace, ledger, within=within, note=note)
 
+    async def converged(
+        self,
+        ledger: Ledger,
+        timeline: Timeline,
+        violations: list[str],
+        *,
+        within: float = 120.0,
+        step_by_step: bool = False,
+    ) -> None:
+        """:meth:`converge`, noted on ``timeline``; a run that never settles is a violation.
+
+        ``step_by_step`` also notes what each run reached on the way.
+        """
+        try:
+            await self.converge(ledger, within=within, note=timeline.note if step_by_step else None)
+            timeline.note("every run converged")
+        except AssertionError as exc:
+            violations.append(f"liveness: {exc}")
+
 
 @pytest.fixture
 def world(

@@ -126,11 +126,7 @@ async def test_frozen_connections_are_noticed(world: World, new_connections: str
             timeline.note(f"{proxy.held_connections} new connection(s) held, unfreezing")
             proxy.unfreeze()
 
-        try:
-            await world.converge(ledger, within=120, note=timeline.note)
-            timeline.note("every run converged")
-        except AssertionError as exc:
-            violations.append(f"liveness: {exc}")
+        await world.converged(ledger, timeline, violations, within=120, step_by_step=True)
     finally:
         proxy.unfreeze()  # what a frozen shutdown does is not this test's question
         code = await asyncio.to_thread(proc.stop)  # the proxy lives on this loop

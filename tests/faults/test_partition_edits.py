@@ -97,11 +97,7 @@ async def test_runs_created_during_a_partition_get_the_edited_config(world: Worl
             this_round = [r for r in ledger if made_in[r.name][1] == round_]
             await _children_exist(world, this_round)
             timeline.note(f"round {round_}: every run of the round has its ConfigMap and Job")
-        try:
-            await world.converge(ledger, within=180, note=timeline.note)
-            timeline.note("every run converged")
-        except AssertionError as exc:
-            violations.append(f"liveness: {exc}")
+        await world.converged(ledger, timeline, violations, within=180, step_by_step=True)
     finally:
         code = await asyncio.to_thread(proc.stop)  # the proxy lives on this loop
         await proxy.stop()
