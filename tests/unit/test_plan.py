@@ -36,31 +36,7 @@ from controller.plan import (
 from controller.projection import project_configmap
 from controller.render import child_name, desired_configmap, desired_workload
 from kubeclient.resources import CONFIGMAPS, CRONJOBS, JOBS
-from tests.unit.helpers import NOW, UID
-
-
-def make_run(name: str = "r", status: Any = None, **spec: Any) -> InferenceRun:
-    return InferenceRun.model_validate(
-        {
-            "metadata": {"name": name, "namespace": "ns", "uid": UID, "generation": 1},
-            "spec": {"configRef": {"name": "cfg"}, **spec},
-            "status": status or {},
-        }
-    )
-
-
-def make_config(policy: str = "None") -> InferenceConfig:
-    return InferenceConfig.model_validate(
-        {
-            "metadata": {"name": "cfg", "namespace": "ns", "uid": "cfg-uid"},
-            "spec": {
-                "image": "runner:1",
-                "autoDeletePolicy": policy,
-                "kserve": {"modelUrl": "127.0.0.1:1/v2/models/m/infer"},
-                "storage": {"input": {"http": {"url": "http://in"}}},
-            },
-        }
-    )
+from tests.unit.helpers import NOW, make_config, make_run
 
 
 def existing(obj: dict[str, Any], **status: Any) -> dict[str, Any]:
@@ -188,11 +164,11 @@ LONG = "a-run-name-that-is-long-enough-to-be-cut-by-parallelism"
 def test_editing_parallelism_never_replaces_a_one_shot_job(phase: str) -> None:
     """Defect 3: a parallelism edit renamed the child, deleted the Job and ran it twice."""
     config = make_config()
-    before = make_run(LONG)
+    before = make_run(name=LONG)
     cm, job = children_of(before, config)
     if phase == "Succeeded":
         complete(job)
-    after = make_run(LONG, status=recorded(job["metadata"]["name"], phase), parallelism=2)
+    after = make_run(name=LONG, status=recorded(job["metadata"]["name"], phase), parallelism=2)
     assert child_name(after) != job["metadata"]["name"]  # the name the spec alone would give
     out = plan(view(after, configmaps=[cm], jobs=[job]))
     assert out.writes == []
@@ -232,9 +208,9 @@ def test_adding_a_schedule_to_a_run_with_a_job_deletes_nothing_and_says_so() -> 
 
 
 def test_a_scheduled_run_follows_config_edits_under_its_existing_names() -> None:
-    run = make_run(LONG, schedule="0 * * * *")
+    run = make_run(name=LONG, schedule="0 * * * *")
     cm, cron = children_of(run, make_config())
-    edited = make_run(LONG, schedule="*/5 * * * *", parallelism=2)
+    edited = make_run(name=LONG, schedule="*/5 * * * *", parallelism=2)
     out = plan(view(edited, configmaps=[cm], cronjobs=[cron]))
     assert [(type(w), w.resource) for w in out.writes] == [(Patch, CONFIGMAPS), (Patch, CRONJOBS)]
     assert {w.name for w in out.writes} == {cron["metadata"]["name"]}  # type: ignore[union-attr]
@@ -391,7 +367,7 @@ def test_job_events_are_read_only_for_a_podless_unfinished_job_after_a_while() -
     ],
 )
 def test_auto_delete_policy(policy: str, outcome: str, deleted: bool) -> None:
-    config = make_config(policy)
+    config = make_config(autoDeletePolicy=policy)
     run = make_run()
     cm, job = children_of(run, config)
     job["status"] = {
@@ -403,7 +379,7 @@ def test_auto_delete_policy(policy: str, outcome: str, deleted: bool) -> None:
 
 
 def test_scheduled_runs_are_never_auto_deleted() -> None:
-    config = make_config("DeleteOnCompletion")
+    config = make_config(autoDeletePolicy="DeleteOnCompletion")
     run = make_run(schedule="0 * * * *")
     cm, cron = children_of(run, config)
     out = plan(view(run, config=config, configmaps=[cm], cronjobs=[cron]))

@@ -16,25 +16,13 @@ from controller.status import (
     runner_failure,
     runner_result,
 )
+from tests.unit.helpers import make_run
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
 
-def make_run(
-    schedule: str | None = None, suspend: bool = False, status: Any = None
-) -> InferenceRun:
-    spec: dict[str, Any] = {"configRef": {"name": "cfg"}, "timeoutSeconds": 60}
-    if schedule:
-        spec["schedule"] = schedule
-    if suspend:
-        spec["suspend"] = True
-    return InferenceRun.model_validate(
-        {
-            "metadata": {"name": "r", "namespace": "ns", "uid": "u-1", "generation": 3},
-            "spec": spec,
-            "status": status or {},
-        }
-    )
+# The run these tests derive from: generation 3, a 60 s timeout, uid ``u-1``.
+RUN: dict[str, Any] = {"uid": "u-1", "generation": 3, "timeoutSeconds": 60}
 
 
 def job(*conditions: tuple[str, str, str], suspend: bool = False, **status: Any) -> dict[str, Any]:
@@ -77,7 +65,7 @@ def cond(status: Any, type_: str) -> Any:
 
 
 def derive(**kwargs: Any) -> Any:
-    run = kwargs.pop("run", None) or make_run()
+    run = kwargs.pop("run", None) or make_run(**RUN)
     return derive_status(Observed(run=run, now=NOW, **kwargs))
 
 
@@ -330,17 +318,17 @@ def test_missing_config_with_a_job_keeps_tracking_the_job() -> None:
 
 
 def test_finished_run_keeps_its_outcome_when_the_job_is_gone() -> None:
-    run = make_run(status={"phase": "Succeeded", "reason": "Completed"})
+    run = make_run(**RUN, status={"phase": "Succeeded", "reason": "Completed"})
     status = derive(run=run)
     assert status.phase == "Succeeded"
-    fresh = derive(run=make_run(status={"phase": "Running"}))
+    fresh = derive(run=make_run(**RUN, status={"phase": "Running"}))
     assert (fresh.phase, fresh.reason) == ("Pending", "Creating")
     assert cond(fresh, "Ready").reason == "Creating"
 
 
 def test_condition_transition_time_is_kept_while_status_is_unchanged() -> None:
     first = derive(job=job())
-    run = make_run(status=first.to_api())
+    run = make_run(**RUN, status=first.to_api())
     later = derive_status(
         Observed(run=run, now=datetime(2026, 11, 22, 13, 0, tzinfo=UTC), job=job())
     )
@@ -351,7 +339,7 @@ def test_warnings_become_a_condition_and_disappear_when_fixed() -> None:
     status = derive(job=job(), warnings=[("AutoDeleteIgnored", "does not apply")])
     warning = cond(status, "Warning")
     assert (warning.status, warning.reason) == ("True", "AutoDeleteIgnored")
-    cleared = derive(run=make_run(status=status.to_api()), job=job())
+    cleared = derive(run=make_run(**RUN, status=status.to_api()), job=job())
     assert all(c.type != "Warning" for c in cleared.conditions)
 
 
@@ -376,7 +364,7 @@ def execution(name: str, created: str, *conditions: tuple[str, str, str]) -> dic
 
 
 def test_scheduled_run_reports_schedule_and_last_execution() -> None:
-    run = make_run(schedule="* * * * *")
+    run = make_run(**RUN, schedule="* * * * *")
     status = derive(
         run=run,
         cronjob=cronjob(),
@@ -396,7 +384,7 @@ def test_scheduled_run_reports_schedule_and_last_execution() -> None:
 
 
 def test_scheduled_run_last_execution_failure_and_states() -> None:
-    run = make_run(schedule="@hourly")
+    run = make_run(**RUN, schedule="@hourly")
     failed = derive(
         run=run,
         cronjob=cronjob(),
@@ -409,7 +397,7 @@ def test_scheduled_run_last_execution_failure_and_states() -> None:
     assert failed.last_execution.reason == "InferenceFailed"
     assert failed.phase == "Scheduled"
     assert derive(run=run, cronjob=cronjob(active=True)).phase == "Running"
-    suspended = derive(run=make_run(schedule="@hourly", suspend=True), cronjob=cronjob())
+    suspended = derive(run=make_run(**RUN, schedule="@hourly", suspend=True), cronjob=cronjob())
     assert suspended.phase == "Suspended"
     assert derive(run=run).phase == "Pending"
 
@@ -507,7 +495,7 @@ def test_an_error_run_has_complete_and_failed_false_whatever_its_cause(
     if before is not None:
         old = derive(job=job(), pods=[pod({"running": {}})] if before == "Running" else [])
         assert old.phase == before
-    run = make_run(status=old.to_api() if old is not None else None)
+    run = make_run(**RUN, status=old.to_api() if old is not None else None)
     status = derive(run=run, **observed)
     reason, message = observed["config_problem"]
     assert (status.phase, status.reason, status.message) == ("Error", reason, message)
@@ -521,7 +509,7 @@ def test_an_error_run_has_complete_and_failed_false_whatever_its_cause(
 
 
 def test_a_scheduled_error_run_has_no_complete_or_failed() -> None:
-    status = derive(run=make_run(schedule="0 * * * *"), **ERRORS[0])
+    status = derive(run=make_run(**RUN, schedule="0 * * * *"), **ERRORS[0])
     assert status.phase == "Error"
     assert {c.type for c in status.conditions} == {"Ready", "Reconciling", "Stalled"}
 
@@ -536,7 +524,7 @@ def test_a_scheduled_run_with_a_running_execution_is_current_for_kstatus() -> No
     execution = job()
     execution["metadata"] = {**execution["metadata"], "name": "a"}
     status = derive(
-        run=make_run(schedule="@hourly"),
+        run=make_run(**RUN, schedule="@hourly"),
         cronjob=cron,
         executions=[execution],
         pods=[pod({"running": {}}, "a")],
@@ -547,7 +535,7 @@ def test_a_scheduled_run_with_a_running_execution_is_current_for_kstatus() -> No
 
 
 def test_a_scheduled_run_lists_its_newest_executions_and_its_next_tick() -> None:
-    run = make_run(schedule="0 * * * *")
+    run = make_run(**RUN, schedule="0 * * * *")
     executions = [
         execution(f"e{i}", f"2026-11-22T0{i}:00:00Z", ("Complete", "True", "X")) for i in range(7)
     ]
@@ -565,11 +553,11 @@ def test_a_scheduled_run_lists_its_newest_executions_and_its_next_tick() -> None
 
 def test_the_next_tick_follows_the_time_zone_and_stops_while_suspended() -> None:
     # 09:30 in Rome is 08:30 UTC on 22 November (CET, UTC+1).
-    rome = make_run(schedule="30 9 * * *")
+    rome = make_run(**RUN, schedule="30 9 * * *")
     rome.spec.time_zone = "Europe/Rome"
     status = derive(run=rome, cronjob=cronjob())
     assert status.next_schedule_time == datetime(2026, 11, 23, 8, 30, tzinfo=UTC)
-    suspended = derive(run=make_run(schedule="30 9 * * *", suspend=True), cronjob=cronjob())
+    suspended = derive(run=make_run(**RUN, schedule="30 9 * * *", suspend=True), cronjob=cronjob())
     assert suspended.next_schedule_time is None
 
 
@@ -751,11 +739,12 @@ def test_a_deadline_that_ends_a_pending_run_keeps_the_pending_cause() -> None:
     assert "ErrImagePull: pull access denied" in status.message
     # The pod is gone already: the run's last Pending cause is kept.
     pending = make_run(
+        **RUN,
         status={
             "phase": "Pending",
             "reason": "Unschedulable",
             "message": "0/3 nodes are available: 3 Insufficient memory",
-        }
+        },
     )
     # Its pod deleted before the Job says Failed (two watches, either first): the
     # cause is kept, so the deadline's message can still tell it.
@@ -770,7 +759,7 @@ def test_a_deadline_that_ends_a_pending_run_keeps_the_pending_cause() -> None:
     # the words written first stand.
     settled = derive(
         run=make_run(
-            status={"phase": "Failed", "reason": status.reason, "message": status.message}
+            **RUN, status={"phase": "Failed", "reason": status.reason, "message": status.message}
         ),
         job=job(("Failed", "True", "DeadlineExceeded")),
         pods=[],
@@ -781,7 +770,7 @@ def test_a_deadline_that_ends_a_pending_run_keeps_the_pending_cause() -> None:
         {"phase": "Running", "reason": "Running"},
         {"phase": "Pending", "reason": "Pending"},
     ):
-        status = derive(run=make_run(status=old), job=failed, pods=[])
+        status = derive(run=make_run(**RUN, status=old), job=failed, pods=[])
         assert status.message == "DeadlineExceeded message"
 
 
@@ -789,7 +778,7 @@ def test_a_scheduled_runs_execution_tells_a_lost_node() -> None:
     lost = on_node(RUNNING, NODE_NOT_READY, deleting="2026-11-22T12:00:30Z")
     lost["metadata"]["labels"]["job-name"] = "a"
     status = derive(
-        run=make_run(schedule="@hourly"),
+        run=make_run(**RUN, schedule="@hourly"),
         cronjob=cronjob(active=True),
         executions=[execution("a", "2026-11-22T11:58:00Z")],
         pods=[lost],
@@ -799,7 +788,7 @@ def test_a_scheduled_runs_execution_tells_a_lost_node() -> None:
     assert "worker-3" in status.last_execution.message
     # An ordinary running or retrying execution has no reason.
     running = derive(
-        run=make_run(schedule="@hourly"),
+        run=make_run(**RUN, schedule="@hourly"),
         cronjob=cronjob(active=True),
         executions=[execution("a", "2026-11-22T11:58:00Z")],
         pods=[pod(RUNNING, "a")],
@@ -826,7 +815,7 @@ DONE = ("Complete", "True", "CompletionsReached")
 
 
 def test_output_written_by_several_attempts_is_told_unless_keyed() -> None:
-    r = make_run()
+    r = make_run(**RUN)
     reason, message = duplicate_output_warning(r, PLAIN, job(DONE, failed=1, succeeded=1)) or (
         "",
         "",
@@ -849,14 +838,14 @@ def test_output_written_by_several_attempts_is_told_unless_keyed() -> None:
 def test_a_run_whose_job_is_gone_is_told_from_the_attempts_it_recorded() -> None:
     result = {"rows": 3, "predictions": 3, "durationSeconds": 1}
     done = {"phase": "Succeeded", "reason": "Completed"}
-    retried = make_run(status={**done, "result": {**result, "attempts": 2}})
+    retried = make_run(**RUN, status={**done, "result": {**result, "attempts": 2}})
     found = duplicate_output_warning(retried, PLAIN, None)
     assert found is not None
     assert "attempt 2 restarted from row 0" in found[1]
     for attempts in (1, None):
-        once = make_run(status={**done, "result": {**result, "attempts": attempts}})
+        once = make_run(**RUN, status={**done, "result": {**result, "attempts": attempts}})
         assert duplicate_output_warning(once, PLAIN, None) is None
-    running = make_run(status={"phase": "Running", "result": {**result, "attempts": 2}})
+    running = make_run(**RUN, status={"phase": "Running", "result": {**result, "attempts": 2}})
     assert duplicate_output_warning(running, PLAIN, None) is None
 
 
@@ -872,7 +861,7 @@ def test_a_sharded_run_says_how_many_shard_attempts_started_again() -> None:
 
 
 def test_a_scheduled_run_is_told_of_its_newest_execution_that_succeeded() -> None:
-    r = make_run(schedule="*/5 * * * *")
+    r = make_run(**RUN, schedule="*/5 * * * *")
     retried = execution("inf-r-1", "2026-11-22T11:00:00Z", DONE)
     retried["status"]["failed"] = 1
     clean = execution("inf-r-2", "2026-11-22T11:05:00Z", DONE)
@@ -893,7 +882,9 @@ def test_attempts_count_the_pods_the_job_has_not_counted_yet() -> None:
     )
     assert status.result.attempts == 2
     failing = {"failed": ["pod-1"], "succeeded": ["pod-2"]}
-    found = duplicate_output_warning(make_run(), PLAIN, job(DONE, uncountedTerminatedPods=failing))
+    found = duplicate_output_warning(
+        make_run(**RUN), PLAIN, job(DONE, uncountedTerminatedPods=failing)
+    )
     assert found is not None
     assert "attempt 2 restarted from row 0" in found[1]
 
