@@ -11,19 +11,18 @@ from bench.common import config_body
 from controller.api import InferenceRun
 from controller.modelcache import ModelCache
 from controller.reconcile import Reconciler
+from tests.unit.helpers import run_raw
 
 
-def raw_run(name: str = "r", uid: str = "u-1", rv: str | None = "5", **spec: Any) -> Any:
-    meta = {"name": name, "namespace": "ns", "uid": uid}
-    if rv is not None:
-        meta["resourceVersion"] = rv
-    return {"metadata": meta, "spec": {"configRef": {"name": "cfg"}, **spec}}
+def listed_run(name: str = "r", uid: str = "u-1", rv: str | None = "5", **spec: Any) -> Any:
+    """The run as a list returns it: a resourceVersion (``None`` leaves it out), no generation."""
+    return run_raw(name=name, uid=uid, generation=None, resource_version=rv, **spec)
 
 
 def test_the_same_version_is_parsed_once() -> None:
     cache = ModelCache(InferenceRun)
-    first = cache.parse("ns/r", raw_run())
-    assert cache.parse("ns/r", raw_run()) is first
+    first = cache.parse("ns/r", listed_run())
+    assert cache.parse("ns/r", listed_run()) is first
     assert (cache.hits, cache.misses) == (1, 1)
 
 
@@ -32,8 +31,8 @@ def test_a_new_version_or_a_new_object_of_the_same_name_is_parsed_again(
     change: dict[str, str],
 ) -> None:
     cache = ModelCache(InferenceRun)
-    first = cache.parse("ns/r", raw_run())
-    again = cache.parse("ns/r", raw_run(suspend=True, **change))
+    first = cache.parse("ns/r", listed_run())
+    again = cache.parse("ns/r", listed_run(suspend=True, **change))
     assert again is not first
     assert again.spec.suspend
     assert len(cache) == 1  # one model per key
@@ -41,18 +40,18 @@ def test_a_new_version_or_a_new_object_of_the_same_name_is_parsed_again(
 
 def test_objects_not_from_the_api_server_are_never_reused() -> None:
     cache = ModelCache(InferenceRun)
-    assert cache.parse("ns/r", raw_run(rv=None)) is not cache.parse("ns/r", raw_run(rv=None))
+    assert cache.parse("ns/r", listed_run(rv=None)) is not cache.parse("ns/r", listed_run(rv=None))
     assert len(cache) == 0
 
 
 def test_the_least_recently_used_go_first_and_forget_drops_one() -> None:
     cache = ModelCache(InferenceRun, size=2)
-    a = cache.parse("ns/a", raw_run("a", "u-a"))
-    cache.parse("ns/b", raw_run("b", "u-b"))
-    assert cache.parse("ns/a", raw_run("a", "u-a")) is a  # a is now the most recent
-    cache.parse("ns/c", raw_run("c", "u-c"))
+    a = cache.parse("ns/a", listed_run("a", "u-a"))
+    cache.parse("ns/b", listed_run("b", "u-b"))
+    assert cache.parse("ns/a", listed_run("a", "u-a")) is a  # a is now the most recent
+    cache.parse("ns/c", listed_run("c", "u-c"))
     assert len(cache) == 2
-    assert cache.parse("ns/a", raw_run("a", "u-a")) is a
+    assert cache.parse("ns/a", listed_run("a", "u-a")) is a
     assert cache.misses == 3  # b was dropped, a was not
     cache.forget("ns/a")
     assert len(cache) == 1
@@ -61,7 +60,7 @@ def test_the_least_recently_used_go_first_and_forget_drops_one() -> None:
 
 def test_an_invalid_object_raises_every_time() -> None:
     cache = ModelCache(InferenceRun)
-    bad = raw_run(timeoutSeconds=-1)
+    bad = listed_run(timeoutSeconds=-1)
     for _ in range(2):
         with pytest.raises(ValidationError):
             cache.parse("ns/r", bad)
@@ -75,7 +74,7 @@ def test_the_size_must_be_positive() -> None:
 
 def test_the_reconciler_forgets_a_deleted_runs_model() -> None:
     reconciler = Reconciler(client=None, caches=None, events=None)
-    reconciler._run_models.parse("ns/r", raw_run())
+    reconciler._run_models.parse("ns/r", listed_run())
     reconciler.forget("ns/r")
     assert len(reconciler._run_models) == 0
 

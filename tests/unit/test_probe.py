@@ -9,28 +9,19 @@ from controller.api import InferenceConfig
 from controller.naming import PROBE_GENERATION_ANNOTATION
 from controller.probe import ConfigView, plan_config, probe_outcome
 from controller.render import PROBE_ARGS
-from tests.unit.helpers import CONFIG_UID, NOW
+from tests.unit.helpers import CONFIG_UID, NOW, config_raw
 
 
-def raw_config(generation: int = 1, status: Any = None, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "ai.krateo.io/v1",
-        "kind": "InferenceConfig",
-        "metadata": {
-            "name": "cfg",
-            "namespace": "ns",
-            "uid": CONFIG_UID,
-            "generation": generation,
-            "resourceVersion": "5",
-        },
-        "spec": {
-            "image": "runner:1",
-            "kserve": {"modelUrl": "m:1/v2/models/m/infer", "modelName": "m"},
-            "storage": {"input": {"http": {"url": "http://in"}}},
-            **spec,
-        },
-        "status": status or {},
-    }
+def stored_config(generation: int = 1, status: Any = None) -> dict[str, Any]:
+    """The config as the API server stores it: a generation, a resourceVersion, a status."""
+    return config_raw(
+        typed=True,
+        uid=CONFIG_UID,
+        generation=generation,
+        resource_version="5",
+        status=status or {},
+        kserve={"modelUrl": "m:1/v2/models/m/infer", "modelName": "m"},
+    )
 
 
 def view(raw: dict[str, Any], interval: float = 600.0, **kw: Any) -> ConfigView:
@@ -86,7 +77,7 @@ def cond(status: Any, type_: str) -> Any:
 
 
 def test_a_valid_config_is_ready_and_gets_its_first_probe() -> None:
-    out = plan_config(view(raw_config()))
+    out = plan_config(view(stored_config()))
     ready = cond(out.status, "Ready")
     assert (ready.status, ready.reason, ready.observed_generation) == ("True", "Valid", 1)
     assert out.status.observed_generation == 1
@@ -101,7 +92,7 @@ def test_a_valid_config_is_ready_and_gets_its_first_probe() -> None:
 
 
 def test_an_invalid_config_is_not_ready_and_is_not_probed() -> None:
-    raw = raw_config()
+    raw = stored_config()
     out = plan_config(
         ConfigView(raw=raw, now=NOW, invalid=("MissingModelUrl", "no url"), probe_interval=600)
     )
@@ -112,7 +103,7 @@ def test_an_invalid_config_is_not_ready_and_is_not_probed() -> None:
 
 
 def test_probes_off_means_no_probe_and_no_probed_condition() -> None:
-    out = plan_config(view(raw_config(), interval=0))
+    out = plan_config(view(stored_config(), interval=0))
     assert out.create is None
     assert cond(out.status, "Probed") is None
     assert out.requeue_after is None
@@ -121,7 +112,7 @@ def test_probes_off_means_no_probe_and_no_probed_condition() -> None:
 def test_a_finished_probe_becomes_the_condition_and_is_deleted() -> None:
     job = probe_job("Complete")
     out = plan_config(
-        view(raw_config(), probe_jobs=[job], probe_pods=[probe_pod(0, '{"check":"ok"}')])
+        view(stored_config(), probe_jobs=[job], probe_pods=[probe_pod(0, '{"check":"ok"}')])
     )
     probed = cond(out.status, "Probed")
     assert (probed.status, probed.reason, probed.message) == (
@@ -141,7 +132,7 @@ def test_a_probe_the_job_controller_has_decided_on_is_read_at_once() -> None:
     # (the Job controller waits for the pods to terminate): the probe is over.
     decided = probe_job("SuccessCriteriaMet")
     out = plan_config(
-        view(raw_config(), probe_jobs=[decided], probe_pods=[probe_pod(0, '{"check":"ok"}')])
+        view(stored_config(), probe_jobs=[decided], probe_pods=[probe_pod(0, '{"check":"ok"}')])
     )
     probed = cond(out.status, "Probed")
     assert (probed.status, probed.reason) == ("True", "ProbeSucceeded")
@@ -150,7 +141,7 @@ def test_a_probe_the_job_controller_has_decided_on_is_read_at_once() -> None:
 
     failing = probe_job("FailureTarget")
     failing["status"]["conditions"][0]["reason"] = "DeadlineExceeded"
-    out = plan_config(view(raw_config(), probe_jobs=[failing]))
+    out = plan_config(view(stored_config(), probe_jobs=[failing]))
     probed = cond(out.status, "Probed")
     assert (probed.status, probed.reason) == ("False", "ProbeTimedOut")
     assert out.delete == [failing]
@@ -160,7 +151,7 @@ def test_a_probe_the_job_controller_has_decided_on_is_read_at_once() -> None:
 def test_a_failed_probe_says_why_with_the_runners_reason() -> None:
     job = probe_job("Failed")
     pod = probe_pod(7, "inference: model answered 404: model m not found")
-    out = plan_config(view(raw_config(), probe_jobs=[job], probe_pods=[pod]))
+    out = plan_config(view(stored_config(), probe_jobs=[job], probe_pods=[pod]))
     probed = cond(out.status, "Probed")
     assert (probed.status, probed.reason) == ("False", "InferenceRejected")
     assert "model m not found" in probed.message
@@ -203,7 +194,7 @@ def waiting_pod(reason: str, job: str = "probe-1") -> dict[str, Any]:
 def test_a_running_probe_whose_pod_cannot_pull_its_image_says_so_at_once() -> None:
     running = probe_job(None)
     out = plan_config(
-        view(raw_config(), probe_jobs=[running], probe_pods=[waiting_pod("ErrImagePull")])
+        view(stored_config(), probe_jobs=[running], probe_pods=[waiting_pod("ErrImagePull")])
     )
     probed = cond(out.status, "Probed")
     assert (probed.status, probed.reason) == ("False", "ErrImagePull")
@@ -216,7 +207,7 @@ def test_a_running_probe_whose_pod_cannot_pull_its_image_says_so_at_once() -> No
     # The next pass, before the cache shows the Job gone: nothing new to write or say.
     again = plan_config(
         view(
-            raw_config(status=out.status.to_api()),
+            stored_config(status=out.status.to_api()),
             probe_jobs=[running],
             probe_pods=[waiting_pod("ErrImagePull")],
         )
@@ -229,7 +220,7 @@ def test_a_probe_pod_on_its_way_is_waited_for() -> None:
     running = probe_job(None)
     for reason in ("ContainerCreating", "PodInitializing"):
         out = plan_config(
-            view(raw_config(), probe_jobs=[running], probe_pods=[waiting_pod(reason)])
+            view(stored_config(), probe_jobs=[running], probe_pods=[waiting_pod(reason)])
         )
         assert cond(out.status, "Probed") is None
         assert out.delete == []
@@ -246,28 +237,28 @@ def test_a_change_is_probed_again_and_a_running_probe_is_waited_for() -> None:
     }
     recent = (NOW - timedelta(seconds=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
     status = {"conditions": [probed], "lastProbeTime": recent, "observedGeneration": 1}
-    same = plan_config(view(raw_config(1, status)))
+    same = plan_config(view(stored_config(1, status)))
     assert same.create is None
-    changed = plan_config(view(raw_config(2, status)))
+    changed = plan_config(view(stored_config(2, status)))
     assert changed.create is not None
-    waiting = plan_config(view(raw_config(2, status), probe_jobs=[probe_job(None, 2)]))
+    waiting = plan_config(view(stored_config(2, status), probe_jobs=[probe_job(None, 2)]))
     assert waiting.create is None
     assert waiting.requeue_after is not None
 
 
 def test_a_settled_config_writes_nothing() -> None:
-    first = plan_config(view(raw_config(), interval=0))
-    settled = raw_config(status=first.status.to_api())
+    first = plan_config(view(stored_config(), interval=0))
+    settled = stored_config(status=first.status.to_api())
     again = plan_config(view(settled, interval=0))
     assert not again.status_changed
     assert again.events == []
 
 
 def test_an_unusable_config_is_stalled_for_kstatus() -> None:
-    raw = raw_config()
+    raw = stored_config()
     out = plan_config(ConfigView(raw=raw, now=NOW, invalid=("MissingModelUrl", "no url")))
     stalled = cond(out.status, "Stalled")
     assert (stalled.status, stalled.reason) == ("True", "MissingModelUrl")
     assert cond(out.status, "Reconciling").status == "False"
-    good = plan_config(view(raw_config(), interval=0))
+    good = plan_config(view(stored_config(), interval=0))
     assert cond(good.status, "Stalled").status == "False"
