@@ -8,7 +8,7 @@ import pytest
 
 from controller.probe import plan_config
 from controller.reconcile import status_change_line
-from tests.unit.test_probe import probe_job, probe_pod, raw_config, view
+from tests.unit.test_probe import probe_job, probe_pod, stored_config, view
 
 pytestmark = [pytest.mark.unit]
 
@@ -43,12 +43,12 @@ def test_status_change_line(
 
 def test_a_finished_probe_is_handed_to_the_log_once_read() -> None:
     passed = plan_config(
-        view(raw_config(), probe_jobs=[probe_job("Complete")], probe_pods=[probe_pod(0, "ok")])
+        view(stored_config(), probe_jobs=[probe_job("Complete")], probe_pods=[probe_pod(0, "ok")])
     )
     assert passed.probed == ("probe-1", True, "ProbeSucceeded", "ok")
     failed = plan_config(
         view(
-            raw_config(),
+            stored_config(),
             probe_jobs=[probe_job("Failed")],
             probe_pods=[probe_pod(4, "inference: model answered 503")],
         )
@@ -56,4 +56,4 @@ def test_a_finished_probe_is_handed_to_the_log_once_read() -> None:
     assert failed.probed is not None
     assert failed.probed[:3] == ("probe-1", False, "InferenceFailed")
     # No probe finished: nothing to log.
-    assert plan_config(view(raw_config())).probed is None
+    assert plan_config(view(stored_config())).probed is None
