@@ -34,6 +34,7 @@ from controller.api import (
 )
 from controller.cron import CRON_DESCRIPTORS, CRON_PATTERN, check_schedule
 from controller.invalid import InvalidObject, describe_invalid
+from tests.unit.helpers import config_raw, run_raw
 
 pytestmark = pytest.mark.unit
 
@@ -42,20 +43,18 @@ CRDS = REPO / "crds"
 EXAMPLES = REPO / "examples"
 
 
-def config_raw(**spec: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "image": "runner:1",
+def krateo_config(**spec: Any) -> dict[str, Any]:
+    """A config reading from Krateo with a plain HTTP model URL; ``spec`` overrides."""
+    base = {
         "kserve": {"modelUrl": "http://model/v2/models/m/infer"},
         "storage": {"input": {"krateo": {"api": {"path": "/in"}}}},
     }
-    base.update(spec)
-    return {"metadata": {"name": "cfg", "namespace": "ns", "uid": "u1"}, "spec": base}
+    return config_raw(uid="u1", **(base | spec))
 
 
-def run_raw(**spec: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {"configRef": {"name": "cfg"}, "timeoutSeconds": 60}
-    base.update(spec)
-    return {"metadata": {"name": "run", "namespace": "ns", "uid": "u2"}, "spec": base}
+def timed_run(**spec: Any) -> dict[str, Any]:
+    """Run ``ns/run`` with a 60 s timeout and no generation; ``spec`` overrides."""
+    return run_raw(name="run", uid="u2", generation=None, **({"timeoutSeconds": 60} | spec))
 
 
 def invalid(
@@ -112,7 +111,7 @@ def test_upstream_readme_config_with_flat_model_fields() -> None:
 
 
 def test_unknown_fields_are_tolerated() -> None:
-    raw = run_raw(futureField={"x": 1})
+    raw = timed_run(futureField={"x": 1})
     raw["metadata"]["managedFields"] = [{"manager": "kubectl"}]
     raw["status"] = {"phase": "Running", "somethingNew": True}
     parsed = InferenceRun.model_validate(raw)
@@ -120,24 +119,24 @@ def test_unknown_fields_are_tolerated() -> None:
 
 
 def test_defaults_match_upstream_semantics() -> None:
-    r = InferenceRun.model_validate(run_raw())
+    r = InferenceRun.model_validate(timed_run())
     assert r.spec.backoff_limit == 2
     assert r.spec.parallelism == 1
     assert r.spec.suspend is False
     assert r.config_key == ("ns", "cfg")
-    c = InferenceConfig.model_validate(config_raw())
+    c = InferenceConfig.model_validate(krateo_config())
     assert c.spec.auto_delete_policy == "None"
     assert c.spec.image_pull_policy == "IfNotPresent"
 
 
 def test_config_ref_namespace() -> None:
-    r = InferenceRun.model_validate(run_raw(configRef={"name": "cfg", "namespace": "shared"}))
+    r = InferenceRun.model_validate(timed_run(configRef={"name": "cfg", "namespace": "shared"}))
     assert r.config_key == ("shared", "cfg")
 
 
 @pytest.mark.parametrize(("timeout", "deadline"), [(None, None), (0, None), (1, 1), (3600, 3600)])
 def test_timeout_zero_means_no_deadline(timeout: int | None, deadline: int | None) -> None:
-    raw = run_raw()
+    raw = timed_run()
     raw["spec"]["timeoutSeconds"] = timeout
     if timeout is None:
         del raw["spec"]["timeoutSeconds"]
@@ -149,14 +148,14 @@ def test_timeout_zero_means_no_deadline(timeout: int | None, deadline: int | Non
 
 
 def test_config_without_model_url_is_not_usable() -> None:
-    raw = config_raw(kserve={"modelName": "iris"})
+    raw = krateo_config(kserve={"modelName": "iris"})
     reason, message = invalid(InferenceConfig, raw)
     assert reason == "MissingModelUrl"
     assert "modelUrl" in message
 
 
 def test_flat_model_url_is_enough() -> None:
-    raw = config_raw(kserve={"modelUrl": ""}, modelUrl="http://flat")
+    raw = krateo_config(kserve={"modelUrl": ""}, modelUrl="http://flat")
     assert InferenceConfig.model_validate(raw).spec.effective_kserve().model_url == "http://flat"
 
 
@@ -172,7 +171,7 @@ def test_flat_model_url_is_enough() -> None:
     ],
 )
 def test_inline_credentials_are_refused(storage: dict[str, Any]) -> None:
-    reason, message = invalid(InferenceConfig, config_raw(storage={"input": storage}))
+    reason, message = invalid(InferenceConfig, krateo_config(storage={"input": storage}))
     assert reason == "InlineCredentials"
     # The message names where, never what.
     for secret in ("hunter2", "abc", "AKIA", "123", ":pw@"):
@@ -191,7 +190,7 @@ def test_inline_credentials_are_refused(storage: dict[str, Any]) -> None:
 )
 def test_references_are_not_credentials(storage: dict[str, Any]) -> None:
     assert find_inline_credentials(storage) == []
-    InferenceConfig.model_validate(config_raw(storage={"input": storage}))
+    InferenceConfig.model_validate(krateo_config(storage={"input": storage}))
 
 
 def test_inline_credential_paths() -> None:
@@ -254,19 +253,19 @@ def test_valid_schedules(schedule: str) -> None:
 
 @pytest.mark.parametrize("schedule", INVALID_SCHEDULES)
 def test_invalid_schedules(schedule: str) -> None:
-    reason, message = invalid(InferenceRun, run_raw(schedule=schedule))
+    reason, message = invalid(InferenceRun, timed_run(schedule=schedule))
     assert reason == "InvalidSchedule"
     assert message.startswith("spec.schedule: ")
 
 
 def test_schedule_messages_say_what_to_do() -> None:
-    _, tz = invalid(InferenceRun, run_raw(schedule="CRON_TZ=UTC 0 * * * *"))
+    _, tz = invalid(InferenceRun, timed_run(schedule="CRON_TZ=UTC 0 * * * *"))
     assert "spec.timeZone" in tz
-    _, never = invalid(InferenceRun, run_raw(schedule="0 0 30 2 *"))
+    _, never = invalid(InferenceRun, timed_run(schedule="0 0 30 2 *"))
     assert "never fires" in never
-    _, backwards = invalid(InferenceRun, run_raw(schedule="0 0 * DEC-JAN *"))
+    _, backwards = invalid(InferenceRun, timed_run(schedule="0 0 * DEC-JAN *"))
     assert "month range 'DEC-JAN' runs backwards" in backwards
-    _, step = invalid(InferenceRun, run_raw(schedule="*/99999999999999999999 * * * *"))
+    _, step = invalid(InferenceRun, timed_run(schedule="*/99999999999999999999 * * * *"))
     assert "steps of at most 3 digits" in step
 
 
@@ -274,18 +273,18 @@ def test_schedule_messages_say_what_to_do() -> None:
     "tz", ["UTC", "Europe/Rome", "America/Argentina/Buenos_Aires", "Etc/GMT+5"]
 )
 def test_valid_time_zones(tz: str) -> None:
-    InferenceRun.model_validate(run_raw(schedule="@daily", timeZone=tz))
+    InferenceRun.model_validate(timed_run(schedule="@daily", timeZone=tz))
 
 
 @pytest.mark.parametrize("tz", ["Local", "Mars/Olympus", "../etc/passwd", ""])
 def test_invalid_time_zones(tz: str) -> None:
-    reason, message = invalid(InferenceRun, run_raw(schedule="@daily", timeZone=tz))
+    reason, message = invalid(InferenceRun, timed_run(schedule="@daily", timeZone=tz))
     assert reason == "InvalidTimeZone"
     assert message.startswith("spec.timeZone: ")
 
 
 def test_scheduling_fields_need_a_schedule() -> None:
-    reason, message = invalid(InferenceRun, run_raw(timeZone="UTC", concurrencyPolicy="Allow"))
+    reason, message = invalid(InferenceRun, timed_run(timeZone="UTC", concurrencyPolicy="Allow"))
     assert reason == "InvalidSpec"
     assert "timeZone, concurrencyPolicy only apply to scheduled runs" in message
 
@@ -297,7 +296,7 @@ def test_scheduling_fields_need_a_schedule() -> None:
 @pytest.mark.parametrize("field", ["timeoutSeconds", "startingDeadlineSeconds"])
 @pytest.mark.parametrize("seconds", [2**63 - 1, 1000 * 365 * 86400, api.MAX_DEADLINE_SECONDS + 1])
 def test_deadlines_a_duration_cannot_hold_are_refused(field: str, seconds: int) -> None:
-    reason, message = invalid(InferenceRun, run_raw(schedule="@daily", **{field: seconds}))
+    reason, message = invalid(InferenceRun, timed_run(schedule="@daily", **{field: seconds}))
     assert reason == "InvalidSpec"
     assert message == (
         f"spec.{field}: Input should be less than or equal to {api.MAX_DEADLINE_SECONDS} "
@@ -309,7 +308,7 @@ def test_ten_years_is_the_longest_deadline() -> None:
     assert api.MAX_DEADLINE_SECONDS == 315_360_000
     # Far below where time.Duration (int64 nanoseconds) overflows.
     assert api.MAX_DEADLINE_SECONDS * 10**9 < (2**63 - 1) // 10
-    longest = run_raw(
+    longest = timed_run(
         schedule="@daily",
         timeoutSeconds=api.MAX_DEADLINE_SECONDS,
         startingDeadlineSeconds=api.MAX_DEADLINE_SECONDS,
@@ -328,16 +327,16 @@ def test_ten_years_is_the_longest_deadline() -> None:
     ],
 )
 def test_model_url_with_a_password_is_refused(spec: dict[str, Any]) -> None:
-    reason, message = invalid(InferenceConfig, config_raw(**spec))
+    reason, message = invalid(InferenceConfig, krateo_config(**spec))
     assert reason == "InlineCredentials"
     assert "modelUrl carries a credential" in message
     assert "s3cr3t" not in message
 
 
 def test_model_url_credentials_name_the_field() -> None:
-    nested = config_raw(kserve={"modelUrl": "http://u:p@m"})
-    flat = config_raw(kserve={"modelUrl": "http://m"}, modelUrl="http://u:p@m")
-    both = config_raw(kserve={"modelUrl": "http://u:p@m"}, modelUrl="http://u:p@m")
+    nested = krateo_config(kserve={"modelUrl": "http://u:p@m"})
+    flat = krateo_config(kserve={"modelUrl": "http://m"}, modelUrl="http://u:p@m")
+    both = krateo_config(kserve={"modelUrl": "http://u:p@m"}, modelUrl="http://u:p@m")
     assert invalid(InferenceConfig, nested)[1].startswith("spec: kserve.modelUrl carries")
     assert invalid(InferenceConfig, flat)[1].startswith("spec: modelUrl carries")
     assert invalid(InferenceConfig, both)[1].startswith("spec: kserve.modelUrl and modelUrl")
@@ -356,7 +355,7 @@ def test_model_url_credentials_name_the_field() -> None:
 )
 def test_model_urls_without_a_password_are_accepted(url: str) -> None:
     assert not api.model_url_has_password(url)
-    InferenceConfig.model_validate(config_raw(kserve={"modelUrl": url}, modelUrl=url))
+    InferenceConfig.model_validate(krateo_config(kserve={"modelUrl": url}, modelUrl=url))
 
 
 @pytest.mark.parametrize(
@@ -433,13 +432,13 @@ INVALID_RESOURCES: list[tuple[dict[str, Any], str]] = [
 
 @pytest.mark.parametrize("resources", VALID_RESOURCES)
 def test_valid_resources(resources: dict[str, Any]) -> None:
-    config = InferenceConfig.model_validate(config_raw(resources=resources))
+    config = InferenceConfig.model_validate(krateo_config(resources=resources))
     assert config.spec.resources is not None
 
 
 @pytest.mark.parametrize(("resources", "expected"), INVALID_RESOURCES)
 def test_resources_a_pod_cannot_have_are_refused(resources: dict[str, Any], expected: str) -> None:
-    reason, message = invalid(InferenceConfig, config_raw(resources=resources))
+    reason, message = invalid(InferenceConfig, krateo_config(resources=resources))
     assert reason == "InvalidResources"
     assert message.startswith("spec.resources")
     assert expected in message
@@ -455,18 +454,18 @@ def test_the_examples_resources_are_valid() -> None:
 
 def test_parameters_are_bounded() -> None:
     most = {f"p{i:02}": "v" * 100 for i in range(api.MAX_PARAMETERS)}
-    assert InferenceRun.model_validate(run_raw(parameters=most)).spec.parameters == most
-    _, many = invalid(InferenceRun, run_raw(parameters={**most, "one-more": "v"}))
+    assert InferenceRun.model_validate(timed_run(parameters=most)).spec.parameters == most
+    _, many = invalid(InferenceRun, timed_run(parameters={**most, "one-more": "v"}))
     assert many.startswith("spec.parameters: Dictionary should have at most 64 items")
-    _, long_value = invalid(InferenceRun, run_raw(parameters={"p": "v" * 4097}))
+    _, long_value = invalid(InferenceRun, timed_run(parameters={"p": "v" * 4097}))
     assert long_value == "spec.parameters.p: String should have at most 4096 characters"
-    _, long_name = invalid(InferenceRun, run_raw(parameters={"k" * 254: "v"}))
+    _, long_name = invalid(InferenceRun, timed_run(parameters={"k" * 254: "v"}))
     assert "String should have at most 253 characters" in long_name
     total = {f"p{i:02}": "v" * 4093 for i in range(9)}  # 9 * 4096 > 32768
-    reason, too_much = invalid(InferenceRun, run_raw(parameters=total))
+    reason, too_much = invalid(InferenceRun, timed_run(parameters=total))
     assert reason == "InvalidSpec"
     assert too_much.startswith("spec.parameters: parameter names and values total 36864")
-    InferenceRun.model_validate(run_raw(parameters=dict(list(total.items())[:8])))
+    InferenceRun.model_validate(timed_run(parameters=dict(list(total.items())[:8])))
 
 
 def test_maximal_parameters_fit_a_configmap() -> None:
@@ -476,15 +475,15 @@ def test_maximal_parameters_fit_a_configmap() -> None:
     width = api.MAX_PARAMETER_VALUE_LENGTH - 3
     params = {f"<{i:02}": "<" * width for i in range(n)}
     assert sum(len(k) + len(v) for k, v in params.items()) == api.MAX_PARAMETERS_TOTAL_LENGTH
-    run = InferenceRun.model_validate(run_raw(parameters=params))
-    config = InferenceConfig.model_validate(config_raw())
+    run = InferenceRun.model_validate(timed_run(parameters=params))
+    config = InferenceConfig.model_validate(krateo_config())
     size = len(json.dumps(render.desired_configmap(run, config)).encode())
     assert 6 * api.MAX_PARAMETERS_TOTAL_LENGTH <= size < 1024 * 1024 // 4
 
 
 @pytest.mark.parametrize("image", [" runner:1", "runner:1 ", "runner:1\n", "\trunner:1"])
 def test_image_with_surrounding_whitespace_is_refused(image: str) -> None:
-    reason, message = invalid(InferenceConfig, config_raw(image=image))
+    reason, message = invalid(InferenceConfig, krateo_config(image=image))
     assert reason == "InvalidSpec"
     assert message.startswith("spec.image: the image must not have leading or trailing whitespace")
 
@@ -497,20 +496,23 @@ def test_image_with_surrounding_whitespace_is_refused(image: str) -> None:
     ("raw", "expected"),
     [
         (
-            run_raw(timeoutSeconds=-1),
+            timed_run(timeoutSeconds=-1),
             "spec.timeoutSeconds: Input should be greater than or equal to 0 (got -1)",
         ),
-        (run_raw(configRef={}), "spec.configRef.name: Field required"),
+        (timed_run(configRef={}), "spec.configRef.name: Field required"),
         (
-            run_raw(parallelism=0),
+            timed_run(parallelism=0),
             "spec.parallelism: Input should be greater than or equal to 1 (got 0)",
         ),
         (
-            run_raw(concurrencyPolicy="Sometimes", schedule="@daily"),
+            timed_run(concurrencyPolicy="Sometimes", schedule="@daily"),
             "spec.concurrencyPolicy: Input should be 'Allow', 'Forbid' or 'Replace' "
             "(got 'Sometimes')",
         ),
-        (run_raw(parameters={"n": 5}), "spec.parameters.n: Input should be a valid string (got 5)"),
+        (
+            timed_run(parameters={"n": 5}),
+            "spec.parameters.n: Input should be a valid string (got 5)",
+        ),
         ({"metadata": {"name": "run"}}, "spec: Field required"),
     ],
 )
@@ -521,7 +523,7 @@ def test_describe_invalid_run(raw: dict[str, Any], expected: str) -> None:
 
 
 def test_describe_invalid_config_never_echoes_storage() -> None:
-    raw = config_raw(autoDeletePolicy="Sometimes", storage={"input": {"krateo": "s3cr3t"}})
+    raw = krateo_config(autoDeletePolicy="Sometimes", storage={"input": {"krateo": "s3cr3t"}})
     reason, message = invalid(InferenceConfig, raw)
     assert reason == "InvalidSpec"
     assert (
@@ -533,7 +535,7 @@ def test_describe_invalid_config_never_echoes_storage() -> None:
 
 
 def test_describe_invalid_bounds_the_message() -> None:
-    raw = run_raw(
+    raw = timed_run(
         timeoutSeconds=-1,
         parallelism=0,
         backoffLimit=-1,
@@ -558,11 +560,11 @@ def test_describe_invalid_object() -> None:
 def test_condition_reasons_are_valid() -> None:
     reason_re = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
     for raw, model in [
-        (run_raw(schedule="bad"), InferenceRun),
-        (run_raw(schedule="@daily", timeZone="X/Y"), InferenceRun),
-        (config_raw(kserve={}), InferenceConfig),
-        (config_raw(storage={"input": {"a": {"token": "t"}}}), InferenceConfig),
-        (config_raw(image=""), InferenceConfig),
+        (timed_run(schedule="bad"), InferenceRun),
+        (timed_run(schedule="@daily", timeZone="X/Y"), InferenceRun),
+        (krateo_config(kserve={}), InferenceConfig),
+        (krateo_config(storage={"input": {"a": {"token": "t"}}}), InferenceConfig),
+        (krateo_config(image=""), InferenceConfig),
     ]:
         reason, _ = invalid(model, raw)
         assert reason_re.match(reason), reason
@@ -573,9 +575,9 @@ def test_condition_reasons_are_valid() -> None:
 
 
 def test_run_config_warnings() -> None:
-    r = InferenceRun.model_validate(run_raw(schedule="@daily"))
+    r = InferenceRun.model_validate(timed_run(schedule="@daily"))
     c = InferenceConfig.model_validate(
-        config_raw(
+        krateo_config(
             autoDeletePolicy="DeleteOnSuccess",
             credentialsRef={"name": "regcred", "namespace": "other"},
             kserve={"modelUrl": "http://a", "modelName": "nested"},
@@ -584,9 +586,9 @@ def test_run_config_warnings() -> None:
     )
     reasons = [reason for reason, _ in run_config_warnings(r, c)]
     assert reasons == ["CredentialsNamespaceIgnored", "AutoDeleteIgnored", "ModelFieldsConflict"]
-    one_shot = InferenceRun.model_validate(run_raw())
+    one_shot = InferenceRun.model_validate(timed_run())
     same_ns = InferenceConfig.model_validate(
-        config_raw(credentialsRef={"name": "r", "namespace": "ns"})
+        krateo_config(credentialsRef={"name": "r", "namespace": "ns"})
     )
     assert run_config_warnings(one_shot, same_ns) == []
 
@@ -674,10 +676,10 @@ def test_progress_summary(done: int, total: int | None, summary: str) -> None:
 
 
 def test_unreadable_status_does_not_invalidate_the_object() -> None:
-    raw = run_raw()
+    raw = timed_run()
     raw["status"] = {"phase": "Exploded", "conditions": "nope"}
     assert InferenceRun.model_validate(raw).status == InferenceRunStatus()
-    cfg = config_raw()
+    cfg = krateo_config()
     cfg["status"] = {"conditions": [{"type": "Ready"}]}
     assert InferenceConfig.model_validate(cfg).status == InferenceConfigStatus()
 
@@ -793,13 +795,13 @@ def test_enums_match_the_models() -> None:
 
 def test_defaults_match_the_models() -> None:
     runs, configs = dict(walk(schema("inferenceruns"))), dict(walk(schema("inferenceconfigs")))
-    spec = InferenceRun.model_validate(run_raw()).spec
+    spec = InferenceRun.model_validate(timed_run()).spec
     assert runs[".spec.backoffLimit"]["default"] == spec.backoff_limit
     assert runs[".spec.parallelism"]["default"] == spec.parallelism
     assert runs[".spec.parallelism"]["maximum"] == api.MAX_PARALLELISM
     assert runs[".spec.suspend"]["default"] is spec.suspend
     assert runs[".spec.schedule"]["maxLength"] == cron.MAX_SCHEDULE_LENGTH
-    cfg = InferenceConfig.model_validate(config_raw()).spec
+    cfg = InferenceConfig.model_validate(krateo_config()).spec
     assert configs[".spec.autoDeletePolicy"]["default"] == cfg.auto_delete_policy
     assert configs[".spec.imagePullPolicy"]["default"] == cfg.image_pull_policy
     batching = Batching()
