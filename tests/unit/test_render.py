@@ -26,7 +26,7 @@ from controller.render import (
     probe_contract,
     render_contract,
 )
-from tests.unit.helpers import UID
+from tests.unit.helpers import UID, config_raw, run_raw
 
 # The example contract of upstream's README, in its own key order.
 README_CONTRACT = """
@@ -74,7 +74,8 @@ def krateo(path: str) -> dict[str, Any]:
     }
 
 
-def config_raw(**spec: Any) -> dict[str, Any]:
+def triton_config_raw(**spec: Any) -> dict[str, Any]:
+    """Upstream's worked example: config ``team-a/cfg`` of the Triton time-series model."""
     base: dict[str, Any] = {
         "image": "ghcr.io/krateoplatformops/kserve-krateo-runner:0.1.0",
         "autoDeletePolicy": "None",
@@ -90,16 +91,11 @@ def config_raw(**spec: Any) -> dict[str, Any]:
             "output": {"krateo": krateo("/compute/tritonoutput")},
         },
     }
-    base.update(spec)
-    return {
-        "apiVersion": "ai.krateo.io/v1",
-        "kind": "InferenceConfig",
-        "metadata": {"name": "cfg", "namespace": "team-a", "uid": "cfg-uid"},
-        "spec": base,
-    }
+    return config_raw(typed=True, namespace="team-a", **(base | spec))
 
 
-def run_raw(name: str = "example-inference-run-triton", **spec: Any) -> dict[str, Any]:
+def triton_run_raw(name: str = "example-inference-run-triton", **spec: Any) -> dict[str, Any]:
+    """Upstream's worked example: run ``team-a/example-inference-run-triton`` of that config."""
     base: dict[str, Any] = {
         "configRef": {"name": "cfg", "namespace": "team-a"},
         "timeoutSeconds": 3600,
@@ -112,21 +108,15 @@ def run_raw(name: str = "example-inference-run-triton", **spec: Any) -> dict[str
             "input_data_length": "512",
         },
     }
-    base.update(spec)
-    return {
-        "apiVersion": "ai.krateo.io/v1",
-        "kind": "InferenceRun",
-        "metadata": {"name": name, "namespace": "team-a", "uid": UID, "generation": 1},
-        "spec": base,
-    }
+    return run_raw(typed=True, name=name, namespace="team-a", **(base | spec))
 
 
 def config(**spec: Any) -> InferenceConfig:
-    return InferenceConfig.model_validate(config_raw(**spec))
+    return InferenceConfig.model_validate(triton_config_raw(**spec))
 
 
 def run(name: str = "example-inference-run-triton", **spec: Any) -> InferenceRun:
-    return InferenceRun.model_validate(run_raw(name, **spec))
+    return InferenceRun.model_validate(triton_run_raw(name, **spec))
 
 
 # --------------------------------------------------------------------------------------------
@@ -166,7 +156,7 @@ def test_contract_validates_as_the_runners_model() -> None:
 
 
 def test_flat_model_fields_from_the_upstream_readme() -> None:
-    raw = config_raw()
+    raw = triton_config_raw()
     kserve = raw["spec"].pop("kserve")
     raw["spec"].update(kserve)  # modelName, modelUrl, … flat under spec
     flat = InferenceConfig.model_validate(raw)
@@ -194,7 +184,7 @@ def test_empty_kserve_fields_are_left_out() -> None:
 
 
 def test_parameters_absent_empty_and_present() -> None:
-    raw = run_raw()
+    raw = triton_run_raw()
     del raw["spec"]["parameters"]
     absent = InferenceRun.model_validate(raw)
     assert "parameters" not in json.loads(render_contract(absent, config()))
@@ -237,7 +227,7 @@ def test_contract_is_deterministic() -> None:
 
 
 def test_contract_needs_a_uid() -> None:
-    raw = run_raw()
+    raw = triton_run_raw()
     raw["metadata"]["uid"] = ""
     with pytest.raises(ValueError, match="no uid"):
         render_contract(InferenceRun.model_validate(raw), config())
