@@ -22,10 +22,11 @@ NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 
 def _raw(
     kind: str | None,
-    meta: dict[str, Any],
     spec: dict[str, Any],
     status: dict[str, Any] | None,
+    **meta: Any,
 ) -> dict[str, Any]:
+    """The object dict: ``meta`` (``None`` values left out) as its metadata."""
     raw: dict[str, Any] = {}
     if kind is not None:
         raw |= {"apiVersion": "ai.krateo.io/v1", "kind": kind}
@@ -50,19 +51,21 @@ def config_raw(
 
     ``typed`` adds ``apiVersion`` and ``kind``, as the API server returns them.
     """
-    meta = {
-        "name": name,
-        "namespace": namespace,
-        "uid": uid,
-        "generation": generation,
-        "resourceVersion": resource_version,
-    }
     base: dict[str, Any] = {
         "image": "runner:1",
         "kserve": {"modelUrl": "127.0.0.1:1/v2/models/m/infer"},
         "storage": {"input": {"http": {"url": "http://in"}}},
     }
-    return _raw("InferenceConfig" if typed else None, meta, base | spec, status)
+    return _raw(
+        "InferenceConfig" if typed else None,
+        base | spec,
+        status,
+        name=name,
+        namespace=namespace,
+        uid=uid,
+        generation=generation,
+        resourceVersion=resource_version,
+    )
 
 
 def make_config(**kw: Any) -> InferenceConfig:
@@ -85,15 +88,17 @@ def run_raw(
 
     ``typed`` adds ``apiVersion`` and ``kind``, as the API server returns them.
     """
-    meta = {
-        "name": name,
-        "namespace": namespace,
-        "uid": uid,
-        "generation": generation,
-        "resourceVersion": resource_version,
-    }
     base: dict[str, Any] = {"configRef": {"name": "cfg"}}
-    return _raw("InferenceRun" if typed else None, meta, base | spec, status)
+    return _raw(
+        "InferenceRun" if typed else None,
+        base | spec,
+        status,
+        name=name,
+        namespace=namespace,
+        uid=uid,
+        generation=generation,
+        resourceVersion=resource_version,
+    )
 
 
 def make_run(**kw: Any) -> InferenceRun:
