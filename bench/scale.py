@@ -1,6 +1,7 @@
 """Scale on simulated nodes: thousands of runs over many namespaces, pods played by kwok.
 
-    .venv/bin/python -m bench.scale                   # the issue's full size (~25 min)
+    .venv/bin/python -m bench.scale   # 10,000 one-shot, 1,000 scheduled, 1,000 backlog
+    .venv/bin/python -m bench.scale --runs 5000 --scheduled 4000   # 10,000 runs in all: 30 min
     .venv/bin/python -m bench.scale --runs 500 --namespaces 10 --nodes 10 --scheduled 50
     .venv/bin/python -m bench.scale --shards 2        # two controller processes, one per shard
 
