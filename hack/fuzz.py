@@ -1483,6 +1483,7 @@ class FuzzEngine:
         verbs: Counter[str] = Counter()
         unattributed = 0
         unattributed_requests: Counter[str] = Counter()
+        per_job_events: Counter[str] = Counter()
         total = 0
         needle = f'"username":"{self.controller_user}"'
         with self.audit_log.open() as f:
@@ -1508,7 +1509,13 @@ class FuzzEngine:
                 verbs[f"{event['verb']} {what}"] += 1
                 per_minute[int((at - self.started) // 60)] += 1
                 sub = owner(ref)
-                if sub is None:
+                watched = _events_of(event) if sub is None else None
+                if watched is not None:
+                    # A Job's FailedCreate Events, read on a backoff while it has no
+                    # pod: a list, so no name says whose. Each Job is held to the
+                    # per-case budget on its own.
+                    per_job_events[watched] += 1
+                elif sub is None:
                     unattributed += 1
                     # No objectRef: a discovery or other non-resource request.
                     unattributed_requests[
@@ -1524,6 +1531,11 @@ class FuzzEngine:
             f"case {i} ({n} requests): {describe_case(by_index[i].case)}"
             for i, n in per_case.most_common()
             if n > budget_per_case and i in by_index
+        ]
+        over += [
+            f"Events of object {uid} listed {n} times (budget {budget_per_case})"
+            for uid, n in per_job_events.most_common()
+            if n > budget_per_case
         ]
         allowed = unattributed_budget + int(unattributed_per_minute * minutes)
         if unattributed > allowed:
@@ -1726,6 +1738,20 @@ class FuzzReport:
         for tb in self.tracebacks[:3]:
             lines.append(f"traceback: {tb}")
         return "\n".join(lines)
+
+
+def _events_of(event: Obj) -> str | None:
+    """The uid in a list of Events by ``involvedObject.uid`` (the Job's FailedCreate read)."""
+    ref = event.get("objectRef") or {}
+    if event.get("verb") != "list" or ref.get("resource") != "events":
+        return None
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(str(event.get("requestURI"))).query)
+    for selector in query.get("fieldSelector", []):
+        for term in selector.split(","):
+            name, _, value = term.partition("=")
+            if name == "involvedObject.uid" and value:
+                return value
+    return None
 
 
 def _top(counter: Counter[str], n: int) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,8 +22,13 @@ USER = "system:serviceaccount:ns:controller"
 DISCOVERY = "/apis/serving.kserve.io/v1beta1"
 
 
-def engine_with_audit(tmp_path: Path, minutes: float, requests: int) -> FuzzEngine:
-    """An engine started ``minutes`` ago whose audit log holds ``requests`` discovery GETs."""
+def engine_with_audit(
+    tmp_path: Path, minutes: float, requests: int, uris: Sequence[tuple[str, str, str]] = ()
+) -> FuzzEngine:
+    """An engine started ``minutes`` ago whose audit log holds ``requests`` discovery GETs.
+
+    ``uris`` adds one request per (verb, resource, request URI).
+    """
     api = Api.__new__(Api)  # the audit reads a file; it never calls the API server
     log = tmp_path / "audit.log"
     engine = FuzzEngine(
@@ -42,9 +48,20 @@ def engine_with_audit(tmp_path: Path, minutes: float, requests: int) -> FuzzEngi
         "user": {"username": USER},
         "stageTimestamp": at,
     }
-    line = json.dumps(event, separators=(",", ":")) + "\n"
-    log.write_text(line * requests)
+    lines = [event] * requests
+    for verb, resource, uri in uris:
+        ref = {"resource": resource, "namespace": "ns", "apiVersion": "v1"}
+        # A watch is counted when it starts (it completes minutes later).
+        stage = "ResponseStarted" if verb == "watch" else "ResponseComplete"
+        lines.append({**event, "verb": verb, "stage": stage, "requestURI": uri, "objectRef": ref})
+    log.write_text("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in lines))
     return engine
+
+
+def failed_create_read(uid: str) -> tuple[str, str, str]:
+    """The controller's list of a Job's FailedCreate Events, as the audit log has it."""
+    selector = f"involvedObject.uid%3D{uid}%2Creason%3DFailedCreate"
+    return ("list", "events", f"/api/v1/namespaces/ns/events?fieldSelector={selector}")
 
 
 @pytest.mark.parametrize(("minutes", "requests"), [(6.6, 42), (10, 110)])
@@ -62,3 +79,21 @@ def test_a_loop_of_requests_about_no_case_is_named(tmp_path: Path) -> None:
     [line] = audit.over_budget
     assert "300 requests about no case" in line
     assert f"get {DISCOVERY}" in line  # says what was asked, for the next reader
+
+
+def test_failed_create_reads_are_held_to_a_budget_per_job(tmp_path: Path) -> None:
+    # A loaded CI run: 30 Jobs without a pod for minutes, each read on its
+    # backoff (3 s, then 10, 20, 40... s) about 6 times, beside 34 watches of
+    # pods that the API server closed while the controller was slow to read.
+    reads = [failed_create_read(f"job-{i}") for i in range(30) for _ in range(6)]
+    watches = [("watch", "pods", "/api/v1/namespaces/ns/pods?watch=true")] * 34
+    audit = engine_with_audit(tmp_path, 6.3, 0, [*reads, *watches]).audit(40, 40, 8)
+    assert audit.by_verb["list events"] == 180  # the log was read
+    assert audit.unattributed == 34  # the reads are the Jobs', not "about no case"
+    assert audit.over_budget == []
+
+
+def test_a_loop_of_failed_create_reads_is_named(tmp_path: Path) -> None:
+    reads = [failed_create_read("job-1")] * 41 + [failed_create_read("job-2")] * 6
+    audit = engine_with_audit(tmp_path, 2, 0, reads).audit(40, 40, 8)
+    assert audit.over_budget == ["Events of object job-1 listed 41 times (budget 40)"]
