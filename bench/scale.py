@@ -61,7 +61,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import yaml
@@ -250,7 +250,10 @@ def make_shards(
         cluster.kubectl("create", "namespace", namespace)
         chart.apply(cluster, chart.controller_rbac_objects(namespace, [], values=values))
         kubeconfig = chart.service_account_kubeconfig(
-            cluster, namespace, path=workdir / f"controller-{index}.kubeconfig", duration="6h"
+            cluster,
+            namespace,
+            path=workdir / f"controller-{index}.kubeconfig",
+            expiration=timedelta(hours=6),
         )
         env = {
             "WATCH_NAMESPACE": "",

@@ -39,11 +39,13 @@ import os
 import subprocess
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from hack.cluster import ApiRequestFailed
 from hack.commands import run_tool
 
 if TYPE_CHECKING:
@@ -328,28 +330,39 @@ def to_yaml(objects: Iterable[Obj]) -> str:
 
 
 def apply(cluster: LocalCluster, objects: Iterable[Obj]) -> None:
-    """Create or update ``objects`` for real (server-side apply, as the admin)."""
-    cluster.kubectl(
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "--field-manager=ksc-tests",
-        "-f",
-        "-",
-        input=to_yaml(objects),
-    )
+    """Create or update ``objects`` for real: server-side apply as the admin, in order.
+
+    What ``kubectl apply --server-side --force-conflicts`` sends, one request
+    per object, without a kubectl process each time.
+    """
+    for obj in objects:
+        meta = obj["metadata"]
+        path = cluster.resource_path(
+            obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace")
+        )
+        cluster.request(
+            "PATCH",
+            f"{path}?fieldManager=ksc-tests&force=true",
+            obj,
+            content_type="application/apply-patch+yaml",
+        )
 
 
 def delete_cluster_scoped(cluster: LocalCluster, objects: Iterable[Obj]) -> None:
     """Delete the cluster-scoped objects among ``objects`` (namespaces take the rest).
 
-    CRDs are left alone: other tests share them.
+    CRDs are left alone: other tests share them. One already gone is fine.
     """
     for obj in objects:
         if obj["kind"] in CLUSTER_SCOPED_KINDS:
-            cluster.kubectl(
-                "delete", obj["kind"].lower(), obj["metadata"]["name"], "--ignore-not-found"
+            path = cluster.resource_path(
+                obj["apiVersion"], obj["kind"], obj["metadata"]["name"], None
             )
+            try:
+                cluster.request("DELETE", path)
+            except ApiRequestFailed as exc:
+                if exc.code != 404:
+                    raise
 
 
 def service_account_user(namespace: str, name: str) -> str:
@@ -363,25 +376,36 @@ def service_account_kubeconfig(
     name: str = CONTROLLER_SERVICE_ACCOUNT,
     *,
     path: Path,
-    duration: str = "2h",
+    expiration: timedelta = timedelta(hours=2),
 ) -> Path:
     """Write a kubeconfig at ``path`` acting as ServiceAccount ``namespace/name``.
 
     The token comes from the TokenRequest API (``kubectl create token``), as a
     pod's projected token would.
     """
-    token = service_account_token(cluster, namespace, name, duration=duration)
+    token = service_account_token(cluster, namespace, name, expiration=expiration)
     user = service_account_user(namespace, name)
     return cluster.write_token_kubeconfig(path, user, token, context="sa", namespace=namespace)
 
 
 def service_account_token(
-    cluster: LocalCluster, namespace: str, name: str, *, duration: str = "2h"
+    cluster: LocalCluster,
+    namespace: str,
+    name: str,
+    *,
+    expiration: timedelta = timedelta(hours=2),
 ) -> str:
     """A TokenRequest token of ServiceAccount ``namespace/name`` (``kubectl create token``)."""
-    token: str = cluster.kubectl(
-        "create", "token", name, "-n", namespace, f"--duration={duration}"
-    ).stdout.strip()
+    answer = cluster.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": int(expiration.total_seconds())},
+        },
+    )
+    token: str = answer["status"]["token"]
     return token
 
 
@@ -391,7 +415,7 @@ def service_account_mount(
     name: str = CONTROLLER_SERVICE_ACCOUNT,
     *,
     directory: Path,
-    duration: str = "2h",
+    expiration: timedelta = timedelta(hours=2),
 ) -> Path:
     """Write what the kubelet mounts for ServiceAccount ``namespace/name`` into ``directory``.
 
@@ -401,7 +425,7 @@ def service_account_mount(
     """
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "token").write_text(
-        service_account_token(cluster, namespace, name, duration=duration)
+        service_account_token(cluster, namespace, name, expiration=expiration)
     )
     (directory / "ca.crt").write_bytes(cluster.ca_path.read_bytes())
     return directory
