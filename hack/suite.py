@@ -38,7 +38,9 @@ order. Runs at the same time print their lines as they come, each after its
 run's name in brackets.
 
 Tests are chosen by marker, and markers come from directories
-(tests/conftest.py), so a new test file is picked up with no list to keep.
+(tests/conftest.py), so a new test file is picked up with no list to keep;
+each run also collects only its own directories (``run_paths``: a new
+directory goes to the parallel run), since collecting is importing.
 Every run goes ahead even if an earlier one failed; the exit status is the
 first failure's (pytest's own codes, in ``--order``'s order; a run whose tools
 failed to build exits 3 without starting). Each run ends with pytest's closing
@@ -79,6 +81,14 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "faults": binaries.TOOLS,
     "node": (*binaries.TOOLS, binaries.NODE),
 }
+# Where each run collects its tests: collecting is importing, and the whole
+# suite costs a pytest process ~19 CPU-seconds to collect (2,700 tests) where
+# tests/faults alone costs 5. A run has up to five such processes (xdist's
+# workers collect too), so collecting everything in every run was ~2 of the
+# suite's CPU-minutes. The parallel run takes every other directory (and any
+# test file at the top), so a new directory needs no entry here.
+OWN_DIRS = {"unit": "unit", "faults": "faults", "node": "node"}
+TESTS = binaries.REPO / "tests"
 DEFAULT_ORDER = "unit+parallel,faults+node"
 DEFAULT_UNIT_WORKERS = 2
 DEFAULT_WORKERS = 4
@@ -166,12 +176,39 @@ def verdict(outcomes: Sequence[Outcome]) -> int:
     return 0 if ran else NO_TESTS_COLLECTED
 
 
+def run_paths(name: str, tests: Path = TESTS) -> list[str]:
+    """The test directories (and files) run ``name`` collects, relative to the repository."""
+    if name in OWN_DIRS:
+        found = [tests / OWN_DIRS[name]]
+    else:
+        others = set(OWN_DIRS.values())
+        found = sorted(
+            entry
+            for entry in tests.iterdir()
+            if (entry.is_dir() and entry.name not in others and (entry / "__init__.py").exists())
+            or (entry.is_file() and entry.name.startswith("test_") and entry.suffix == ".py")
+        )
+    return [str(path.relative_to(tests.parent)) for path in found]
+
+
+def names_paths(args: Sequence[str]) -> bool:
+    """Whether ``args`` name tests to run (a path, maybe with ``::test``), as pytest takes them."""
+    return any(
+        not arg.startswith("-") and (binaries.REPO / arg.split("::")[0]).exists() for arg in args
+    )
+
+
 def pytest_command(name: str, workers: int, extra: Sequence[str]) -> list[str]:
-    """The pytest of run ``name`` on ``workers`` xdist workers (1: one process, no workers)."""
+    """The pytest of run ``name`` on ``workers`` xdist workers (1: one process, no workers).
+
+    It collects only the run's own directories (``run_paths``), unless ``extra``
+    names paths itself; the marker still chooses among what is collected.
+    """
     command = [sys.executable, "-m", "pytest", "-m", RUNS[name]]
     # -p no:xdist would also drop the xdist_group marker some tests use; -n 0 keeps it.
     command += ["-n", str(workers), "--dist", "load"] if workers > 1 else ["-n", "0"]
-    return [*command, *extra]
+    paths = [] if names_paths(extra) else run_paths(name)
+    return [*command, *extra, *paths]
 
 
 _PRINTING = threading.Lock()

@@ -135,13 +135,46 @@ def test_a_bad_order_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_runs_with_workers_get_xdist_and_the_node_run_none() -> None:
     parallel = suite.pytest_command("parallel", 3, ["-x"])
-    assert parallel[-5:] == ["-n", "3", "--dist", "load", "-x"]
+    assert parallel[5:10] == ["-n", "3", "--dist", "load", "-x"]
     faults = suite.pytest_command("faults", 2, [])
-    assert faults[-4:] == ["-n", "2", "--dist", "load"]
+    assert faults[5:9] == ["-n", "2", "--dist", "load"]
     for name in ("faults", "node"):
         command = suite.pytest_command(name, 1, [])
-        assert command[-2:] == ["-n", "0"]
+        assert command[5:7] == ["-n", "0"]
         assert command[command.index("-m", 3) + 1] == name
+        assert command[-1] == f"tests/{name}"
+
+
+def test_each_run_collects_its_own_directories_and_together_every_test() -> None:
+    paths = {name: suite.run_paths(name) for name in suite.RUNS}
+    assert paths["unit"] == ["tests/unit"]
+    assert paths["faults"] == ["tests/faults"]
+    assert paths["node"] == ["tests/node"]
+    assert {"tests/integration", "tests/e2e", "tests/runner"} <= set(paths["parallel"])
+    # Every test file of the repository is under exactly one run's paths.
+    taken = [p for run in paths.values() for p in run]
+    for test_file in suite.TESTS.rglob("test_*.py"):
+        relative = str(test_file.relative_to(suite.TESTS.parent))
+        owners = [p for p in taken if relative == p or relative.startswith(p + "/")]
+        assert len(owners) == 1, (relative, owners)
+
+
+def test_a_directory_of_tests_added_later_goes_to_the_parallel_run(tmp_path: Path) -> None:
+    for name in ("unit", "faults", "node", "soak", "helpers_only"):
+        (tmp_path / "tests" / name).mkdir(parents=True)
+    for name in ("unit", "faults", "node", "soak"):
+        (tmp_path / "tests" / name / "__init__.py").touch()
+    (tmp_path / "tests" / "test_top.py").touch()
+    (tmp_path / "tests" / "kubehelpers.py").touch()
+    parallel = suite.run_paths("parallel", tmp_path / "tests")
+    assert parallel == ["tests/soak", "tests/test_top.py"]
+
+
+def test_paths_given_after_the_separator_replace_the_runs_own() -> None:
+    command = suite.pytest_command("unit", 1, ["-k", "chart", "tests/unit/test_chart.py::test_x"])
+    assert command[-1] == "tests/unit/test_chart.py::test_x"
+    assert "tests/unit" not in command
+    assert suite.pytest_command("unit", 1, ["-k", "chart"])[-1] == "tests/unit"
 
 
 def _fake_pytest(lines: list[str], code: int, pause: float = 0.0) -> list[str]:
