@@ -31,7 +31,9 @@ async def serve(
 ) -> tuple[web.AppRunner, str]:
     """``app`` on a free loopback port: its runner (to clean up) and ``http://127.0.0.1:<port>``
     (``https://`` with ``ssl_context``)."""
-    runner = web.AppRunner(app, access_log=None)
+    # A handler still running at shutdown (one a test holds on purpose, for a
+    # client it then kills) is cancelled after 2 s, not aiohttp's default 60.
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     # Binding the socket here tells us the port the kernel chose.
     sock = socket.socket()
