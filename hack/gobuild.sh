@@ -106,8 +106,13 @@ gobuild_build() {
 # it: 10-19% less CPU for a cold build (versitygw, two runs each way). The
 # node's build (hack/node/build.sh) uses the same flags, so that kubelet
 # reuses the control plane's packages from Go's build cache.
+# The compiler itself collects garbage only near 1 GiB a process (GOGC=off
+# with a GOMEMLIMIT): 7% less CPU for a cold versitygw build, the same bytes
+# out, at most ~1 GiB per compile (GOGC=off alone: 12% less, but 1.4 GiB and
+# unbounded on a larger package). Neither is part of Go's cache keys.
 gobuild_env() {
   export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-trimpath -mod=readonly -gcflags=all=-dwarf=false"
+  export GOGC=off GOMEMLIMIT=1GiB
 }
 
 # gobuild_tool LABEL SUBDIR VAR MODULE WHAT FN [KEYFILE...]: the whole of a
