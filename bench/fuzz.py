@@ -25,9 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from hack.cluster import running_cluster
+from hack.cluster import Api, running_cluster
 from hack.controllerproc import controller_for, controller_user
-from hack.fuzz import Api, FuzzEngine, FuzzReport, run_fuzz
+from hack.fuzz import FuzzEngine, FuzzReport, run_fuzz
 
 NAMESPACE = "fuzz"
 

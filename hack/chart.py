@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from hack.cluster import ApiRequestFailed
+from hack.cluster import ApiError
 from hack.commands import run_tool
 
 if TYPE_CHECKING:
@@ -360,7 +360,7 @@ def delete_cluster_scoped(cluster: LocalCluster, objects: Iterable[Obj]) -> None
             )
             try:
                 cluster.request("DELETE", path)
-            except ApiRequestFailed as exc:
+            except ApiError as exc:
                 if exc.code != 404:
                     raise
 

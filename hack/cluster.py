@@ -37,8 +37,10 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -285,17 +287,80 @@ def mutating_policy(
     ]
 
 
-class ApiRequestFailed(RuntimeError):
-    """The API server answered a harness request with an HTTP error."""
+# --------------------------------------------------------------------------------------------
+# A small synchronous API client: the harness's and the fuzz's (test infrastructure
+# must not share the controller's).
 
-    def __init__(self, method: str, path: str, code: int, body: str) -> None:
-        try:
-            message = str(json.loads(body).get("message") or body)
-        except (ValueError, AttributeError):
-            message = body
-        super().__init__(f"{method} {path} failed ({code}): {message[:2000]}")
+
+class ApiError(Exception):
+    """The API server answered with an HTTP error: its code and its Status's message."""
+
+    def __init__(self, code: int, body: str) -> None:
         self.code = code
-        self.message = message
+        self.body = body
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            parsed = {}
+        self.status: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
+        self.message = str(self.status.get("message") or body[:2000])
+        super().__init__(f"{code}: {self.message[:500]}")
+
+
+class Api:
+    def __init__(self, server: str, token: str, ca: Path) -> None:
+        self.server = server
+        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        self.ssl = ssl.create_default_context(cafile=str(ca))
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        timeout: float = 60,
+        *,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        """One request; the answer's JSON (``{}`` when empty), or ``ApiError``."""
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {**self.headers, "Content-Type": content_type}
+        req = urllib.request.Request(self.server + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, context=self.ssl, timeout=timeout) as resp:
+                out: dict[str, Any] = json.loads(resp.read() or b"{}")
+                return out
+        except urllib.error.HTTPError as e:
+            raise ApiError(e.code, e.read().decode(errors="replace")) from None
+
+    def watch(self, path: str, stop: threading.Event) -> Iterator[dict[str, Any]]:
+        """Watch events of a collection, reconnecting (every 10 s) until ``stop`` is set."""
+        version = ""
+        while not stop.is_set():
+            if not version:
+                listed = self.request("GET", path)
+                for item in listed.get("items") or []:
+                    yield {"type": "ADDED", "object": item}
+                version = listed["metadata"]["resourceVersion"]
+            query = urllib.parse.urlencode(
+                {"watch": "1", "resourceVersion": version, "timeoutSeconds": "10"}
+            )
+            sep = "&" if "?" in path else "?"
+            req = urllib.request.Request(f"{self.server}{path}{sep}{query}", headers=self.headers)
+            try:
+                with urllib.request.urlopen(req, context=self.ssl, timeout=30) as resp:
+                    for line in resp:
+                        event = json.loads(line)
+                        if event.get("type") == "ERROR":
+                            version = ""  # 410 Gone: list again
+                            break
+                        version = event["object"]["metadata"]["resourceVersion"]
+                        yield event
+                        if stop.is_set():
+                            return
+            except (OSError, ValueError):
+                if stop.wait(0.5):
+                    return
 
 
 @dataclass
@@ -320,7 +385,7 @@ class LocalCluster:
     node_port: int = 0
     pki: Pki | None = None
     _procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
-    _ssl: ssl.SSLContext | None = None
+    _apis: dict[str, Api] = field(default_factory=dict)
     # apiVersion -> kind -> (path template, namespaced), from discovery.
     _discovered: dict[str, dict[str, tuple[str, bool]]] = field(default_factory=dict)
 
@@ -475,32 +540,16 @@ class LocalCluster:
         content_type: str = "application/json",
         timeout: float = 60.0,
     ) -> dict[str, Any]:
-        """One API request as ``user``; the answer parsed, or ``ApiRequestFailed``.
+        """One API request as ``user``; the answer parsed, or ``ApiError``.
 
         The harness's own set-up (applying objects, asking for tokens) is a
         request, not a kubectl process: kubectl costs 0.1-0.2 CPU-seconds and a
         discovery round each time, and the set-up runs hundreds of times a run.
         """
-        data = None if body is None else json.dumps(body).encode()
-        headers = {
-            "Authorization": f"Bearer {self.token_for(user)}",
-            "Content-Type": content_type,
-            "Accept": "application/json",
-        }
-        req = urllib.request.Request(self.server + path, data=data, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(req, context=self._ssl_context(), timeout=timeout) as resp:
-                answer: dict[str, Any] = json.loads(resp.read() or b"{}")
-                return answer
-        except urllib.error.HTTPError as e:
-            raise ApiRequestFailed(
-                method, path, e.code, e.read().decode(errors="replace")
-            ) from None
-
-    def _ssl_context(self) -> ssl.SSLContext:
-        if self._ssl is None:
-            self._ssl = ssl.create_default_context(cafile=str(self.ca_path))
-        return self._ssl
+        api = self._apis.get(user)
+        if api is None:
+            api = self._apis[user] = Api(self.server, self.token_for(user), self.ca_path)
+        return api.request(method, path, body, timeout, content_type=content_type)
 
     def resource_path(self, api_version: str, kind: str, name: str, namespace: str | None) -> str:
         """The URL path of object ``name`` of ``kind``, as discovery names its resource.

@@ -49,7 +49,6 @@ import copy
 import json
 import random
 import re
-import ssl
 import statistics
 import threading
 import time
@@ -57,7 +56,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -69,6 +68,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
 from controller.naming import uid_part
+from hack.cluster import Api, ApiError
 from kubeclient.resources import API_VERSION
 
 Obj = dict[str, Any]
@@ -845,71 +845,6 @@ def materialize(case: Case, index: int, namespace: str, labels: dict[str, str]) 
     ):
         config_spec["image"] = IDLE_IMAGE
     return Objects(config if create_config else None, run, paths["config"], paths["run"])
-
-
-# --------------------------------------------------------------------------------------------
-# A small synchronous API client (test infrastructure must not share the controller's).
-
-
-class ApiError(Exception):
-    def __init__(self, code: int, body: str) -> None:
-        self.code = code
-        self.body = body
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            parsed = {}
-        self.status: Obj = parsed if isinstance(parsed, dict) else {}
-        self.message = str(self.status.get("message") or body[:2000])
-        super().__init__(f"{code}: {self.message[:500]}")
-
-
-class Api:
-    def __init__(self, server: str, token: str, ca: Path) -> None:
-        self.server = server
-        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-        self.ssl = ssl.create_default_context(cafile=str(ca))
-
-    def request(self, method: str, path: str, body: Obj | None = None, timeout: float = 60) -> Obj:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(
-            self.server + path, data=data, method=method, headers=self.headers
-        )
-        try:
-            with urllib.request.urlopen(req, context=self.ssl, timeout=timeout) as resp:
-                out: Obj = json.loads(resp.read() or b"{}")
-                return out
-        except urllib.error.HTTPError as e:
-            raise ApiError(e.code, e.read().decode(errors="replace")) from None
-
-    def watch(self, path: str, stop: threading.Event) -> Iterator[Obj]:
-        """Watch events of a collection, reconnecting (every 10 s) until ``stop`` is set."""
-        version = ""
-        while not stop.is_set():
-            if not version:
-                listed = self.request("GET", path)
-                for item in listed.get("items") or []:
-                    yield {"type": "ADDED", "object": item}
-                version = listed["metadata"]["resourceVersion"]
-            query = urllib.parse.urlencode(
-                {"watch": "1", "resourceVersion": version, "timeoutSeconds": "10"}
-            )
-            sep = "&" if "?" in path else "?"
-            req = urllib.request.Request(f"{self.server}{path}{sep}{query}", headers=self.headers)
-            try:
-                with urllib.request.urlopen(req, context=self.ssl, timeout=30) as resp:
-                    for line in resp:
-                        event = json.loads(line)
-                        if event.get("type") == "ERROR":
-                            version = ""  # 410 Gone: list again
-                            break
-                        version = event["object"]["metadata"]["resourceVersion"]
-                        yield event
-                        if stop.is_set():
-                            return
-            except (OSError, ValueError):
-                if stop.wait(0.5):
-                    return
 
 
 # --------------------------------------------------------------------------------------------

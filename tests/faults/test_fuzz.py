@@ -38,9 +38,9 @@ from pathlib import Path
 
 import pytest
 
-from hack.cluster import LocalCluster
+from hack.cluster import Api, LocalCluster
 from hack.controllerproc import ControllerProcess, controller_user
-from hack.fuzz import Api, FuzzEngine, run_fuzz
+from hack.fuzz import FuzzEngine, run_fuzz
 
 EXAMPLES = int(os.environ.get("KSC_FUZZ_EXAMPLES", "500"))
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hack.fuzz import Api, FuzzEngine
+from hack.cluster import Api
+from hack.fuzz import FuzzEngine
 
 USER = "system:serviceaccount:ns:controller"
 DISCOVERY = "/apis/serving.kserve.io/v1beta1"
