@@ -20,11 +20,12 @@ run        tests (by marker)               workers                waits for
 unit       ``unit`` (tests/unit)           ``--unit-workers``     helm, helm-docs
 parallel   integration and e2e             ``--workers``          every tool
 faults     ``faults`` (tests/faults)       ``--fault-workers``    every tool
-node       ``node`` (tests/node)           1                      every tool, node
+node       ``node`` (tests/node)           1                      every tool, node, images
 =========  ==============================  =====================  ==================
 
 **Builds.** The suite first starts building the tools (``hack/binaries.py``:
-the control plane, helm, kwok, versitygw..., then the real-node pieces) in the
+the control plane, helm, kwok, versitygw..., then the real-node pieces and,
+on a cold layer cache, its images) in the
 background, and each run starts once what it waits for is there, so on a cold
 cache the unit tests run while the control plane compiles. Warm, every build
 is a cache hit within seconds. ``--no-build`` skips this (the tools must then
@@ -79,7 +80,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "unit": ("helm", "helm-docs"),
     "parallel": binaries.TOOLS,
     "faults": binaries.TOOLS,
-    "node": (*binaries.TOOLS, binaries.NODE),
+    "node": (*binaries.TOOLS, binaries.NODE, binaries.NODE_IMAGES),
 }
 # Where each run collects its tests: collecting is importing, and the whole
 # suite costs a pytest process ~19 CPU-seconds to collect (2,700 tests) where
@@ -333,7 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ready: Callable[[str], str | None] = _no_wait
     if not args.no_build:
         log_dir = Path(tempfile.mkdtemp(prefix="ksc-builds-"))
-        builds = binaries.Builds([*binaries.TOOLS, binaries.NODE], log_dir).start()
+        builds = binaries.Builds(
+            [*binaries.TOOLS, binaries.NODE, binaries.NODE_IMAGES], log_dir
+        ).start()
 
         def ready(name: str) -> str | None:
             assert builds is not None
