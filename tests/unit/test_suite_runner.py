@@ -303,3 +303,13 @@ def test_a_failure_in_one_run_fails_the_whole_suite(tmp_path: Path) -> None:
     assert suite.parse_closing(last) is not None, last
     assert "1 failed, 1 passed" in last
     assert "broken on purpose" in done.stdout
+
+
+def test_each_fault_test_named_longest_first_is_a_test() -> None:
+    """A renamed fault test would drop silently to the end of the fault run's order."""
+    conftest = (REPO / "tests" / "faults" / "conftest.py").read_text()
+    names = re.findall(r'^    "(test_\w+\.py)::(test_\w+)",', conftest, flags=re.MULTILINE)
+    assert len(names) >= 10, "LONGEST_FIRST not found in tests/faults/conftest.py"
+    for file, test in names:
+        source = (REPO / "tests" / "faults" / file).read_text()
+        assert re.search(rf"^(async )?def {test}\(", source, flags=re.MULTILINE), f"{file}::{test}"
