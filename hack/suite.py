@@ -25,9 +25,9 @@ node       ``node`` (tests/node)           1                      every tool, no
 
 **Builds.** The suite first starts building the tools (``hack/binaries.py``:
 the control plane, helm, kwok, versitygw..., then the real-node pieces and,
-on a cold layer cache, its images) in the
-background, and each run starts once what it waits for is there, so on a cold
-cache the unit tests run while the control plane compiles. Warm, every build
+on a cold layer cache, its images) in the background, and each run starts
+once what it waits for is there, so on a cold cache the unit tests run while
+the control plane compiles. Warm, every build
 is a cache hit within seconds. ``--no-build`` skips this (the tools must then
 already be built).
 

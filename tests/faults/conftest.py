@@ -63,8 +63,10 @@ LONGEST_FIRST = (
     "test_controller_kills.py::test_controller_killed_at_random_moments",  # 87 s
     "test_watch_delay.py::test_watch_streams_delayed",  # 68 s
     "test_delete_after_restart.py::test_runs_deleted_right_after_an_apiserver_restart",  # 64 s
+    # 56 s
     "test_etcd_outages.py::test_node_agent_reports_a_status_that_failed_while_etcd_was_down",
     "test_namespace_deleted.py::test_namespace_of_active_runs_deleted",  # 55 s
+    # 54 s
     "test_partition_edits.py::test_runs_created_during_a_partition_get_the_edited_config",
     "test_leader_failover.py::test_leader_killed_then_terminated",  # 32 s
 )
