@@ -45,6 +45,8 @@ NODE = "node"
 # they go while the parallel run does; the tier's own build then reuses every
 # layer (6 s). Warm, this only looks and stops.
 NODE_IMAGES = "node-images"
+# Everything a lane can build: what the suite builds.
+ALL = (*TOOLS, NODE, NODE_IMAGES)
 # Each lane builds its tools one after the other; the lanes run at the same time.
 # The second lane's order is the order the suite needs them in (helm for the unit run).
 LANES: tuple[tuple[str, ...], ...] = (
@@ -84,7 +86,7 @@ def command(name: str) -> list[str]:
     if name == NODE_IMAGES:
         return [sys.executable, "-m", "hack.realnode", "images", "--if-possible", "--if-cold"]
     if name not in TOOLS:
-        raise ValueError(f"unknown tool {name!r}: one of {[*TOOLS, NODE, NODE_IMAGES]}")
+        raise ValueError(f"unknown tool {name!r}: one of {list(ALL)}")
     return ["bash", str(REPO / "hack" / name / "build.sh")]
 
 
@@ -175,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         nargs="*",
         default=list(TOOLS),
         help=f"what to build (default: every tool but {NODE!r} and {NODE_IMAGES!r}); "
-        f"one of {[*TOOLS, NODE, NODE_IMAGES]}",
+        f"one of {list(ALL)}",
     )
     args = parser.parse_args(argv)
     log_dir = Path(tempfile.mkdtemp(prefix="ksc-builds-"))

@@ -27,9 +27,8 @@ node       ``node`` (tests/node)           1                      every tool, no
 the control plane, helm, kwok, versitygw..., then the real-node pieces and,
 on a cold layer cache, its images) in the background, and each run starts
 once what it waits for is there, so on a cold cache the unit tests run while
-the control plane compiles. Warm, every build
-is a cache hit within seconds. ``--no-build`` skips this (the tools must then
-already be built).
+the control plane compiles. Warm, every build is a cache hit within seconds.
+``--no-build`` skips this (the tools must then already be built).
 
 ``--order`` says when each runs: runs separated by commas run one after the
 other, runs joined by ``+`` at the same time (the default is
@@ -80,7 +79,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "unit": ("helm", "helm-docs"),
     "parallel": binaries.TOOLS,
     "faults": binaries.TOOLS,
-    "node": (*binaries.TOOLS, binaries.NODE, binaries.NODE_IMAGES),
+    "node": binaries.ALL,
 }
 # Where each run collects its tests: collecting is importing, and the whole
 # suite costs a pytest process ~19 CPU-seconds to collect (2,700 tests) where
@@ -334,9 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ready: Callable[[str], str | None] = _no_wait
     if not args.no_build:
         log_dir = Path(tempfile.mkdtemp(prefix="ksc-builds-"))
-        builds = binaries.Builds(
-            [*binaries.TOOLS, binaries.NODE, binaries.NODE_IMAGES], log_dir
-        ).start()
+        builds = binaries.Builds(binaries.ALL, log_dir).start()
 
         def ready(name: str) -> str | None:
             assert builds is not None

@@ -75,7 +75,7 @@ def test_an_unknown_tool_is_refused_by_name(tmp_path: Path) -> None:
 
 def test_every_tool_has_its_build_script_and_a_lane() -> None:
     in_lanes = [name for lane in binaries.LANES for name in lane]
-    assert sorted(in_lanes) == sorted([*binaries.TOOLS, binaries.NODE, binaries.NODE_IMAGES])
+    assert sorted(in_lanes) == sorted(binaries.ALL)
     for tool in binaries.TOOLS:
         script = Path(binaries.command(tool)[-1])
         assert script.is_file(), script
