@@ -79,11 +79,17 @@ binaries: $(STAMP)
 chart-docs: $(STAMP)
 	$(PY) -c 'from hack.chart import helm_docs; helm_docs()'
 
+# mypy keeps its incremental cache with the tool builds, outside the clone
+# (KSC_CACHE_DIR, as hack/gobuild.sh): a fresh clone checks in ~5 CPU-seconds
+# what takes ~35 from nothing. mypy checks each cached module against its
+# source's hash, so a cache from another clone or commit is only a head start.
+CACHE_ROOT := $(or $(KSC_CACHE_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/kserve-controller)
+
 lint: $(STAMP)
 	$(PY) -m hack.lock check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy --cache-dir "$(CACHE_ROOT)/mypy"
 	$(VENV)/bin/lint-imports --no-logo --no-cache
 
 format: $(STAMP)
