@@ -45,7 +45,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import yaml
 
@@ -211,7 +211,16 @@ def stop_process(
         proc.wait(5)
 
 
-def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, within: float = 120.0) -> None:
+class Child(Protocol):
+    """What :func:`wait_http` needs of a process: a ``subprocess.Popen`` or the like."""
+
+    args: Any
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+
+def wait_http(url: str, proc: Child, log: Path, within: float = 120.0) -> None:
     """Wait until ``url`` answers below 500 (it is up), failing early if ``proc`` exits."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:

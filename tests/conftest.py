@@ -32,7 +32,13 @@ from kubernetes_asyncio import client, config
 
 from hack import chart
 from hack.cluster import LocalCluster, ensure_binaries, leftover_processes
-from hack.controllerproc import ControllerProcess, controller_for, running
+from hack.controllerproc import (
+    FORK_SERVER,
+    START_ENV,
+    ControllerProcess,
+    controller_for,
+    running,
+)
 from hack.crds import install_crds
 from kubeclient.client import KubeClient
 from runner.redact import REDACTOR
@@ -96,6 +102,9 @@ def pytest_configure(config: pytest.Config) -> None:
     else:
         os.environ[MARKER_ENV] = uuid.uuid4().hex
     config.stash[_LEFTOVERS] = []
+    # Controllers forked from a server that has imported them (hack/forkserver.py),
+    # unless the caller asks for KSC_CONTROLLER_START=exec.
+    os.environ.setdefault(START_ENV, "fork")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -145,7 +154,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     found = pytest_config.stash[_LEFTOVERS]
     # The controlling process starts nothing; its workers (which carry its value) check theirs.
     if not _xdist_controller(pytest_config):
-        leftovers = leftover_processes(MARKER_ENV, os.environ[MARKER_ENV])
+        # The fork server is ours to stop, after its children are looked at: one
+        # still running is a leftover, and would die unseen with the server.
+        leftovers = [
+            (pid, cmd)
+            for pid, cmd in leftover_processes(MARKER_ENV, os.environ[MARKER_ENV])
+            if pid != FORK_SERVER.pid
+        ]
+        FORK_SERVER.stop()
         for pid, _ in leftovers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

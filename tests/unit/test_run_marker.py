@@ -87,6 +87,28 @@ def test_other():
     pass
 """
 
+# Controllers are forked from a server (hack/forkserver.py) whose children
+# carry its marker: one left running is reported, the server itself is not.
+LEAVES_A_FORKED_CHILD = """
+import os
+from pathlib import Path
+
+from hack.controllerproc import FORK_SERVER, REPO
+
+PROGRAM = "tests.unit.forked_program"
+DONE = Path(os.environ["KSC_INNER_DONE"])
+
+
+def test_leaves_a_forked_child_behind(tmp_path):
+    left = FORK_SERVER.start_module(PROGRAM, ["sleep"], tmp_path / "left.log", env={}, cwd=REPO)
+    (DONE / "left").write_text(str(left.pid))
+
+
+def test_forks_and_waits(tmp_path):
+    done = FORK_SERVER.start_module(PROGRAM, ["exit", "0"], tmp_path / "done.log", env={}, cwd=REPO)
+    assert done.wait(30) == 0
+"""
+
 
 def run_inner(
     tmp_path: Path, tests: str, outer: str | None = None, workers: int | None = 2
@@ -150,3 +172,14 @@ def test_a_pytest_started_by_a_test_leaves_the_outer_sessions_processes_alone(
     finally:
         held.kill()
         held.wait()
+
+
+def test_a_forked_child_left_running_is_reported_and_its_server_is_not(tmp_path: Path) -> None:
+    done = run_inner(tmp_path, LEAVES_A_FORKED_CHILD, workers=None)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "2 passed" in done.stdout
+    left = int((tmp_path / "done" / "left").read_text())
+    reported = [int(pid) for pid in re.findall(r"pid (\d+): \S+ -m hack\.forkserver", done.stdout)]
+    assert reported == [left], done.stdout  # the child, and not the server it was forked from
+    stat = Path(f"/proc/{left}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z"
