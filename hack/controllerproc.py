@@ -15,18 +15,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from hack import chart
-from hack.cluster import LocalCluster, free_port, spawn, wait_http
+from hack.cluster import Api, ApiError, LocalCluster, free_port, spawn, wait_http
 from hack.crds import install_crds
 from hack.forkserver import ForkedProcess, ForkServer
 
@@ -148,8 +151,7 @@ def controller_for(
 ) -> ControllerProcess:
     """A (not yet started) controller watching ``namespace`` under the chart's RBAC."""
     install_crds(cluster)
-    objects = chart.controller_rbac_objects(namespace, [namespace], omit=omit)
-    chart.apply(cluster, objects)
+    apply_controller_rbac(cluster, namespace, [namespace], omit=omit)
     kubeconfig = chart.service_account_kubeconfig(
         cluster, namespace, path=workdir / f"{name}.kubeconfig"
     )
@@ -166,3 +168,109 @@ def controller_for(
         **(env or {}),
     }
     return ControllerProcess(kubeconfig=kubeconfig, log=workdir / f"{name}.log", env=settings)
+
+
+def apply_controller_rbac(
+    cluster: LocalCluster,
+    namespace: str,
+    watch_namespaces: Sequence[str],
+    *,
+    values: dict[str, Any] | None = None,
+    omit: tuple[tuple[str, str], ...] = (),
+) -> list[chart.Obj]:
+    """The chart's RBAC and admission policies (:func:`chart.controller_rbac_objects`), in force.
+
+    Applied, then waited for: the API server loads a new or changed
+    ValidatingAdmissionPolicy a moment after it is written, and a forked
+    controller is ready a fraction of a second after it starts, so its first
+    Job could otherwise go through before the policy (or be refused by the
+    policy's previous version). For each policy, a dry run it refuses is sent
+    until it is refused with that policy's words, in every watched namespace:
+    an unlabelled ConfigMap (own-objects), a labelled Job mounting a hostPath
+    (runner-pods: refused for the namespace first while the namespace is not
+    yet in its list). They go as the controller's user, impersonated by the
+    admin with the system:masters group: the policies match the username,
+    RBAC (``omit`` may take create away) lets them through, and the audit log
+    holds them as the admin's, not as requests of the controller's.
+    """
+    objects = chart.controller_rbac_objects(namespace, watch_namespaces, values=values, omit=omit)
+    chart.apply(cluster, objects)
+    api = Api(cluster.server, cluster.token_for("admin"), cluster.ca_path)
+    for policy in objects:
+        if policy["kind"] != "ValidatingAdmissionPolicy":
+            continue
+        name = policy["metadata"]["name"]
+        known = [probe for end, probe in _REFUSED_BY.items() if name.endswith(end)]
+        if not known:
+            raise LookupError(f"no dry run known to be refused by admission policy {name}")
+        api.headers |= {
+            "Impersonate-User": _matched_user(policy),
+            "Impersonate-Group": "system:masters",
+        }
+        for where in watch_namespaces or [namespace]:
+            _until_refused(api, known[0], where, name)
+    return objects
+
+
+def _matched_user(policy: chart.Obj) -> str:
+    """The one username a chart policy matches (its ``is-the-controller`` condition)."""
+    for condition in policy["spec"].get("matchConditions") or []:
+        found = re.fullmatch(r'request\.userInfo\.username == "(.+)"', condition["expression"])
+        if found:
+            return found.group(1)
+    raise LookupError(f"admission policy {policy['metadata']['name']} matches no one username")
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """A dry run as the controller that one of the chart's admission policies refuses."""
+
+    collection: str  # in namespace {}
+    body: chart.Obj
+    says: str
+
+
+_REFUSED_BY = {
+    "-own-objects": _Refused(
+        "/api/v1/namespaces/{}/configmaps",
+        {"metadata": {"name": "ksc-policy-probe"}},
+        "may only write configmaps labelled",
+    ),
+    "-runner-pods": _Refused(
+        "/apis/batch/v1/namespaces/{}/jobs",
+        {
+            "metadata": {
+                "name": "ksc-policy-probe",
+                "labels": {"app.kubernetes.io/managed-by": "kserve-inference-controller"},
+            },
+            "spec": {
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "serviceAccountName": chart.RUNNER_SERVICE_ACCOUNT,
+                        "containers": [{"name": "probe", "image": "probe"}],
+                        "volumes": [{"name": "host", "hostPath": {"path": "/"}}],
+                    }
+                }
+            },
+        },
+        "may not mount hostPath volumes",
+    ),
+}
+
+
+def _until_refused(api: Api, probe: _Refused, namespace: str, policy: str) -> None:
+    path = probe.collection.format(namespace) + "?dryRun=All"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            api.request("POST", path, probe.body)
+        except ApiError as exc:
+            if probe.says in exc.body:
+                return
+            if time.monotonic() > deadline:
+                raise
+        else:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"admission policy {policy} not in force in {namespace} in 30 s")
+        time.sleep(0.05)

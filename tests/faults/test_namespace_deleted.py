@@ -38,6 +38,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from hack.cluster import LocalCluster
+from hack.controllerproc import apply_controller_rbac
 from hack.invariants import (
     AuditLog,
     Ledger,
@@ -45,7 +46,6 @@ from hack.invariants import (
     count_by_verb,
     report,
 )
-from tests import chart
 from tests.faults.conftest import OK, SLOW, World, log_excerpt, start_in_thread
 from tests.kubehelpers import delete_admission_policy, eventually
 from tests.runs import Runs, inference_run
@@ -74,7 +74,7 @@ async def test_namespace_of_active_runs_deleted(world: World) -> None:
     hold = f"ksc-test-hold-{doomed}"
     proc = world.controller(env={"WATCH_NAMESPACE": f"{home},{doomed}"})
     # The chart's RBAC for both namespaces (world.controller applied it for its own).
-    chart.apply(cluster, chart.controller_rbac_objects(home, [home, doomed]))
+    apply_controller_rbac(cluster, home, [home, doomed])
     runs = Runs(world.api, doomed)
     ledger = Ledger()
     gone_at: datetime | None = None

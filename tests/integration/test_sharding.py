@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controller.sharding import shard_of
 from hack.cluster import LocalCluster
-from hack.controllerproc import ControllerProcess, controller_user
+from hack.controllerproc import ControllerProcess, apply_controller_rbac, controller_user
 from hack.crds import install_crds
 from hack.invariants import AuditLog, Request
 from kubeclient.client import KubeClient
@@ -82,10 +82,12 @@ class Shards:
     def apply_rbac(self, count: int = SHARDS) -> None:
         """The chart's RBAC for ``count`` shards (its leader-election Role names their Leases)."""
         install_crds(self.cluster)
-        objects = chart.controller_rbac_objects(
-            self.release_namespace, self.namespaces, values={"sharding": {"shards": count}}
+        apply_controller_rbac(
+            self.cluster,
+            self.release_namespace,
+            self.namespaces,
+            values={"sharding": {"shards": count}},
         )
-        chart.apply(self.cluster, objects)
 
     def controller(self, index: int, count: int = SHARDS, *, name: str = "") -> ControllerProcess:
         """A (not started) controller of shard ``index`` of ``count``, with a token of its own."""
