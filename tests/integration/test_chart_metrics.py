@@ -430,21 +430,28 @@ def rule_groups(objects: list[dict[str, object]]) -> list[dict[str, Any]]:
 async def live_page(
     api_client: client.ApiClient, namespace: str, proc: ControllerProcess, *, election: bool
 ) -> str:
-    """A failed run, then the controller's /metrics once it reports itself leader."""
+    """A failed run, then the controller's /metrics once it leads and has counted the run.
+
+    The run's counter goes up once its status is written, so a scrape right
+    after the API server shows the run Failed may come a moment before it.
+    """
     runs = Runs(api_client, namespace)
     await runs.create(inference_config("cfg", FAIL))
     await runs.create_and_wait(inference_run("r", "cfg"), "Failed")
     leading = f'leader_election_master_status{{name="{LEASE}"}} 1.0'
     if not election:
-        page = proc.metrics()
-        assert leading in page  # one replica without election leads
-        return page
+        assert leading in proc.metrics()  # one replica without election leads
 
     async def scraped() -> str | None:
         page = proc.metrics()
-        return page if leading in page else None
+        counted = proc.metric(
+            "kserve_inference_runs_finished_total", page, namespace=namespace, result="Failed"
+        )
+        return page if leading in page and counted else None
 
-    return await eventually(scraped, within=30, what="the leader gauge at 1")
+    return await eventually(
+        scraped, within=30, what="the leader gauge at 1 and the failed run counted"
+    )
 
 
 @pytest.mark.parametrize(
