@@ -1,11 +1,11 @@
 """The controller as the tests run it: ``python -m controller`` in a subprocess.
 
 Under pytest it is forked from a server that has already imported it
-(:mod:`hack.forkserver`: ~1.3 CPU-seconds less a start, ~200 starts a suite
+(:mod:`hack.forkserver`: ~1.3 CPU-seconds less a start, ~165 starts a suite
 run); ``KSC_CONTROLLER_START=exec`` execs every one instead, as benchmarks
 and the demo always do (they measure the process, imports and all).
 
-It runs under exactly the Helm chart's RBAC: :func:`start_controller`
+It runs under exactly the Helm chart's RBAC: :func:`controller_for`
 applies the chart's ServiceAccount, Roles and bindings for one watched
 namespace and hands the controller a TokenRequest token of the chart's
 controller ServiceAccount, so any permission the chart forgot fails here.

@@ -1,9 +1,9 @@
 """Python programs started by forking a process that has already imported them.
 
-A test starts ``python -m controller`` about 200 times in a suite run, and
+The tests start ``python -m controller`` about 165 times in a suite run, and
 each start spent ~1.3 of its ~1.6 CPU-seconds importing (the controller,
 aiohttp, pydantic, kubernetes_asyncio for its kubeconfig loader) before it did
-anything: ~4 CPU-minutes of a CPU-bound suite on two cores. A fork server
+anything: the controllers took ~4 CPU-minutes of a suite run, forked ~1. A fork server
 imports them once per test process; each program is then a ``fork()`` of it
 that runs the module as ``python -m`` would (``runpy``, as ``__main__``, with
 its own argv, environment, working directory, log and session).
