@@ -48,38 +48,44 @@ from tests.runs import GROUP, VERSION, Runs, inference_config
 
 T = TypeVar("T")
 
-# The fault tests, longest first, with their length on the idle 2-core machine
-# (`pytest -m faults -n 4 --durations=0`, 2026-11-27). xdist hands tests to its
-# workers in the order they are collected, so the longest go first and the
-# four workers end together: collected by file name, the run took 6 min 28 s,
-# two of the three 200-250 s tests landing on one worker's second half. A
-# test not named here goes after these, in file order; tests/unit checks that
-# each name here is a test.
-LONGEST_FIRST = (
-    "test_etcd_outages.py::test_etcd_killed_and_stopped",  # 253 s
-    "test_fuzz.py::test_fuzzed_specs_are_refused_or_given_a_reason",  # 206 s
-    "test_apiserver_outages.py::test_apiserver_outages",  # 202 s
-    "test_frozen_connections.py::test_frozen_connections_are_noticed",  # 106 s and 85 s
-    "test_controller_kills.py::test_controller_killed_at_random_moments",  # 87 s
-    "test_watch_delay.py::test_watch_streams_delayed",  # 68 s
-    "test_delete_after_restart.py::test_runs_deleted_right_after_an_apiserver_restart",  # 64 s
-    # 56 s
-    "test_etcd_outages.py::test_node_agent_reports_a_status_that_failed_while_etcd_was_down",
-    "test_namespace_deleted.py::test_namespace_of_active_runs_deleted",  # 55 s
-    # 54 s
+# The order xdist hands the fault tests out in, with each one's length on the
+# idle 2-core machine (`make test PYTEST_ARGS=--durations=40`, 2026-11-27).
+# xdist's load scheduling starts each worker on two consecutive tests
+# (positions 0-1 to the first worker, 2-3 to the second...), then gives a
+# worker one more as it runs low. So the four longest come first, each paired
+# with one of the four shortest, and the middle ones follow, longest first, to
+# whichever worker frees up: the four workers end within ~15 s of each other
+# (by the lengths below: 261, 254, 258 and 261 s). Longest first throughout
+# paired the etcd test with the next longest (222 + 50 s on one worker, 300 s
+# for the run). A test not named here goes after these, in file order;
+# tests/unit checks that each name here is a test. A parametrized test is named
+# whole, or by case (``name[id]``).
+ORDER = (
+    "test_etcd_outages.py::test_etcd_killed_and_stopped",  # 222 s
+    "test_leader_failover.py::test_leader_killed_then_terminated",  # 39 s
+    "test_apiserver_outages.py::test_apiserver_outages",  # 204 s
+    "test_fuzz.py::test_fuzzed_specs_are_refused_or_given_a_reason",  # 30-50 s
+    "test_frozen_connections.py::test_frozen_connections_are_noticed[frozen]",  # 100 s
+    "test_namespace_deleted.py::test_namespace_of_active_runs_deleted",  # 48 s
+    "test_frozen_connections.py::test_frozen_connections_are_noticed[working]",  # 81 s
+    # 50 s
     "test_partition_edits.py::test_runs_created_during_a_partition_get_the_edited_config",
-    "test_leader_failover.py::test_leader_killed_then_terminated",  # 32 s
+    "test_watch_delay.py::test_watch_streams_delayed",  # 72 s
+    "test_controller_kills.py::test_controller_killed_at_random_moments",  # 61 s
+    "test_delete_after_restart.py::test_runs_deleted_right_after_an_apiserver_restart",  # 58 s
+    # 49 s
+    "test_etcd_outages.py::test_node_agent_reports_a_status_that_failed_while_etcd_was_down",
 )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The fault tests in :data:`LONGEST_FIRST` order (a stable sort: the rest keep theirs)."""
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    """The fault tests in :data:`ORDER` (a stable sort: the rest keep theirs)."""
+    rank = {name: i for i, name in enumerate(ORDER)}
 
     def key(item: pytest.Item) -> int:
         # originalname: a parametrized test's name without its [id].
-        name = getattr(item, "originalname", item.name)
-        return rank.get(f"{item.path.name}::{name}", len(rank))
+        whole = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
+        return rank.get(f"{item.path.name}::{item.name}", rank.get(whole, len(rank)))
 
     items.sort(key=key)
 

@@ -305,11 +305,15 @@ def test_a_failure_in_one_run_fails_the_whole_suite(tmp_path: Path) -> None:
     assert "broken on purpose" in done.stdout
 
 
-def test_each_fault_test_named_longest_first_is_a_test() -> None:
-    """A renamed fault test would drop silently to the end of the fault run's order."""
+def test_each_fault_test_named_in_the_order_is_a_test() -> None:
+    """A renamed fault test (or case) would drop silently to the end of the fault run's order."""
     conftest = (REPO / "tests" / "faults" / "conftest.py").read_text()
-    names = re.findall(r'^    "(test_\w+\.py)::(test_\w+)",', conftest, flags=re.MULTILINE)
-    assert len(names) >= 10, "LONGEST_FIRST not found in tests/faults/conftest.py"
-    for file, test in names:
+    names = re.findall(
+        r'^    "(test_\w+\.py)::(test_\w+)(?:\[([\w-]+)\])?",', conftest, flags=re.MULTILINE
+    )
+    assert len(names) >= 10, "ORDER not found in tests/faults/conftest.py"
+    for file, test, case in names:
         source = (REPO / "tests" / "faults" / file).read_text()
         assert re.search(rf"^(async )?def {test}\(", source, flags=re.MULTILINE), f"{file}::{test}"
+        # A case is a parameter value of the test's file, written as a string.
+        assert not case or f'"{case}"' in source, f"{file}::{test}[{case}]"
