@@ -202,6 +202,10 @@ class Informer:
         self._synced_scopes: set[str | None] = set()
         self._synced = asyncio.Event()
         self._resource_versions: dict[str | None, str | None] = {}
+        # Per scope: the newest resourceVersion the cache is complete as of (its
+        # list's, then each watch event's), which tells a deleted object's late
+        # copy from a new one (:meth:`_deleted_since`).
+        self._complete_as_of: dict[str | None, str] = {}
         self._listed_at: dict[str | None, float] = {}
         self.lists = 0  # lists completed, every scope counted
         # Per scope: the API server's answer to its last list, while that failed
@@ -276,6 +280,8 @@ class Informer:
         if new is None:
             return
         old = self.store.get(object_key(new))
+        if old is None and self._deleted_since(obj):
+            return
         if old is not None and _is_older(resource_version(new), resource_version(old)):
             return
         self.store.upsert(new)
@@ -298,6 +304,8 @@ class Informer:
         if new is None:
             return
         old = self.store.get(object_key(new))
+        if old is None and self._deleted_since(obj):
+            return
         if old is not None and (
             resource_version(old) == resource_version(new)
             or _is_older(resource_version(new), resource_version(old))
@@ -308,6 +316,29 @@ class Informer:
             self._dispatch_add(new)
         else:
             self._dispatch_update(old, new)
+
+    def _deleted_since(self, obj: Obj) -> bool:
+        """Whether ``obj``, not in the cache, is a copy older than the cache: deleted since.
+
+        The cache of a scope is complete as of its last list or watch event, so
+        an object of an older resourceVersion that is not in it was deleted
+        after that version (its DELETED event came, or a later list left it
+        out). A write's answer or a live read that arrives after that event
+        must not bring it back: the cache would hold a deleted run (and its
+        workloads would be left to run) until the next list.
+        """
+        metadata = obj.get("metadata") or {}
+        namespace = None if self._scopes == (None,) else metadata.get("namespace")
+        complete = self._complete_as_of.get(namespace)
+        rv = resource_version(obj)
+        return (
+            complete is not None and rv is not None and (rv == complete or _is_older(rv, complete))
+        )
+
+    def _complete_as_of_now(self, namespace: str | None, rv: str | None) -> None:
+        current = self._complete_as_of.get(namespace)
+        if rv and (current is None or _is_older(current, rv)):
+            self._complete_as_of[namespace] = rv
 
     def refresh_deleted(self, key: str) -> None:
         """Drop an object a live read found gone, calling the delete handlers now.
@@ -416,6 +447,7 @@ class Informer:
         if not rv:
             raise ApiError(0, "NoResourceVersion", "list answer has no resourceVersion")
         self._replace_prepared(namespace, fresh)
+        self._complete_as_of[namespace] = rv
         _release_freed_memory()
         self._listed_at[namespace] = asyncio.get_running_loop().time()
         self.lists += 1
@@ -519,6 +551,9 @@ class Informer:
                 self._dispatch_delete(cached)
         else:
             self._log.warning("unknown watch event type", type=kind)
+            return rv
+        metadata = obj.get("metadata") or {}
+        self._complete_as_of_now(None if self._scopes == (None,) else metadata.get("namespace"), rv)
         return rv
 
     def replace(self, namespace: str | None, items: Iterable[Obj]) -> None:

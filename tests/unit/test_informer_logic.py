@@ -377,6 +377,31 @@ def test_own_writes_are_assumed_into_the_cache_without_a_second_notification(
     assert seen.calls[-1] == ("delete", "ns/job", "7")
 
 
+@pytest.mark.parametrize("namespaces", [(), ("ns", "other")], ids=["cluster-wide", "by-namespace"])
+def test_a_late_answer_never_brings_a_deleted_object_back(
+    source: FakeSource, namespaces: tuple[str, ...]
+) -> None:
+    informer = Informer(source, RUNS, namespaces=namespaces)
+    seen = Recorder(informer)
+    informer.handle_event(ev("ADDED", obj("run", "5")))
+    # A status write the API server answered at 6, then the run deleted at 7,
+    # whose DELETED event is applied before the write's answer is assumed.
+    informer.handle_event(ev("DELETED", obj("run", "7")))
+    informer.assume(obj("run", "6"))
+    assert informer.get("ns", "run") is None
+    informer.refresh(obj("run", "6"))  # a live read answered before the delete, too
+    assert informer.get("ns", "run") is None
+    # Cluster-wide, the cache was complete as of 7 in every namespace, so
+    # other/run at 6 would be in it: it was deleted. By namespace, "other" has
+    # a watch of its own, which has said nothing yet: it is cached.
+    informer.assume(obj("run", "6", namespace="other"))
+    assert (informer.get("other", "run") is None) == (namespaces == ())
+    # A run created again under the same name is newer: cached.
+    informer.assume(obj("run", "8"))
+    assert informer.get("ns", "run")["metadata"]["resourceVersion"] == "8"  # type: ignore[index]
+    assert seen.calls == [("add", "ns/run", "5"), ("delete", "ns/run", "7")]
+
+
 def _project(o: dict[str, Any]) -> dict[str, Any] | None:
     """A transform: drops namespace "other", keeps only metadata and spec.x."""
     if o["metadata"].get("namespace") == "other" or (o.get("spec") or {}).get("skip"):
