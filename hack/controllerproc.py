@@ -19,7 +19,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from hack import chart
 from hack.cluster import Api, ApiError, LocalCluster, free_port, spawn, wait_http
 from hack.crds import install_crds
 from hack.forkserver import ForkedProcess, ForkServer
+from hack.polling import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 # "fork" (tests/conftest.py sets it) or "exec" (the default): how ControllerProcess starts.
@@ -261,16 +261,14 @@ _REFUSED_BY = {
 
 def _until_refused(api: Api, probe: _Refused, namespace: str, policy: str) -> None:
     path = probe.collection.format(namespace) + "?dryRun=All"
-    deadline = time.monotonic() + 30
-    while True:
+
+    def refused() -> str | None:
         try:
             api.request("POST", path, probe.body)
         except ApiError as exc:
-            if probe.says in exc.body:
-                return
-            if time.monotonic() > deadline:
-                raise
-        else:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"admission policy {policy} not in force in {namespace} in 30 s")
-        time.sleep(0.05)
+            return exc.body if probe.says in exc.body else None
+        return None
+
+    wait_for(
+        refused, within=30, what=f"admission policy {policy} in force in {namespace}", every=0.05
+    )

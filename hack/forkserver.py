@@ -32,6 +32,7 @@ import os
 import runpy
 import select
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -301,10 +302,7 @@ class ForkServer:
                 stop_process(self._server, grace=5)
                 self._server = None
             if self._dir is not None:
-                with contextlib.suppress(OSError):
-                    for entry in self._dir.iterdir():
-                        entry.unlink()
-                    self._dir.rmdir()
+                shutil.rmtree(self._dir, ignore_errors=True)
                 self._dir = None
 
 

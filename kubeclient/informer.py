@@ -327,13 +327,15 @@ class Informer:
         must not bring it back: the cache would hold a deleted run (and its
         workloads would be left to run) until the next list.
         """
-        metadata = obj.get("metadata") or {}
-        namespace = None if self._scopes == (None,) else metadata.get("namespace")
-        complete = self._complete_as_of.get(namespace)
+        complete = self._complete_as_of.get(self._scope_of(obj))
         rv = resource_version(obj)
         return (
             complete is not None and rv is not None and (rv == complete or _is_older(rv, complete))
         )
+
+    def _scope_of(self, obj: Obj) -> str | None:
+        """The scope (watched namespace, or None: cluster-wide) ``obj`` is listed and watched in."""
+        return None if self._scopes == (None,) else (obj.get("metadata") or {}).get("namespace")
 
     def _complete_as_of_now(self, namespace: str | None, rv: str | None) -> None:
         current = self._complete_as_of.get(namespace)
@@ -552,8 +554,7 @@ class Informer:
         else:
             self._log.warning("unknown watch event type", type=kind)
             return rv
-        metadata = obj.get("metadata") or {}
-        self._complete_as_of_now(None if self._scopes == (None,) else metadata.get("namespace"), rv)
+        self._complete_as_of_now(self._scope_of(obj), rv)
         return rv
 
     def replace(self, namespace: str | None, items: Iterable[Obj]) -> None:
